@@ -1,0 +1,1 @@
+"""Concurrency sweeps against OpenAI-compatible endpoints, crossover detection and threshold advice."""

@@ -1,0 +1,1 @@
+"""What runs model servers: SGLang launch profiles, supervision, and the `sim` stand-in."""

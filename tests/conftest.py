@@ -1,0 +1,131 @@
+"""Shared fixtures: real servers on 127.0.0.1, started and always stopped by the test that needs them.
+
+- `sim`:     factory for SGLang stand-ins in their own process (`crossover sim serve ...`),
+             ready once `/health` answers 200, killed with their whole process group afterwards.
+- `serve`:   factory for an ASGI app on a real uvicorn server in a thread of this process, ready once
+             uvicorn says it started, shut down afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import uvicorn
+
+READY_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def crossover_argv(*args: str) -> list[str]:
+    """argv that runs the `crossover` CLI with this interpreter (no reliance on PATH)."""
+    return [sys.executable, "-m", "gateway.cli", *args]
+
+
+def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = READY_TIMEOUT_S) -> None:
+    """Poll `url` until it answers 200; fail early if `proc` dies. Polling is the readiness wait, not a sleep."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready")
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(url).status_code == 200:
+                    return
+            time.sleep(0.05)
+    raise TimeoutError(f"{url} not ready after {timeout} s")
+
+
+def stop_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(grace)
+
+
+@dataclass
+class SimServer:
+    url: str
+    port: int
+    proc: subprocess.Popen
+
+    def kill(self) -> None:
+        """Hard-kill the stand-in (a backend dying mid-test)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def sim():
+    """Start SGLang stand-ins: `sim("k25-eagle3", "--time-scale", "50")` -> SimServer (ready)."""
+    started: list[subprocess.Popen] = []
+
+    def start(profile: str, *extra: str, port: int | None = None, wait: bool = True) -> SimServer:
+        port = port or free_port()
+        proc = subprocess.Popen(
+            crossover_argv("sim", "serve", "--profile", profile, "--port", str(port), *extra),
+            start_new_session=True,
+        )
+        started.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        if wait:
+            wait_ready(f"{url}/health", proc)
+        return SimServer(url=url, port=port, proc=proc)
+
+    yield start
+    for proc in started:
+        stop_process_group(proc)
+
+
+@dataclass
+class ThreadServer:
+    url: str
+    port: int
+    server: uvicorn.Server
+
+
+@pytest.fixture
+def serve():
+    """Run ASGI apps on real uvicorn in threads: `serve(app)` -> ThreadServer (started)."""
+    running: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(app, port: int | None = None, **config) -> ThreadServer:
+        port = port or free_port()
+        server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", **config)
+        )
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        running.append((server, thread))
+        return ThreadServer(url=f"http://127.0.0.1:{port}", port=port, server=server)
+
+    yield start
+    for server, thread in running:
+        server.should_exit = True
+        thread.join(30)
