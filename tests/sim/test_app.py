@@ -1,0 +1,190 @@
+"""One test per SGLang endpoint: shapes as in shared/reference/sglang.md (real uvicorn on loopback)."""
+
+import time
+
+import httpx
+import pytest
+
+TIMEOUT = httpx.Timeout(10.0)
+CHAT = {"model": "moonshotai/Kimi-K2.5", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
+
+
+@pytest.fixture
+def client():
+    with httpx.Client(timeout=TIMEOUT) as c:
+        yield c
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+
+
+def hold(client, url, n=1):
+    """Start n long streams (slow server) and return their open responses."""
+    streams = []
+    for _ in range(n):
+        request = client.build_request("POST", f"{url}/v1/chat/completions", json={**CHAT, "max_tokens": 20_000,
+                                                                                     "stream": True})
+        streams.append(client.send(request, stream=True))
+    return streams
+
+
+def test_health_and_ready(sim_app, client):
+    server = sim_app()
+    for path in ("/health", "/health_generate", "/ready"):
+        response = client.get(server.url + path)
+        assert response.status_code == 200 and response.content == b""
+
+
+def test_server_info_says_it_is_a_simulator(sim_app, client):
+    server = sim_app("k25-eagle3")
+    for path in ("/server_info", "/get_server_info"):
+        info = client.get(server.url + path).json()
+        assert info["simulated"] is True and "no model runs" in info["simulator"]["note"]
+        assert info["simulator"]["profile"] == "k25-eagle3" and info["simulator"]["time_scale"] == 1000.0
+        assert info["version"] == "0.5.23" and info["served_model_name"] == "moonshotai/Kimi-K2.5"
+        assert info["max_running_requests"] == 48 and info["speculative_algorithm"] == "EAGLE3"
+        assert info["speculative_num_steps"] == 3 and info["speculative_num_draft_tokens"] == 4
+        (state,) = info["internal_states"]
+        assert {"speculative_num_steps", "avg_spec_accept_length"} <= set(state)
+
+
+def test_model_info(sim_app, client):
+    server = sim_app("k25-plain")
+    for path in ("/model_info", "/get_model_info"):
+        info = client.get(server.url + path).json()
+        assert info["model_path"] == info["served_model_name"] == "moonshotai/Kimi-K2.5"
+        assert info["is_generation"] is True and info["weight_version"] == "default"
+
+
+def test_models(sim_app, client):
+    server = sim_app("llama8b-h200-plain")
+    body = client.get(server.url + "/v1/models").json()
+    assert body["object"] == "list"
+    (card,) = body["data"]
+    assert card["id"] == card["root"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert card["object"] == "model" and card["owned_by"] == "sglang" and card["max_model_len"] == 131072
+    assert client.get(f"{server.url}/v1/models/meta-llama/Llama-3.1-8B-Instruct").json()["id"] == card["id"]
+    missing = client.get(server.url + "/v1/models/other")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_loads(sim_app, client):
+    server = sim_app("k25-eagle3", time_scale=1.0)
+    streams = hold(client, server.url, 2)
+    try:
+        wait_for(lambda: client.get(server.url + "/v1/loads").json()["loads"][0]["num_running_reqs"] == 2)
+        body = client.get(server.url + "/v1/loads").json()
+        assert {"timestamp", "version", "loads"} <= set(body)
+        (load,) = body["loads"]
+        assert load["dp_rank"] == 0 and load["num_waiting_reqs"] == 0 and load["max_running_requests"] == 48
+        assert load["num_used_tokens"] > 0 and 0 < load["token_usage"] < 1
+        assert {"gen_throughput", "max_total_num_tokens", "cache_hit_rate"} <= set(load)
+        assert set(load["speculative"]) == {"accept_length", "accept_rate"}
+        assert load["queues"]["waiting"] == 0
+        only_queues = client.get(server.url + "/v1/loads", params={"include": "queues"}).json()["loads"][0]
+        assert "queues" in only_queues and "num_running_reqs" not in only_queues
+        text = client.get(server.url + "/v1/loads", params={"format": "prometheus"}).text
+        assert 'sglang_num_running_reqs{dp_rank="0"} 2' in text and "sglang_spec_accept_length" in text
+        bad = client.get(server.url + "/v1/loads", params={"include": "nope"})
+        assert bad.status_code == 400 and "Invalid include sections" in bad.json()["message"]
+    finally:
+        for s in streams:
+            s.close()
+
+
+def test_metrics_names_and_labels(sim_app, client):
+    server = sim_app("k25-eagle3")
+    client.post(server.url + "/v1/chat/completions", json=CHAT).raise_for_status()
+    text = client.get(server.url + "/metrics").text
+    labels = 'engine_type="unified",model_name="moonshotai/Kimi-K2.5",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+    for gauge in ("num_running_reqs", "num_queue_reqs", "token_usage", "gen_throughput", "spec_accept_length",
+                  "spec_accept_rate", "num_used_tokens", "max_total_num_tokens"):
+        assert f"sglang:{gauge}{{{labels}}}" in text
+    for series in ("time_to_first_token_seconds_bucket", "inter_token_latency_seconds_bucket",
+                   "e2e_request_latency_seconds_count", "queue_time_seconds_count", "prompt_tokens_total",
+                   "generation_tokens_total", "num_requests_total", "num_aborted_requests_total"):
+        assert f"sglang:{series}" in text
+    assert 'sglang:generation_tokens_total{model_name="moonshotai/Kimi-K2.5"} 4.0' in text
+
+
+def test_flush_cache(sim_app, client):
+    server = sim_app(time_scale=1.0)
+    assert client.post(server.url + "/flush_cache").status_code == 200
+    assert "Cache flushed" in client.get(server.url + "/flush_cache").text
+    streams = hold(client, server.url)
+    try:
+        assert client.post(server.url + "/flush_cache").status_code == 400
+    finally:
+        streams[0].close()
+
+
+def test_pause_and_continue_generation(sim_app, client):
+    server = sim_app(time_scale=1.0)
+    (stream,) = hold(client, server.url)
+    lines = stream.iter_lines()
+    assert next(lines).startswith("data: ")  # generating
+    paused = client.post(server.url + "/pause_generation", json={"mode": "abort"})
+    assert paused.json() == {"message": "Generation paused successfully.", "status": "ok"}
+    rest = [line for line in lines if line]
+    assert '"finish_reason":"abort"' in rest[-2] and rest[-1] == "data: [DONE]"
+    assert client.get(server.url + "/health").status_code == 503  # a paused server cannot generate
+    assert client.post(server.url + "/pause_generation", json={"mode": "later"}).status_code == 400
+    resumed = client.post(server.url + "/continue_generation", json={"torch_empty_cache": True})
+    assert resumed.json() == {"message": "Generation continued successfully.", "status": "ok"}
+    assert client.post(server.url + "/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_release_and_resume_memory(sim_app, client):
+    server = sim_app(time_scale=1000.0)
+    streams = hold(client, server.url)
+    busy = client.post(server.url + "/release_memory_occupation", json={"tags": None})
+    assert busy.status_code == 400 and "requests in flight" in busy.json()["error"]["message"]
+    streams[0].close()
+    wait_for(lambda: client.get(server.url + "/v1/loads").json()["loads"][0]["num_running_reqs"] == 0)
+    released = client.post(server.url + "/release_memory_occupation", json={})
+    assert released.status_code == 200 and released.json() is None
+    refused = client.post(server.url + "/v1/chat/completions", json=CHAT)
+    assert refused.status_code == 503 and "resume_memory_occupation" in refused.json()["message"]
+    assert client.post(server.url + "/v1/chat/completions", json={**CHAT, "stream": True}).status_code == 503
+    assert client.get(server.url + "/health").status_code == 503
+    bad = client.post(server.url + "/resume_memory_occupation", json={"tags": ["gpu"]})
+    assert bad.status_code == 400
+    partial = client.post(server.url + "/resume_memory_occupation", json={"tags": ["weights"]})
+    assert partial.status_code == 200
+    assert client.post(server.url + "/v1/chat/completions", json=CHAT).status_code == 503  # KV still released
+    assert client.post(server.url + "/resume_memory_occupation").status_code == 200
+    assert client.post(server.url + "/v1/chat/completions", json=CHAT).status_code == 200
+    assert client.get(server.url + "/health").status_code == 200
+
+
+def test_release_while_paused_with_queued_requests_is_allowed(sim_app, client):
+    server = sim_app(time_scale=100.0)
+    (stream,) = hold(client, server.url)
+    try:
+        client.post(server.url + "/pause_generation", json={"mode": "retract"}).raise_for_status()
+        wait_for(lambda: client.get(server.url + "/v1/loads").json()["loads"][0]["num_waiting_reqs"] == 1)
+        assert client.post(server.url + "/release_memory_occupation").status_code == 200
+    finally:
+        stream.close()
+
+
+def test_startup_delay(sim_app, client):
+    server = sim_app(startup_delay_s=0.5)
+    assert client.get(server.url + "/health").status_code == 503
+    starting = client.post(server.url + "/v1/chat/completions", json=CHAT)
+    assert starting.status_code == 503 and "starting" in starting.json()["message"]
+    wait_for(lambda: client.get(server.url + "/health").status_code == 200, timeout=5.0)
+    assert client.post(server.url + "/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_unknown_paths_and_methods_get_error_bodies(sim_app, client):
+    server = sim_app()
+    missing = client.get(server.url + "/v2/anything")
+    assert missing.status_code == 404 and missing.json()["code"] == 404 and missing.json()["object"] == "error"
+    wrong = client.get(server.url + "/v1/chat/completions")
+    assert wrong.status_code == 405 and wrong.json()["type"] == "MethodNotAllowed"

@@ -1,0 +1,81 @@
+"""`crossover sim ...` as a user runs it (subprocesses of the real CLI)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+CLI_TIMEOUT_S = 60
+
+
+def crossover(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True,
+                          timeout=CLI_TIMEOUT_S)
+
+
+def test_curve_json_is_the_documented_list():
+    done = crossover("sim", "curve", "--profile", "k25-eagle3", "--output-len", "512", "--concurrency", "1,70,250",
+                     "--json")
+    assert done.returncode == 0, done.stderr
+    points = json.loads(done.stdout)
+    assert [p["concurrency"] for p in points] == [1, 70, 250]
+    for p in points:
+        assert {"concurrency", "output_throughput", "per_request_throughput", "mean_ttft_s"} <= set(p)
+    one, seventy, many = (p["output_throughput"] for p in points)
+    assert one == pytest.approx(96.1, rel=0.10)
+    assert seventy == pytest.approx(340, rel=0.10) and many == pytest.approx(340, rel=0.10)
+
+
+def test_curve_table_and_steps():
+    table = crossover("sim", "curve", "--profile", "k25-plain", "--concurrency", "1,2", "--output-len", "64")
+    assert table.returncode == 0 and "per-request tok/s" in table.stdout and "mean TTFT s" in table.stdout
+    steps = crossover("sim", "steps", "--profile", "llama8b-h200-plain", "--batch", "1,64,256", "--json")
+    assert steps.returncode == 0, steps.stderr
+    assert [round(p["output_throughput"]) for p in json.loads(steps.stdout)] == [183, 8333, 14066]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["sim", "curve", "--profile", "nope"], "no profile named 'nope'"),
+    (["sim", "curve", "--profile", "k25-plain", "--accept-length", "2"], "not speculative"),
+    (["sim", "curve", "--profile", "k25-plain", "--output-len", "1"], "output_len >= 2"),
+    (["sim", "curve", "--profile", "k25-plain", "--concurrency", "0,2"], "positive integers"),
+    (["sim", "serve", "--profile", "k25-plain", "--port", "1", "--time-scale", "0"], "must be > 0"),
+    (["sim", "serve", "--profile", "k25-plain", "--port", "1", "--extra-metric-labels", "[1]"], "JSON object"),
+])
+def test_bad_arguments_fail_clearly(args, message):
+    done = crossover(*args)
+    assert done.returncode == 2 and message in done.stderr
+
+
+def test_serve_says_it_is_a_simulator_and_replays_a_results_file(tmp_path):
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"schema_version": 1, "metadata": {"model": "real/model"}, "levels": [
+        {"target": "plain", "concurrency": c, "completed": 5, "mean_ttft_ms": 200.0, "mean_tpot_ms": 20.0 * c}
+        for c in (1, 4)]}))
+    with open(os.devnull, "wb") as devnull:
+        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "sim", "serve", "--profile", str(results),
+                                 "--target", "plain", "--port", "0", "--time-scale", "100"],
+                                stdout=devnull, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        banner = proc.stderr.readline()
+        assert "SIMULATED SGLang server" in banner and "no model runs" in banner and "results:plain" in banner
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+
+
+def test_measured_profile_serves_its_model(sim, tmp_path):
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"schema_version": 1, "metadata": {"model": "real/model"}, "levels": [
+        {"target": "plain", "concurrency": 1, "completed": 5, "mean_ttft_ms": 200.0, "mean_tpot_ms": 20.0}]}))
+    server = sim(str(results), "--time-scale", "100")
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
+    with httpx.Client(timeout=10.0) as client:
+        assert client.get(f"{server.url}/v1/models").json()["data"][0]["id"] == "real/model"
+        answer = client.post(f"{server.url}/v1/chat/completions", json=body).json()
+        assert answer["usage"]["completion_tokens"] == 20
+        assert client.get(f"{server.url}/server_info").json()["simulator"]["kind"] == "measured"
