@@ -1,0 +1,295 @@
+"""Is the gateway the bottleneck? One zero-delay backend, driven directly, through crossover and through
+sglang-router, in one run on one machine (issue 3's performance bar).
+
+    python -m loadtest.proxybench --markdown bench-out/proxybench.md
+
+Each cell (streaming with --max-tokens chunks and not, at each concurrency, then a paced run whose
+chunks come --paced-delay-ms apart) runs the load generator (`loadtest.proxyload`, its own process)
+against each target in turn, so slow drift on a shared machine hits all targets alike. The paced run's
+clients start spread over one stream's length (`proxyload --ramp`), not as one burst. Every process it
+starts runs in its own process group and is stopped on the way out. sglang-router runs from its own venv
+(created on first use in .venv-router, or pass --router-python). Exit status: 0 if every bar line that
+could be checked passed, 1 if one failed, 2 if the run could not be set up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from loadtest.proxyreport import CROSSOVER, DIRECT, ROUTER, Bar, check_bar, render_markdown, render_text
+
+HOST = "127.0.0.1"
+TARGETS = (DIRECT, CROSSOVER, ROUTER)
+ROUTER_REQUIREMENT = "sglang-router==0.3.2"
+DEFAULT_ROUTER_VENV = Path(__file__).resolve().parent.parent / ".venv-router"
+READY_TIMEOUT_S = 60.0
+READY_POLL_S = 0.1
+STOP_TIMEOUT_S = 10.0
+VENV_INSTALL_TIMEOUT_S = 600.0
+# A cell's load generator gets its own window plus this much to start, drain and report.
+CELL_SLACK_S = 30.0
+_PR_SET_PDEATHSIG = 1
+
+
+class SetupError(Exception):
+    """A server or the router's venv could not be brought up."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    kind: str  # "stream", "non-stream" or "paced"
+    concurrency: int
+    max_tokens: int
+
+    @property
+    def stream(self) -> bool:
+        return self.kind != "non-stream"
+
+
+@dataclass(frozen=True)
+class Plan:
+    concurrency: tuple[int, ...] = (1, 32, 256)
+    max_tokens: int = 64
+    duration: float = 5.0
+    warmup: float = 1.0
+    requests: int | None = None  # a fixed count per cell instead of a timed window
+    paced: bool = True
+    paced_concurrency: int = 256
+    paced_delay_ms: float = 20.0
+    paced_duration: float = 10.0
+    timeout: float = 60.0
+
+    def fast_cells(self) -> list[Cell]:
+        return [Cell(kind, c, self.max_tokens) for kind in ("stream", "non-stream") for c in self.concurrency]
+
+    def paced_cell(self) -> Cell:
+        return Cell("paced", self.paced_concurrency, self.max_tokens)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: the kernel SIGTERMs the child if this benchmark dies, even by SIGKILL (Linux)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _spawn(argv: list[str], cwd: Path | None = None) -> subprocess.Popen:
+    # stdout goes to our stderr: this process's stdout carries the table only.
+    return subprocess.Popen(argv, cwd=cwd, stdout=sys.stderr, start_new_session=True, preexec_fn=_die_with_parent)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(STOP_TIMEOUT_S)
+
+
+def wait_serving(url: str, proc: subprocess.Popen, name: str) -> None:
+    """Ready means a whole chat completion comes back 200: the full path works, not just /health."""
+    body = {"model": "zero", "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1}
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with httpx.Client(timeout=5.0, trust_env=False) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SetupError(f"{name} exited with code {proc.returncode} before it served")
+            with contextlib.suppress(httpx.HTTPError):
+                if client.post(url + "/v1/chat/completions", json=body).status_code == 200:
+                    return
+            time.sleep(READY_POLL_S)
+    raise SetupError(f"{name} at {url} did not serve a chat completion within {READY_TIMEOUT_S:g} s")
+
+
+def router_python(explicit: Path | None) -> Path:
+    """The interpreter that has sglang-router: `explicit`, or .venv-router (created on first use)."""
+    if explicit is not None:
+        if not explicit.exists():
+            raise SetupError(f"--router-python {explicit} does not exist")
+        return explicit
+    python = DEFAULT_ROUTER_VENV / "bin" / "python"
+    probe = [str(python), "-c", "import sglang_router"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return python
+    print(f"proxybench: installing {ROUTER_REQUIREMENT} into {DEFAULT_ROUTER_VENV}", file=sys.stderr)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(DEFAULT_ROUTER_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", ROUTER_REQUIREMENT], check=True,
+                       timeout=VENV_INSTALL_TIMEOUT_S, stdout=sys.stderr)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        raise SetupError(f"could not install {ROUTER_REQUIREMENT}: {exc}") from exc
+    return python
+
+
+def _crossover_config(workdir: Path, spec_url: str, plain_url: str) -> Path:
+    # Both pools point at the one backend (through two of its ports: the pools must not share an address).
+    path = workdir / "crossover.toml"
+    path.write_text(
+        'log_level = "warning"\n'
+        f'[pools.speculative]\nbackends = ["{spec_url}"]\n'
+        f'[pools.plain]\nbackends = ["{plain_url}"]\n'
+    )
+    return path
+
+
+@contextlib.contextmanager
+def running_targets(targets: tuple[str, ...], chunk_delay_ms: float, router: Path | None) -> Iterator[dict[str, str]]:
+    """Start the backend and the proxies in front of it; yield {target: base URL}; stop them all."""
+    procs: list[subprocess.Popen] = []
+    repo = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory(prefix="proxybench-") as tmp:
+        try:
+            port, second_port = free_port(), free_port()
+            backend_url = f"http://{HOST}:{port}"
+            procs.append(_spawn([sys.executable, "-m", "loadtest.zerobackend", "--host", HOST, "--port", str(port),
+                                 "--port", str(second_port), "--chunk-delay-ms", str(chunk_delay_ms)], repo))
+            wait_serving(backend_url, procs[-1], "the zero-delay backend")
+            urls = {DIRECT: backend_url}
+            if CROSSOVER in targets:
+                config = _crossover_config(Path(tmp), backend_url, f"http://{HOST}:{second_port}")
+                urls[CROSSOVER] = f"http://{HOST}:{free_port()}"
+                procs.append(_spawn([sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
+                                     "--host", HOST, "--port", urls[CROSSOVER].rsplit(":", 1)[1]], repo))
+                wait_serving(urls[CROSSOVER], procs[-1], CROSSOVER)
+            if ROUTER in targets:
+                assert router is not None
+                urls[ROUTER] = f"http://{HOST}:{free_port()}"
+                procs.append(_spawn([
+                    str(router), "-m", "sglang_router.launch_router", "--worker-urls", backend_url,
+                    "--policy", "round_robin", "--host", HOST, "--port", urls[ROUTER].rsplit(":", 1)[1],
+                    "--prometheus-port", str(free_port()), "--log-level", "warn"], Path(tmp)))
+                wait_serving(urls[ROUTER], procs[-1], ROUTER)
+            yield {name: urls[name] for name in targets}
+        finally:
+            _stop(procs)
+
+
+def run_cell(url: str, cell: Cell, plan: Plan) -> dict:
+    """One load generator run against `url`; returns proxyload's report."""
+    paced = cell.kind == "paced"
+    duration = plan.paced_duration if paced else plan.duration
+    # Paced streams start spread over one stream's length, as users' requests would arrive, not as one
+    # burst of C; the warm-up covers that ramp plus the first streams' lives, so rates are steady.
+    stream_s = cell.max_tokens * plan.paced_delay_ms / 1000.0 if paced else 0.0
+    warmup = max(plan.warmup, 2.5 * stream_s)
+    argv = [sys.executable, "-m", "loadtest.proxyload", "--url", url, "--concurrency", str(cell.concurrency),
+            "--max-tokens", str(cell.max_tokens), "--timeout", str(plan.timeout), "--ramp", str(stream_s)]
+    argv += ["--stream"] if cell.stream else []
+    argv += ["--requests", str(plan.requests)] if plan.requests else ["--duration", str(duration), "--warmup", str(warmup)]
+    limit = duration + warmup + plan.timeout + CELL_SLACK_S
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=limit, cwd=Path(__file__).resolve().parent.parent)
+    if done.returncode != 0:
+        raise SetupError(f"the load generator failed ({shlex.join(argv)}):\n{done.stderr.strip()}")
+    return json.loads(done.stdout)
+
+
+def run(plan: Plan, targets: tuple[str, ...], router: Path | None) -> list[dict]:
+    """Every cell against every target; rows carry `kind`, `target` and `ratio` (req/s over direct's)."""
+    rows: list[dict] = []
+    stages = [(0.0, plan.fast_cells())] + ([(plan.paced_delay_ms, [plan.paced_cell()])] if plan.paced else [])
+    for delay, cells in stages:
+        with running_targets(targets, delay, router) as urls:
+            for cell in cells:
+                direct = None
+                for name, url in urls.items():
+                    report = run_cell(url, cell, plan)
+                    direct = report["rps"] if name == DIRECT else direct
+                    ratio = round(report["rps"] / direct, 3) if direct else None
+                    rows.append({"kind": cell.kind, "target": name, "ratio": ratio, **report})
+                    print(f"proxybench: {cell.kind} C={cell.concurrency} {name}: {report['rps']} req/s, "
+                          f"{report['errors']} errors", file=sys.stderr, flush=True)
+    return rows
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("concurrencies must be >= 1")
+    return values
+
+
+def _targets(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(","))
+    unknown = sorted(set(names) - set(TARGETS))
+    if unknown or DIRECT not in names:
+        raise argparse.ArgumentTypeError(f"targets are {', '.join(TARGETS)}, and must include {DIRECT}")
+    return tuple(name for name in TARGETS if name in names)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.proxybench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--targets", type=_targets, default=TARGETS, help="comma-separated (default: all three)")
+    parser.add_argument("--concurrency", type=_ints, default=Plan.concurrency, help="default 1,32,256")
+    parser.add_argument("--max-tokens", type=int, default=Plan.max_tokens, help="chunks per stream (default 64)")
+    parser.add_argument("--duration", type=float, default=Plan.duration, help="measured seconds per cell")
+    parser.add_argument("--warmup", type=float, default=Plan.warmup, help="unmeasured seconds before each cell")
+    parser.add_argument("--requests", type=int, help="a fixed number of requests per cell instead of a window")
+    parser.add_argument("--no-paced", dest="paced", action="store_false", help="skip the paced run")
+    parser.add_argument("--paced-concurrency", type=int, default=Plan.paced_concurrency)
+    parser.add_argument("--paced-delay-ms", type=float, default=Plan.paced_delay_ms, help="gap between chunks")
+    parser.add_argument("--paced-duration", type=float, default=Plan.paced_duration, help="measured seconds")
+    parser.add_argument("--timeout", type=float, default=Plan.timeout, help="per request, seconds")
+    parser.add_argument("--router-python", type=Path, help="a python that has sglang-router (default: .venv-router)")
+    parser.add_argument("--markdown", type=Path, help="also write the table and the bar as markdown here")
+    parser.add_argument("--json", type=Path, help="also write every row as JSON here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so every server this run started is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    if min(args.max_tokens, args.paced_concurrency, args.requests or 1) < 1 or min(args.duration, args.timeout) <= 0:
+        build_parser().error("--max-tokens, --paced-concurrency, --requests, --duration and --timeout must be positive")
+    plan = Plan(args.concurrency, args.max_tokens, args.duration, args.warmup, args.requests, args.paced,
+                args.paced_concurrency, args.paced_delay_ms, args.paced_duration, args.timeout)
+    try:
+        router = router_python(args.router_python) if ROUTER in args.targets else None
+        rows = run(plan, args.targets, router)
+    except (SetupError, subprocess.TimeoutExpired) as exc:
+        print(f"proxybench: {exc}", file=sys.stderr)
+        return 2
+    bars: list[Bar] = check_bar(rows)
+    command = shlex.join(["python", "-m", "loadtest.proxybench", *(sys.argv[1:] if argv is None else argv)])
+    print(render_text(rows, bars))
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(render_markdown(rows, bars, command))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"command": command, "rows": rows,
+                                         "bar": [bar.__dict__ for bar in bars]}, indent=1))
+    return 1 if any(bar.passed is False for bar in bars) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""A closed-loop HTTP load generator cheap enough to share two cores with the proxy it measures.
+
+C workers each hold one keep-alive connection and send the same chat completion request back to back,
+for a duration (after a warm-up) or for a fixed number of requests. With --ramp the workers start one
+after another instead of all at once: long requests started together stay in lock-step (they end
+together and restart together), a burst pattern no real population of clients produces. The client is a bare asyncio protocol
+on httptools and uvloop: a general-purpose client would spend more CPU per request than the proxies under
+test do. Prints one JSON object: req/s, p50/p99 latency and time to first body chunk (ms), errors by kind,
+and `sent == ok + errors` over the whole run so no request goes unaccounted.
+
+    python -m loadtest.proxyload --url http://127.0.0.1:8000 --concurrency 32 --stream --duration 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import httptools
+import uvloop
+
+DEFAULT_MAX_TOKENS = 64
+DEFAULT_REQUEST_TIMEOUT_S = 60.0
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+PATH = "/v1/chat/completions"
+DONE_MARK = b"data: [DONE]"
+
+
+class RequestFailed(Exception):
+    """A request that did not end in a complete 200 response; `kind` names the failure for the report."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection carrying one request at a time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, stream: bool) -> None:
+        self.loop = loop
+        self.stream = stream
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future | None = None
+        self.first_chunk_at = 0.0
+        self.tail = b""
+        self.reusable = True
+
+    def send(self, request: bytes) -> asyncio.Future:
+        assert self.transport is not None
+        self.waiter = self.loop.create_future()
+        self.first_chunk_at = 0.0
+        self.tail = b""
+        self.transport.write(request)
+        return self.waiter
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.fail("bad http")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.reusable = False
+        self.fail("connection lost")
+
+    def on_body(self, body: bytes) -> None:
+        if not self.first_chunk_at:
+            self.first_chunk_at = time.perf_counter()
+        # Only the end matters for completeness; keep enough of it to see a marker split across reads.
+        self.tail = (self.tail + body)[-64:]
+
+    def on_message_complete(self) -> None:
+        self.reusable = self.parser.should_keep_alive()
+        status = self.parser.get_status_code()
+        waiter, self.waiter = self.waiter, None
+        if waiter is None or waiter.done():
+            return
+        if status != 200:
+            waiter.set_exception(RequestFailed(f"http {status}"))
+        elif self.stream and DONE_MARK not in self.tail:
+            waiter.set_exception(RequestFailed("stream without [DONE]"))
+        else:
+            waiter.set_result(self.first_chunk_at)
+
+    def fail(self, kind: str) -> None:
+        """End the request in flight (if any) as failed, and drop the connection."""
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(RequestFailed(kind))
+        if self.transport is not None:
+            self.transport.close()
+
+
+@dataclass
+class Tally:
+    """Counts over the whole run, and (start, first chunk, end) of every successful request."""
+
+    sent: int = 0
+    ok: int = 0
+    errors: Counter = field(default_factory=Counter)
+    window_errors: int = 0
+    done: list[tuple[float, float, float]] = field(default_factory=list)
+
+    def rate(self, start: float, end: float) -> float:
+        """Requests per second in [start, end], each request counted by the share of it inside the window.
+
+        Counting whole completions instead would be biased when requests are long and synchronised:
+        C streams of 1.3 s that start together finish in waves, and a window holds 7 or 8 waves.
+        """
+        share = 0.0
+        for t0, _, t1 in self.done:
+            overlap = min(t1, end) - max(t0, start)
+            if overlap > 0:
+                share += overlap / (t1 - t0)
+        return share / (end - start)
+
+
+@dataclass
+class LoadSpec:
+    url: str
+    concurrency: int
+    stream: bool
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    duration: float = 5.0
+    warmup: float = 1.0
+    requests: int | None = None  # a fixed count instead of a timed window
+    timeout: float = DEFAULT_REQUEST_TIMEOUT_S
+    ramp: float = 0.0  # worker i sends its first request at i/C of this (seconds)
+
+
+def build_request(spec: LoadSpec) -> bytes:
+    parts = urlsplit(spec.url)
+    body = json.dumps({
+        "model": "zero", "messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": spec.max_tokens, "stream": spec.stream,
+    }).encode()
+    head = (f"POST {parts.path.rstrip('/')}{PATH} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"Content-Type: application/json\r\nAccept: */*\r\nContent-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000.0, 3)
+
+
+async def run_load(spec: LoadSpec) -> dict:
+    """Drive `spec` and return the report dict (see module docstring)."""
+    loop = asyncio.get_running_loop()
+    parts = urlsplit(spec.url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    request = build_request(spec)
+    tally = Tally()
+    start = time.perf_counter()
+    window_start = start if spec.requests is not None else start + spec.warmup
+    window_end = float("inf") if spec.requests is not None else window_start + spec.duration
+    remaining = [spec.requests] if spec.requests is not None else None
+
+    async def worker(index: int) -> None:
+        if spec.ramp > 0:
+            await asyncio.sleep(spec.ramp * index / spec.concurrency)
+        conn: Connection | None = None
+        while True:
+            if remaining is not None:
+                if remaining[0] <= 0:
+                    break
+                remaining[0] -= 1
+            elif time.perf_counter() >= window_end:
+                break
+            tally.sent += 1
+            t0 = time.perf_counter()
+            timer = None
+            try:
+                if conn is None or not conn.reusable:
+                    _, conn = await asyncio.wait_for(
+                        loop.create_connection(lambda: Connection(loop, spec.stream), host, port),
+                        DEFAULT_CONNECT_TIMEOUT_S)
+                waiter = conn.send(request)
+                timer = loop.call_later(spec.timeout, conn.fail, "timeout")
+                first = await waiter
+            except (RequestFailed, OSError, asyncio.TimeoutError) as exc:
+                tally.errors[getattr(exc, "kind", type(exc).__name__)] += 1
+                if window_start <= time.perf_counter() <= window_end:
+                    tally.window_errors += 1
+                if conn is not None:
+                    conn.fail("closed")  # never reuse a connection that saw a failure
+                conn = None
+                continue
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            t1 = time.perf_counter()
+            tally.ok += 1
+            tally.done.append((t0, first, t1))
+        if conn is not None and conn.transport is not None:
+            conn.transport.close()
+
+    await asyncio.gather(*(worker(i) for i in range(spec.concurrency)))
+    if spec.requests is not None:
+        window_end = time.perf_counter()
+    # Latency samples: the requests that completed inside the window.
+    measured = [(t0, first, t1) for t0, first, t1 in tally.done if window_start <= t1 <= window_end]
+    latencies = [t1 - t0 for t0, _, t1 in measured]
+    ttfcs = [first - t0 for t0, first, _ in measured]
+    return {
+        "url": spec.url, "concurrency": spec.concurrency, "stream": spec.stream, "max_tokens": spec.max_tokens,
+        "window_s": round(window_end - window_start, 3), "completed": len(measured),
+        "rps": round(tally.rate(window_start, window_end), 1),
+        "latency_p50_ms": _percentile(latencies, 0.50), "latency_p99_ms": _percentile(latencies, 0.99),
+        "ttfc_p50_ms": _percentile(ttfcs, 0.50), "ttfc_p99_ms": _percentile(ttfcs, 0.99),
+        "sent": tally.sent, "ok": tally.ok, "errors": sum(tally.errors.values()),
+        "window_errors": tally.window_errors, "error_kinds": dict(tally.errors),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.proxyload", description=__doc__.split("\n")[0])
+    parser.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="chunks per stream")
+    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds")
+    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
+    parser.add_argument("--requests", type=int, help="send exactly this many instead (no warm-up)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S, help="per request")
+    parser.add_argument("--ramp", type=float, default=0.0,
+                        help="spread the workers' first requests evenly over this many seconds")
+    args = parser.parse_args(argv)
+    if args.concurrency < 1 or args.max_tokens < 1 or args.duration <= 0 or args.ramp < 0:
+        parser.error("--concurrency, --max-tokens and --duration must be positive, --ramp not negative")
+    spec = LoadSpec(args.url, args.concurrency, args.stream, args.max_tokens, args.duration, args.warmup,
+                    args.requests, args.timeout, args.ramp)
+    json.dump(uvloop.run(run_load(spec)), sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

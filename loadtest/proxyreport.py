@@ -1,0 +1,115 @@
+"""The proxy benchmark's verdict: issue 3's bar checked line by line, and the table as text or markdown.
+
+Rows are `loadtest.proxybench.run` output: proxyload reports plus `kind` (stream / non-stream / paced),
+`target` (direct / crossover / sglang-router) and `ratio` (req/s over direct's in the same cell).
+A bar line whose inputs were not measured (a target or a cell left out) is reported as SKIP, not FAIL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DIRECT, CROSSOVER, ROUTER = "direct", "crossover", "sglang-router"
+# The bar (issue 3).
+LATENCY_FACTOR = 2.0  # crossover's added p50 latency at C=1 vs sglang-router's
+TTFC_ADDED_MAX_MS = 2.0  # crossover's added p50 time to first chunk at C=1, streaming
+PACED_RPS_FRACTION = 0.97  # of direct's req/s in the paced run
+PACED_TTFC_ADDED_MAX_MS = 10.0  # over direct's p50 time to first chunk in the paced run
+
+
+@dataclass
+class Bar:
+    line: str
+    passed: bool | None  # None: not measured in this run
+    detail: str
+
+    @property
+    def verdict(self) -> str:
+        return {True: "PASS", False: "FAIL", None: "SKIP"}[self.passed]
+
+
+def _row(rows: list[dict], kind: str, concurrency: int, target: str) -> dict | None:
+    return next((r for r in rows if (r["kind"], r["concurrency"], r["target"]) == (kind, concurrency, target)), None)
+
+
+def _added(rows: list[dict], kind: str, concurrency: int, target: str, metric: str) -> float | None:
+    row, direct = _row(rows, kind, concurrency, target), _row(rows, kind, concurrency, DIRECT)
+    if row is None or direct is None or row[metric] is None or direct[metric] is None:
+        return None
+    return row[metric] - direct[metric]
+
+
+def check_bar(rows: list[dict]) -> list[Bar]:
+    bars = []
+    for kind in ("stream", "non-stream"):
+        ours = _added(rows, kind, 1, CROSSOVER, "latency_p50_ms")
+        theirs = _added(rows, kind, 1, ROUTER, "latency_p50_ms")
+        line = f"{kind} C=1: crossover's added p50 latency <= {LATENCY_FACTOR:g}x sglang-router's"
+        if ours is None or theirs is None:
+            bars.append(Bar(line, None, "not measured"))
+        else:
+            bars.append(Bar(line, ours <= LATENCY_FACTOR * theirs, f"crossover +{ours:.3f} ms, sglang-router +{theirs:.3f} ms"))
+
+    ours = _added(rows, "stream", 1, CROSSOVER, "ttfc_p50_ms")
+    line = f"stream C=1: crossover's added p50 time to first chunk < {TTFC_ADDED_MAX_MS:g} ms"
+    bars.append(Bar(line, None, "not measured") if ours is None else Bar(line, ours < TTFC_ADDED_MAX_MS, f"+{ours:.3f} ms"))
+
+    for c in sorted({r["concurrency"] for r in rows if r["kind"] == "stream" and r["concurrency"] > 1}):
+        ours, theirs = _row(rows, "stream", c, CROSSOVER), _row(rows, "stream", c, ROUTER)
+        line = f"stream C={c}: crossover's req/s >= sglang-router's"
+        if ours is None or theirs is None:
+            bars.append(Bar(line, None, "not measured"))
+        else:
+            bars.append(Bar(line, ours["rps"] >= theirs["rps"], f"{ours['rps']:g} vs {theirs['rps']:g} req/s"))
+
+    paced = [r for r in rows if r["kind"] == "paced"]
+    c = paced[0]["concurrency"] if paced else 0
+    ours, direct = _row(rows, "paced", c, CROSSOVER), _row(rows, "paced", c, DIRECT)
+    line = f"paced C={c}: crossover passes >= {PACED_RPS_FRACTION:.0%} of direct's req/s"
+    if ours is None or direct is None:
+        bars.append(Bar(line, None, "not measured"))
+    else:
+        bars.append(Bar(line, ours["rps"] >= PACED_RPS_FRACTION * direct["rps"], f"{ours['ratio']:.1%} of direct"))
+    added = _added(rows, "paced", c, CROSSOVER, "ttfc_p50_ms")
+    line = f"paced C={c}: crossover's p50 time to first chunk <= direct's + {PACED_TTFC_ADDED_MAX_MS:g} ms"
+    bars.append(Bar(line, None, "not measured") if added is None else
+                Bar(line, added <= PACED_TTFC_ADDED_MAX_MS, f"+{added:.3f} ms"))
+
+    ours_rows = [r for r in rows if r["target"] == CROSSOVER]
+    errors = sum(r["errors"] for r in ours_rows)
+    bars.append(Bar("no failed requests through crossover", errors == 0 if ours_rows else None,
+                    f"{errors} errors in {sum(r['sent'] for r in ours_rows)} requests"))
+    return bars
+
+
+HEADER = ("run", "C", "target", "req/s", "x direct", "p50 ms", "p99 ms", "TTFC p50", "TTFC p99", "errors")
+
+
+def _cells(row: dict) -> tuple[str, ...]:
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    streamed = row["kind"] != "non-stream"
+    ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
+    return (
+        row["kind"], str(row["concurrency"]), row["target"], f"{row['rps']:.0f}", ratio,
+        ms(row["latency_p50_ms"]), ms(row["latency_p99_ms"]),
+        ms(row["ttfc_p50_ms"]) if streamed else "-", ms(row["ttfc_p99_ms"]) if streamed else "-", str(row["errors"]),
+    )
+
+
+def render_text(rows: list[dict], bars: list[Bar]) -> str:
+    table = [HEADER] + [_cells(row) for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(HEADER))]
+    lines = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in table]
+    lines.append("")
+    lines += [f"{bar.verdict}  {bar.line} ({bar.detail})" for bar in bars]
+    return "\n".join(lines)
+
+
+def render_markdown(rows: list[dict], bars: list[Bar], command: str) -> str:
+    lines = [f"`{command}`", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
+    lines += ["", "| bar | result | measured |", "|---|---|---|"]
+    lines += [f"| {bar.line} | {bar.verdict} | {bar.detail} |" for bar in bars]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,69 @@
+"""The load generator accounts for every request it sends: successes, HTTP errors, dead servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+
+from loadtest.proxyload import LoadSpec, run_load
+from zero_server import free_port, running_zero
+
+BOUND_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def zero_url():
+    with running_zero() as urls:
+        yield urls[0]
+
+
+def load(spec: LoadSpec) -> dict:
+    return asyncio.run(asyncio.wait_for(run_load(spec), BOUND_S))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_fixed_count_is_fully_accounted(zero_url, stream):
+    report = load(LoadSpec(zero_url, concurrency=3, stream=stream, max_tokens=4, requests=25))
+    assert (report["sent"], report["ok"], report["errors"], report["completed"]) == (25, 25, 0, 25)
+    assert report["rps"] > 0
+    assert 0 < report["latency_p50_ms"] <= report["latency_p99_ms"]
+    assert 0 < report["ttfc_p50_ms"] <= report["latency_p99_ms"]
+
+
+def test_timed_window_counts_only_what_completes_inside_it(zero_url):
+    report = load(LoadSpec(zero_url, concurrency=2, stream=True, max_tokens=4, duration=0.5, warmup=0.2))
+    assert report["window_s"] == 0.5
+    assert report["sent"] == report["ok"] > report["completed"] > 0  # warm-up requests are sent, not counted
+    assert report["errors"] == 0
+
+
+def test_http_errors_are_counted_by_kind(zero_url):
+    # The zero backend refuses max_tokens beyond its limit with a 400.
+    report = load(LoadSpec(zero_url, concurrency=2, stream=True, max_tokens=10**9, requests=6))
+    assert (report["sent"], report["ok"], report["errors"]) == (6, 0, 6)
+    assert report["error_kinds"] == {"http 400": 6}
+    assert report["latency_p50_ms"] is None
+
+
+def test_a_dead_server_is_errors_not_a_hang():
+    report = load(LoadSpec(f"http://127.0.0.1:{free_port()}", concurrency=2, stream=False, requests=4))
+    assert (report["sent"], report["ok"], report["errors"]) == (4, 0, 4)
+
+
+def test_cli_prints_one_json_report(zero_url):
+    done = subprocess.run(
+        [sys.executable, "-m", "loadtest.proxyload", "--url", zero_url, "--requests", "5", "--stream"],
+        capture_output=True, text=True, timeout=BOUND_S,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ok"] == 5
+
+
+def test_cli_rejects_nonsense():
+    done = subprocess.run([sys.executable, "-m", "loadtest.proxyload", "--url", "http://x", "--concurrency", "0"],
+                          capture_output=True, text=True, timeout=BOUND_S)
+    assert done.returncode == 2 and "--concurrency" in done.stderr
