@@ -1,0 +1,125 @@
+"""The gateway as an ASGI app: `create_app(settings)` builds one; nothing here is global.
+
+app = create_app(settings)                                      # what `crossover serve` runs
+app = create_app(settings, registry=CollectorRegistry())        # tests read metrics from `registry`
+app.state                                                       # the live GatewayState
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.admin import admin_routes
+from gateway.admission import Admission
+from gateway.config import Settings
+from gateway.errors import EXCEPTION_HANDLERS, ModelNotFound
+from gateway.health import HealthMonitor
+from gateway.metrics import Metrics
+from gateway.pools import Pools
+from gateway.proxy import ProxyEndpoint
+from gateway.routing import Routing
+from gateway.state import GatewayState
+from gateway.transport import backend_timeout, make_client, make_transport
+from gateway.validation import CHAT, COMPLETIONS
+
+
+def build_state(settings: Settings, registry: CollectorRegistry | None = None) -> GatewayState:
+    pools = Pools.from_settings(settings)
+    routing = Routing.from_settings(settings)
+    metrics = Metrics(registry if registry is not None else CollectorRegistry(), pools, routing)
+    limits = settings.limits
+    admission = Admission(limits.max_inflight, limits.max_queued, settings.timeouts.queue)
+    return GatewayState(settings, pools, routing, metrics, admission, backend_timeout(settings.timeouts).as_dict())
+
+
+def create_app(
+    settings: Settings,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    registry: CollectorRegistry | None = None,
+) -> GatewayApp:
+    """The gateway app; its lifespan owns the backend client and the health checks."""
+    state = build_state(settings, registry)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state.transport = make_transport(settings, transport)
+        async with make_client(settings, state.transport) as client:
+            state.client = client
+            monitor = HealthMonitor(state.pools, client, settings.health, scrape=settings.load_signal != "local")
+            # One round before serving, so /health and routing start from what the backends really say.
+            await monitor.check_all()
+            checks = asyncio.create_task(monitor.run())
+            try:
+                yield
+            finally:
+                checks.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await checks
+
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": int(state.started_at), "owned_by": "crossover"}
+
+    async def list_models(request: Request) -> JSONResponse:
+        return JSONResponse(
+            {"object": "list", "data": [model_card(name) for name in sorted(state.pools.model_names())]}
+        )
+
+    async def get_model(request: Request) -> JSONResponse:
+        name = request.path_params["model"]
+        if name not in state.pools.model_names():
+            raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+        return JSONResponse(model_card(name))
+
+    async def health(request: Request) -> JSONResponse:
+        healthy = sum(1 for backend in state.pools.all() if backend.healthy)
+        status = 200 if healthy else 503
+        return JSONResponse(
+            {"status": "ok" if healthy else "unavailable", "healthy_backends": healthy}, status_code=status
+        )
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    proxies = {path: ProxyEndpoint(state, path) for path in (CHAT, COMPLETIONS)}
+    routes = [
+        *(Route(path, endpoint, methods=["POST"]) for path, endpoint in proxies.items()),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        *admin_routes(state),
+    ]
+    return GatewayApp(
+        state, proxies, Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
+    )
+
+
+class GatewayApp:
+    """The ASGI entry point. Generation requests go straight to the proxy; the rest through Starlette.
+
+    The proxy sends its own responses and errors, so it skips Starlette's middleware, which would wrap
+    `send` for every chunk of every stream.
+    """
+
+    def __init__(self, state: GatewayState, proxies: dict[str, ProxyEndpoint], rest: Starlette) -> None:
+        self.state = state
+        self.proxies = proxies
+        self.rest = rest
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self.proxies.get(scope["path"])
+            if endpoint is not None:
+                await endpoint(scope, receive, send)
+                return
+        await self.rest(scope, receive, send)

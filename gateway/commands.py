@@ -1,0 +1,80 @@
+"""`crossover serve` and `crossover demo`. Heavy imports wait until a command runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port")
+    return port
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be > 0")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be >= 0")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    serve = subparsers.add_parser(
+        "serve",
+        help="run the gateway in front of SGLang pools",
+        description="Run the gateway. Settings come from --config (TOML, see gateway/example.toml) and "
+        "CROSSOVER_* environment variables (nested with __), which override the file.",
+    )
+    serve.add_argument("--config", type=Path, help="TOML settings file")
+    serve.add_argument("--host", help="listen address (default: the settings' host)")
+    serve.add_argument("--port", type=_port, help="listen port (default: the settings' port)")
+    serve.set_defaults(run=run_serve)
+
+    demo = subparsers.add_parser(
+        "demo",
+        help="two simulated SGLang pools and the gateway on 127.0.0.1",
+        description="Start a k25-eagle3 and a k25-plain stand-in and the gateway in front of them; "
+        "Ctrl-C or SIGTERM stops all of it.",
+    )
+    demo.add_argument("--port", type=_port, default=8000, help="gateway port (default 8000)")
+    demo.add_argument("--admin-token", help="admin API token (default: a random one, printed)")
+    demo.add_argument("--policy", choices=["switch", "spillover"], default="spillover")
+    demo.add_argument("--threshold", type=_non_negative_int, default=None, help="routing threshold (default 32)")
+    demo.add_argument("--time-scale", type=_positive, default=1.0, help="run the stand-ins F times faster")
+    demo.set_defaults(run=run_demo)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from gateway.config import SettingsError, load_settings
+    from gateway.server import make_server
+
+    try:
+        settings = load_settings(args.config)
+        server = make_server(settings, args.host, args.port)
+    except (SettingsError, ValueError) as exc:
+        print(f"crossover serve: {exc}", file=sys.stderr)
+        return 2
+    server.run()
+    return 0
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from gateway.demo import run
+
+    return run(
+        port=args.port,
+        admin_token=args.admin_token,
+        policy=args.policy,
+        threshold=args.threshold,
+        time_scale=args.time_scale,
+    )

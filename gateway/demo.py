@@ -1,0 +1,166 @@
+"""`crossover demo`: a k25-eagle3 and a k25-plain stand-in, and the gateway in front of them, on 127.0.0.1.
+
+The stand-ins run as child processes in their own process group, and ask the kernel to SIGTERM them if
+the demo dies (PR_SET_PDEATHSIG), so not even a SIGKILLed demo leaves them behind. Ctrl-C or SIGTERM
+stops the gateway, then the stand-ins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+from gateway.config import DEFAULT_THRESHOLD, Settings
+from gateway.server import make_server
+
+HOST = "127.0.0.1"
+PROFILES = {"speculative": "k25-eagle3", "plain": "k25-plain"}
+STANDIN_READY_TIMEOUT_S = 60.0
+STANDIN_STOP_TIMEOUT_S = 10.0
+READY_POLL_S = 0.05
+_PR_SET_PDEATHSIG = 1
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def _die_with(parent: int):
+    """preexec_fn for a child: SIGTERM when `parent` dies (Linux), and exit if it already has."""
+
+    def setup() -> None:
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return setup
+
+
+def start_standin(profile: str, port: int, time_scale: float) -> subprocess.Popen:
+    argv = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "sim",
+        "serve",
+        "--profile",
+        profile,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--time-scale",
+        str(time_scale),
+    ]
+    # preexec_fn is unsafe only with threads running; the demo starts its stand-ins before any exist.
+    return subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with(os.getpid()))  # noqa: PLW1509
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = STANDIN_READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=2.0, trust_env=False) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the stand-in for {url} exited with code {proc.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(url + "/health").status_code == 200:
+                    return
+            time.sleep(READY_POLL_S)
+    raise TimeoutError(f"the stand-in at {url} was not ready after {timeout:g} s")
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STANDIN_STOP_TIMEOUT_S
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def banner(url: str, token: str, model: str) -> str:
+    sdk = (
+        f"python -c \"from openai import OpenAI; c = OpenAI(base_url='{url}/v1', api_key='none'); "
+        f"print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Hi'}}])"
+        f'.choices[0].message.content)"'
+    )
+    return "\n".join(
+        [
+            f"crossover demo: gateway on {url} (two simulated SGLang pools: {', '.join(PROFILES.values())})",
+            f"  admin token: {token}",
+            f"  try:         {sdk}",
+            f"  threshold:   curl -H 'Authorization: Bearer {token}' {url}/admin/threshold",
+            f"  metrics:     curl {url}/metrics",
+            "  Ctrl-C stops everything.",
+        ]
+    )
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+async def _serve(settings: Settings, text: str) -> None:
+    server = make_server(settings)
+    serving = asyncio.create_task(server.serve())
+    while not server.started and not serving.done():
+        await asyncio.sleep(READY_POLL_S)
+    if server.started:
+        print(text, flush=True)
+    await serving
+
+
+def run(port: int, admin_token: str | None, policy: str, threshold: int | None, time_scale: float) -> int:
+    # SIGTERM behaves like Ctrl-C; while uvicorn serves it takes both, shuts down, then re-raises them here.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    token = admin_token or secrets.token_urlsafe(18)
+    threshold = DEFAULT_THRESHOLD if threshold is None else threshold
+    procs: list[subprocess.Popen] = []
+    try:
+        urls = {}
+        for pool, profile in PROFILES.items():
+            standin_port = _free_port()
+            procs.append(start_standin(profile, standin_port, time_scale))
+            urls[pool] = f"http://{HOST}:{standin_port}"
+        for proc, url in zip(procs, urls.values()):
+            wait_ready(url, proc)
+        settings = Settings(
+            host=HOST,
+            port=port,
+            policy=policy,
+            threshold=threshold,
+            admin_token=token,
+            pools={pool: {"backends": [url]} for pool, url in urls.items()},
+        )
+        url = f"http://{HOST}:{port}"
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(_serve(settings, banner(url, token, "moonshotai/Kimi-K2.5")))
+    except KeyboardInterrupt:
+        pass
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"crossover demo: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stop(procs)
+    return 0

@@ -1,0 +1,174 @@
+"""Every error the gateway answers with, as an OpenAI-style body `{"error": {message, type, param, code}}`.
+
+GatewayError
+├── InvalidRequest ........ 400  invalid_request_error  (malformed JSON, wrong types, bad admin values)
+├── AuthenticationFailed .. 401  authentication_error   (admin API: missing or wrong bearer token)
+├── AdminDisabled ......... 403  permission_error       (admin API: no token configured)
+├── NotFound .............. 404  invalid_request_error  (unknown path)
+│   └── ModelNotFound ..... 404  invalid_request_error  (model not served by any pool)
+├── MethodNotAllowed ...... 405  invalid_request_error
+├── BodyTooLarge .......... 413  invalid_request_error
+├── Overloaded ............ 429  rate_limit_error       (over max_inflight + max_queued; Retry-After)
+├── BackendFailed ......... 502  api_error              (every attempt failed: connect error, 5xx, SSE error)
+├── NoHealthyBackend ...... 503  api_error              (no pool has a usable backend)
+└── BackendTimeout ........ 504  timeout_error          (first byte or total timeout)
+
+After the first byte of a stream the status is already 200: a failure then becomes an SSE `error`
+event followed by `data: [DONE]` (see `sse_error`), the way SGLang reports errors mid-stream.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+REQUEST_ID_HEADER = "x-request-id"
+
+
+class GatewayError(Exception):
+    status = 500
+    type = "api_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers: dict[str, str] = {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+class InvalidRequest(GatewayError):
+    status, type, code = 400, "invalid_request_error", "invalid_request"
+
+
+class AuthenticationFailed(GatewayError):
+    status, type, code = 401, "authentication_error", "invalid_admin_token"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.headers["www-authenticate"] = "Bearer"
+
+
+class AdminDisabled(GatewayError):
+    status, type, code = 403, "permission_error", "admin_disabled"
+
+
+class NotFound(GatewayError):
+    status, type, code = 404, "invalid_request_error", "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status, type, code = 405, "invalid_request_error", "method_not_allowed"
+
+
+class BodyTooLarge(GatewayError):
+    status, type, code = 413, "invalid_request_error", "request_too_large"
+
+
+class Overloaded(GatewayError):
+    status, type, code = 429, "rate_limit_error", "gateway_overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.headers["retry-after"] = str(retry_after_s)
+
+
+class BackendFailed(GatewayError):
+    status, type, code = 502, "api_error", "backend_unavailable"
+
+
+class NoHealthyBackend(GatewayError):
+    status, type, code = 503, "api_error", "no_healthy_backend"
+
+
+class BackendTimeout(GatewayError):
+    status, type, code = 504, "timeout_error", "backend_timeout"
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | int | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_response(exc: GatewayError, request_id: str | None = None) -> JSONResponse:
+    headers = dict(exc.headers)
+    if request_id:
+        headers[REQUEST_ID_HEADER] = request_id
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+async def send_error(send, exc: GatewayError, request_id: bytes, extra: list[tuple[bytes, bytes]] = ()) -> None:
+    """The error response, straight on an ASGI `send` (the proxy path has no framework around it)."""
+    body = json.dumps(exc.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(b"x-request-id", request_id), *extra]
+    headers += [(name.encode(), value.encode()) for name, value in exc.headers.items()]
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def sse_error(message: str, type: str = "api_error", code: str | None = None) -> bytes:
+    """The end of a stream that failed after its first byte: an error event, then [DONE]."""
+    event = json.dumps(error_body(message, type, None, code))
+    return f"data: {event}\n\ndata: [DONE]\n\n".encode()
+
+
+def normalize_backend_error(status: int, body: bytes) -> bytes:
+    """SGLang answers bad requests with a top-level `{"object": "error", "message": ...}`; nest it like OpenAI."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        payload = None
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        return body
+    if isinstance(payload, dict) and "message" in payload:
+        error_type = payload.get("type") if isinstance(payload.get("type"), str) else "invalid_request_error"
+        code = payload.get("code", status)
+        return json.dumps(error_body(str(payload["message"]), error_type, payload.get("param"), code)).encode()
+    text = body.decode("utf-8", "replace").strip() or f"backend answered HTTP {status}"
+    return json.dumps(error_body(text, "invalid_request_error" if status < 500 else "api_error", None, status)).encode()
+
+
+async def on_gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    return error_response(exc, request.headers.get(REQUEST_ID_HEADER))
+
+
+async def on_http_exception(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 for unknown paths and methods, in OpenAI form."""
+    assert isinstance(exc, HTTPException)
+    error: GatewayError
+    if exc.status_code == 404:
+        error = NotFound(f"no route for {request.method} {request.url.path}")
+    elif exc.status_code == 405:
+        error = MethodNotAllowed(f"method {request.method} is not allowed on {request.url.path}")
+    else:
+        error = GatewayError(str(exc.detail))
+        error.status = exc.status_code
+    response = error_response(error, request.headers.get(REQUEST_ID_HEADER))
+    if exc.headers:
+        response.headers.update(exc.headers)
+    return response
+
+
+async def on_unexpected(request: Request, exc: Exception) -> Response:
+    return error_response(GatewayError("internal gateway error"), request.headers.get(REQUEST_ID_HEADER))
+
+
+EXCEPTION_HANDLERS = {
+    GatewayError: on_gateway_error,
+    HTTPException: on_http_exception,
+    Exception: on_unexpected,
+}

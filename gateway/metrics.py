@@ -1,0 +1,98 @@
+"""Prometheus metrics, all in one registry that the caller passes in (tests use a fresh one each).
+
+Counters and histograms are updated per request; gauges (in-flight, threshold, health) are read from
+the live state at scrape time, so they can never drift from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.config import POOL_NAMES
+from gateway.pools import Pools
+from gateway.routing import Routing
+
+# LLM requests: first tokens from tens of ms (idle) to minutes (deep queues); whole requests up to the total timeout.
+TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+DURATION_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+
+# Label value for requests that ended before a pool was chosen (bad input, overload).
+NO_POOL = "none"
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry, pools: Pools, routing: Routing) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "crossover_requests", "Requests by pool and outcome.", ["pool", "outcome"], registry=registry
+        )
+        self.route_decisions = Counter(
+            "crossover_route_decisions",
+            "Routing decisions by chosen pool and reason.",
+            ["pool", "reason"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "crossover_time_to_first_token_seconds",
+            "Arrival to the first streamed event sent to the client.",
+            ["pool"],
+            buckets=TTFT_BUCKETS_S,
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "crossover_request_duration_seconds",
+            "Arrival to the last byte (or any other end) of a request.",
+            ["pool"],
+            buckets=DURATION_BUCKETS_S,
+            registry=registry,
+        )
+        self.output_tokens = Counter(
+            "crossover_output_tokens", "Completion tokens reported in responses' usage.", ["pool"], registry=registry
+        )
+        self.failovers = Counter(
+            "crossover_failovers",
+            "Attempts abandoned before the first byte and retried elsewhere.",
+            ["reason"],
+            registry=registry,
+        )
+        registry.register(_StateCollector(pools, routing))
+
+
+class _StateCollector(Collector):
+    def __init__(self, pools: Pools, routing: Routing) -> None:
+        self.pools = pools
+        self.routing = routing
+
+    def collect(self) -> Iterator[Metric]:
+        inflight = GaugeMetricFamily("crossover_inflight_requests", "Requests in flight by pool.", labels=["pool"])
+        for name in POOL_NAMES:
+            inflight.add_metric([name], self.pools.inflight(name))
+        yield inflight
+        yield GaugeMetricFamily("crossover_routing_threshold", "Live routing threshold.", value=self.routing.threshold)
+        yield GaugeMetricFamily(
+            "crossover_routing_hysteresis", "Live hysteresis of the switch policy.", value=self.routing.hysteresis
+        )
+        healthy = GaugeMetricFamily(
+            "crossover_backend_healthy", "1 if the backend is known healthy.", labels=["pool", "backend"]
+        )
+        backend_inflight = GaugeMetricFamily(
+            "crossover_backend_inflight_requests", "Requests in flight by backend.", labels=["pool", "backend"]
+        )
+        scraped = GaugeMetricFamily(
+            "crossover_backend_scraped_load",
+            "Running + queued requests the engine last reported.",
+            labels=["pool", "backend"],
+        )
+        for backend in self.pools.all():
+            labels = [backend.pool, backend.url]
+            healthy.add_metric(labels, 1.0 if backend.healthy else 0.0)
+            backend_inflight.add_metric(labels, backend.inflight)
+            if backend.scraped is not None:
+                scraped.add_metric(labels, backend.scraped)
+        yield healthy
+        yield backend_inflight
+        yield scraped

@@ -1,0 +1,59 @@
+"""Routing policies: pure functions of the load, no I/O and no hidden state.
+
+    spillover(speculative_load=10, threshold=32)              -> Decision("speculative", "below_threshold")
+    switch(total_load=40, threshold=32, hysteresis=4, current="speculative")
+                                                              -> Decision("plain", "above_threshold")
+
+Loads count requests in flight *before* the one being routed, so with threshold T the first T
+concurrent requests go to the speculative pool and request T + 1 goes to the plain pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.config import PLAIN, SPECULATIVE
+
+BELOW = "below_threshold"
+ABOVE = "above_threshold"
+HYSTERESIS = "hysteresis"
+# The chosen pool had no usable backend, so the other pool took the request.
+FALLBACK = "fallback"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    pool: str
+    reason: str
+
+
+def spillover(speculative_load: int, threshold: int) -> Decision:
+    """Partitioned pools: the speculative pool takes requests while *its* load is below the threshold."""
+    if speculative_load < threshold:
+        return Decision(SPECULATIVE, BELOW)
+    return Decision(PLAIN, ABOVE)
+
+
+def switch(total_load: int, threshold: int, hysteresis: int, current: str) -> Decision:
+    """One side at a time: plain from `threshold` up; back to speculative only below `threshold - hysteresis`.
+
+    `current` is the side the previous decision chose; the band below the threshold keeps it, so a
+    load hovering around the threshold does not flap between the pools.
+    """
+    if total_load >= threshold:
+        return Decision(PLAIN, ABOVE)
+    if current == PLAIN and total_load >= threshold - hysteresis:
+        return Decision(PLAIN, HYSTERESIS)
+    return Decision(SPECULATIVE, BELOW)
+
+
+def least_loaded(loads: Sequence[int], start: int = 0) -> int | None:
+    """Index of the smallest load; ties go to the first at or after `start` (so callers can rotate)."""
+    count = len(loads)
+    best: int | None = None
+    for offset in range(count):
+        index = (start + offset) % count
+        if best is None or loads[index] < loads[best]:
+            best = index
+    return best

@@ -1,0 +1,40 @@
+"""Everything one gateway instance holds at run time, built once by `create_app` and passed around."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from gateway.admission import Admission
+from gateway.config import Settings
+from gateway.metrics import Metrics
+from gateway.pools import Pools
+from gateway.routing import Routing
+
+
+@dataclass
+class GatewayState:
+    settings: Settings
+    pools: Pools
+    routing: Routing
+    metrics: Metrics
+    admission: Admission
+    # Per-operation socket timeouts for backend requests (httpx's `extensions["timeout"]`).
+    request_timeout: dict[str, float]
+    started_at: float = field(default_factory=time.time)
+    # Made in the app's lifespan (they must live on the serving event loop), closed when it ends: the
+    # transport carries generation requests, the client (over the same transport) health checks.
+    transport: httpx.AsyncBaseTransport | None = None
+    client: httpx.AsyncClient | None = None
+
+    def snapshot(self) -> dict:
+        return {
+            **self.routing.state(),
+            "load_signal": self.pools.load_signal,
+            "inflight": self.admission.active,
+            "queued": self.admission.queued,
+            "models": sorted(self.pools.model_names()),
+            "pools": self.pools.state(),
+        }

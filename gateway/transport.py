@@ -1,0 +1,57 @@
+"""The one place the backend HTTP machinery is built. Swap the transport here, nowhere else.
+
+    transport = make_transport(settings)            # what generation requests go through
+    client = make_client(settings, transport)       # the same connections, with httpx's conveniences,
+                                                    # for health checks and load scrapes
+
+The proxy path calls `transport.handle_async_request(request)` itself: httpx's client layers (cookies,
+auth, redirects, URL merging) cost more per request than the transport does, and a proxy needs none
+of them. A transport passed in brings its own connection limits: it must allow `connection_limit(settings)`
+connections and drop idle ones after `settings.timeouts.backend_keepalive` seconds.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from gateway.config import Settings, TimeoutSettings
+
+# Health checks and load scrapes need connections even while every request slot streams.
+PROBE_CONNECTIONS_PER_BACKEND = 4
+
+
+def connection_limit(settings: Settings) -> int:
+    backends = len(settings.pools.speculative.backends) + len(settings.pools.plain.backends)
+    return settings.limits.max_inflight + PROBE_CONNECTIONS_PER_BACKEND * backends
+
+
+def backend_timeout(timeouts: TimeoutSettings) -> httpx.Timeout:
+    # The proxy enforces first-byte, between-chunks and total deadlines itself (they change with the phase
+    # of a request); these per-operation bounds are the backstop that keeps every socket wait finite.
+    return httpx.Timeout(
+        connect=timeouts.connect,
+        read=max(timeouts.first_byte, timeouts.between_chunks),
+        write=timeouts.between_chunks,
+        pool=timeouts.connect,
+    )
+
+
+def make_transport(settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncBaseTransport:
+    if transport is not None:
+        return transport
+    limit = connection_limit(settings)
+    return httpx.AsyncHTTPTransport(
+        limits=httpx.Limits(
+            max_connections=limit,
+            max_keepalive_connections=limit,
+            keepalive_expiry=settings.timeouts.backend_keepalive,
+        ),
+        # Backends are addressed directly; a proxy from the environment would only get in the way.
+        trust_env=False,
+    )
+
+
+def make_client(settings: Settings, transport: httpx.AsyncBaseTransport) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=transport, timeout=backend_timeout(settings.timeouts), trust_env=False, follow_redirects=False
+    )

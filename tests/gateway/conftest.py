@@ -1,0 +1,93 @@
+"""Fixtures: a real gateway on uvicorn (in a thread) in front of real stand-ins (subprocesses).
+
+- `gateway(speculative=[urls], plain=[urls], **settings)` -> RunningGateway (started, first health round done)
+- `sims` -> (k25-eagle3, k25-plain) stand-ins, ready
+- `gateway_process(toml, env=None)` -> `crossover serve --config FILE` in its own process, ready
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from gateway_helpers import SIM_SCALE, RunningGateway, unused_url, wait_until
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.app import create_app
+from gateway.config import Settings
+
+
+@pytest.fixture
+def gateway(serve):
+    def start(speculative: list[str], plain: list[str], transport=None, **overrides) -> RunningGateway:
+        overrides.setdefault("health", {"interval": 0.5, "timeout": 2.0})
+        settings = Settings(pools={"speculative": {"backends": speculative}, "plain": {"backends": plain}}, **overrides)
+        registry = CollectorRegistry()
+        app = create_app(settings, registry=registry, transport=transport)
+        server = serve(app)
+        return RunningGateway(server.url, app, registry, settings)
+
+    return start
+
+
+@pytest.fixture
+def sims(sim):
+    """A k25-eagle3 and a k25-plain stand-in: (speculative, plain)."""
+    return sim("k25-eagle3", *SIM_SCALE), sim("k25-plain", *SIM_SCALE)
+
+
+@dataclass
+class GatewayProcess:
+    url: str
+    port: int
+    proc: subprocess.Popen
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        """Every sample of /metrics: {(name, sorted label pairs): value}."""
+        text = httpx.get(self.url + "/metrics", timeout=10, trust_env=False).text
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+
+@pytest.fixture
+def gateway_process(tmp_path):
+    """`crossover serve --config FILE` as a subprocess: `gateway_process(toml_text)` -> GatewayProcess (ready)."""
+    started: list[subprocess.Popen] = []
+
+    def start(config: str, env: dict[str, str] | None = None) -> GatewayProcess:
+        port = int(unused_url().rsplit(":", 1)[1])
+        path = tmp_path / f"gateway-{port}.toml"
+        path.write_text(f'port = {port}\nlog_level = "warning"\n{config}')
+        argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
+        proc = subprocess.Popen(argv, start_new_session=True, env={**os.environ, **(env or {})})
+        started.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _answers(url + "/health") or proc.poll() is not None, what=f"{url}/health")
+        assert proc.poll() is None, f"crossover serve exited with {proc.returncode}"
+        return GatewayProcess(url, port, proc)
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False

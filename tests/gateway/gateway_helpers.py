@@ -1,0 +1,239 @@
+"""Helpers for the gateway's tests (imported by name: pytest puts this directory on sys.path).
+
+- `hold(client, url, n)`: n streams opened one after another and kept open (so routing is deterministic)
+- `chat(...)`, `sse_events(raw)`, `stream_text(events)`, `wait_until(condition)`, `sim_running(url)`
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client import CollectorRegistry
+
+from gateway.app import GatewayApp
+from gateway.config import Settings
+
+MODEL = "moonshotai/Kimi-K2.5"
+# Fast enough for tests, slow enough that a stream of a few thousand tokens stays open for seconds.
+SIM_SCALE = ("--time-scale", "10")
+LONG = 10_000  # max_tokens of a stream meant to stay open until the test closes it (the KV pool holds ~9)
+WAIT_S = 20.0
+
+
+def chat(stream: bool = False, max_tokens: int = 8, **extra) -> dict:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens, "stream": stream}
+    return {**body, **extra}
+
+
+def sse_events(raw: bytes) -> list:
+    """Parsed `data:` payloads of an SSE body ("[DONE]" stays a string)."""
+    events = []
+    for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
+        block = block.strip()
+        if block.startswith(b"data:"):
+            data = block[5:].strip()
+            events.append("[DONE]" if data == b"[DONE]" else json.loads(data))
+    return events
+
+
+def stream_text(events: list) -> str:
+    return "".join(
+        choice.get("delta", {}).get("content") or choice.get("text") or ""
+        for event in events
+        if isinstance(event, dict)
+        for choice in event.get("choices", [])
+    )
+
+
+def unused_url() -> str:
+    """A loopback URL where nothing listens (connections are refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def wait_until(condition, timeout: float = WAIT_S, what: str = "condition") -> None:
+    """Poll `condition` (a readiness check, not a sleep-as-wait) until true or fail."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def sim_running(url: str) -> int:
+    loads = httpx.get(url + "/v1/loads", timeout=5, trust_env=False).json()["loads"]
+    return sum(rank["num_running_reqs"] + rank["num_waiting_reqs"] for rank in loads)
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    app: GatewayApp
+    registry: CollectorRegistry
+    settings: Settings = field(repr=False)
+
+    @property
+    def state(self):
+        return self.app.state
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+    def inflight(self) -> int:
+        return sum(backend.inflight for backend in self.state.pools.all())
+
+    def settled(self) -> None:
+        """Wait until no request is in flight: then every finished request's metrics are recorded."""
+        wait_until(lambda: self.inflight() == 0, what="no request in flight")
+
+
+@contextlib.asynccontextmanager
+async def hold(client: httpx.AsyncClient, url: str, n: int, **body) -> AsyncIterator[list[str]]:
+    """Open n long streams one at a time; yield the pool each landed on; close them all on exit."""
+    responses: list[httpx.Response] = []
+    try:
+        for _ in range(n):
+            request = client.build_request("POST", url + "/v1/chat/completions", json=chat(True, LONG, **body))
+            response = await client.send(request, stream=True)
+            assert response.status_code == 200, response.status_code
+            responses.append(response)
+        yield [response.headers["x-crossover-pool"] for response in responses]
+    finally:
+        await asyncio.gather(*(response.aclose() for response in responses))
+
+
+class Scripted:
+    """A tiny backend for what the stand-in cannot stage: it records each generation request it gets and
+    answers with a fixed script. `/health` and `/v1/models` answer like SGLang.
+
+        backend = Scripted(chunks=[b"data: {}\\n\\n", b"data: [DONE]\\n\\n"], gap_s=0.01)
+        url = serve(backend).url
+    """
+
+    def __init__(
+        self,
+        chunks: list[bytes] = (),
+        status: int = 200,
+        headers: list[tuple[bytes, bytes]] = (),
+        body: bytes = b"",
+        delay_s: float = 0.0,
+        gap_s: float = 0.0,
+        stall_after: int | None = None,
+    ) -> None:
+        self.chunks, self.status, self.headers, self.body = list(chunks), status, list(headers), body
+        self.delay_s, self.gap_s, self.stall_after = delay_s, gap_s, stall_after
+        self.requests: list[tuple[str, dict[bytes, bytes], bytes]] = []
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] in ("/health", "/v1/models"):
+            body = (
+                b"" if scope["path"] == "/health" else json.dumps({"object": "list", "data": [{"id": MODEL}]}).encode()
+            )
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": body})
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.requests.append((scope["path"], dict(scope["headers"]), body))
+        if self.delay_s and await self._disconnected(receive, self.delay_s):
+            return
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        if not self.chunks:
+            await send({"type": "http.response.body", "body": self.body})
+            return
+        for index, chunk in enumerate(self.chunks):
+            if index == self.stall_after:
+                await self._disconnected(receive, None)  # silent until the gateway gives up
+                return
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await asyncio.sleep(self.gap_s)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    async def _disconnected(receive, timeout: float | None) -> bool:
+        """Wait up to `timeout` for the client to hang up; True if it did."""
+
+        async def hang_up() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        try:
+            await asyncio.wait_for(hang_up(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+
+class ClosingBackend:
+    """A raw HTTP/1.1 backend whose connections each answer one POST, then close - without a word - when
+    the next request arrives on them: the race of a keep-alive connection closed just as it is reused.
+    GETs (health checks, /v1/models) are always answered. Runs its own event loop in a thread.
+    """
+
+    def __init__(self) -> None:
+        self.posts = 0
+        self.loop = asyncio.new_event_loop()
+        self.server = self.loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        async def shutdown() -> None:
+            self.server.close()
+            handlers = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in handlers:
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served_post = False
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(line.split(b":", 1)[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
+                await reader.readexactly(length)
+                if head.startswith(b"POST"):
+                    if served_post:
+                        return  # close instead of answering
+                    served_post = True
+                    self.posts += 1
+                    body = json.dumps({"choices": [], "usage": {"completion_tokens": 1}}).encode()
+                else:
+                    body = json.dumps({"object": "list", "data": [{"id": MODEL}]}).encode()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                    % (len(body), body)
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()

@@ -1,0 +1,144 @@
+"""The whole gateway over real sockets: its endpoints, bad inputs, and the official OpenAI SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+from gateway_helpers import MODEL, chat, unused_url
+
+BAD_INPUTS = [
+    # (what, method, path, body, status, code)
+    ("malformed JSON", "POST", "/v1/chat/completions", b'{"model": ', 400, "invalid_json"),
+    ("not an object", "POST", "/v1/completions", b"[]", 400, "invalid_json"),
+    ("wrong type", "POST", "/v1/chat/completions", json.dumps(chat(max_tokens="ten")).encode(), 400, "invalid_type"),
+    (
+        "missing messages",
+        "POST",
+        "/v1/chat/completions",
+        json.dumps({"model": MODEL}).encode(),
+        400,
+        "missing_required_parameter",
+    ),
+    ("unknown model", "POST", "/v1/chat/completions", json.dumps(chat(model="gpt-5")).encode(), 404, "model_not_found"),
+    ("huge body", "POST", "/v1/chat/completions", b"x" * 3000, 413, "request_too_large"),
+    ("unknown path", "GET", "/v1/engines", b"", 404, "not_found"),
+    ("wrong method", "GET", "/v1/chat/completions", b"", 405, "method_not_allowed"),
+    ("unknown model card", "GET", "/v1/models/gpt-5", b"", 404, "model_not_found"),
+]
+
+
+def test_bad_inputs_get_an_openai_error_and_the_gateway_keeps_serving(sims, gateway):
+    speculative, plain = sims
+    gw = gateway([speculative.url], [plain.url], limits={"max_body_bytes": 2048})
+    with httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client:
+        for what, method, path, body, status, code in BAD_INPUTS:
+            response = client.request(method, path, content=body, headers={"content-type": "application/json"})
+            assert response.status_code == status, (what, response.text)
+            error = response.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["code"] == code, (what, error)
+            assert error["message"], what
+            assert client.post("/v1/chat/completions", json=chat()).status_code == 200, f"not serving after {what}"
+        # A body sent in chunks, without a content-length, is measured as it arrives.
+        response = client.post("/v1/chat/completions", content=iter([b"x" * 1500, b"x" * 1500]))
+        assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+        assert client.post("/v1/chat/completions", json=chat()).status_code == 200
+    assert gw.inflight() == 0
+    assert gw.metric("crossover_requests_total", pool="none", outcome="bad_request") == 7
+
+
+def test_over_the_inflight_limit_is_429_with_retry_after(sims, gateway):
+    speculative, plain = sims
+    gw = gateway([speculative.url], [plain.url], limits={"max_inflight": 1, "max_queued": 0})
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=gw.url, timeout=20, trust_env=False) as client:
+            request = client.build_request("POST", "/v1/chat/completions", json=chat(True, 50_000))
+            held = await client.send(request, stream=True)
+            try:
+                rejected = await client.post("/v1/chat/completions", json=chat())
+            finally:
+                await held.aclose()
+            return rejected
+
+    rejected = asyncio.run(scenario())
+    assert rejected.status_code == 429
+    assert rejected.headers["retry-after"] == "1"
+    assert rejected.json()["error"]["type"] == "rate_limit_error"
+    assert gw.metric("crossover_requests_total", pool="none", outcome="overloaded") == 1
+
+
+def test_models_health_and_request_ids(sims, gateway):
+    speculative, plain = sims
+    gw = gateway([speculative.url], [plain.url])
+    with httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client:
+        models = client.get("/v1/models").json()
+        assert models["object"] == "list" and [card["id"] for card in models["data"]] == [MODEL]
+        assert client.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
+        assert client.get("/health").json() == {"status": "ok", "healthy_backends": 2}
+
+        echoed = client.post("/v1/chat/completions", json=chat(), headers={"x-request-id": "trace-42"})
+        assert echoed.headers["x-request-id"] == "trace-42"
+        generated = client.post("/v1/chat/completions", json=chat())
+        assert len(generated.headers["x-request-id"]) == 32
+        error = client.post("/v1/chat/completions", content=b"{", headers={"x-request-id": "bad-1"})
+        assert error.headers["x-request-id"] == "bad-1"
+
+
+def test_health_is_503_when_no_backend_is_healthy(gateway):
+    gw = gateway([unused_url()], [unused_url()])
+    with httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client:
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["healthy_backends"] == 0
+        response = client.post("/v1/chat/completions", json=chat())
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "no_healthy_backend"
+
+
+def test_openai_sdk_sync_and_async_match_the_backend_directly(sims, gateway):
+    speculative, plain = sims
+    gw = gateway([speculative.url], [plain.url])
+    messages = [{"role": "user", "content": "Tell me about speculative decoding."}]
+    through = openai.OpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0)
+    direct = openai.OpenAI(base_url=speculative.url + "/v1", api_key="none", max_retries=0)
+
+    def complete(client):
+        result = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24)
+        return result.choices[0].message.content, result.usage.completion_tokens, result.usage.prompt_tokens
+
+    def stream(client):
+        chunks = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=24, stream=True, stream_options={"include_usage": True}
+        )
+        text, usage = "", None
+        for chunk in chunks:
+            text += "".join(choice.delta.content or "" for choice in chunk.choices)
+            usage = chunk.usage or usage
+        return text, usage.completion_tokens, usage.prompt_tokens
+
+    def legacy(client):
+        result = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12)
+        return result.choices[0].text, result.usage.completion_tokens
+
+    assert complete(through) == complete(direct)
+    assert stream(through) == stream(direct)
+    assert legacy(through) == legacy(direct)
+    assert stream(through)[1] == 24
+
+    async def async_calls(base_url: str):
+        client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="none", max_retries=0)
+        result = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16)
+        chunks = await client.completions.create(model=MODEL, prompt="Hi", max_tokens=16, stream=True)
+        text = "".join([chunk.choices[0].text async for chunk in chunks if chunk.choices])
+        await client.close()
+        return result.choices[0].message.content, result.usage.completion_tokens, text
+
+    assert asyncio.run(async_calls(gw.url)) == asyncio.run(async_calls(speculative.url))
+
+    with pytest.raises(openai.NotFoundError) as caught:
+        through.chat.completions.create(model="gpt-5", messages=messages)
+    assert caught.value.code == "model_not_found"
+    gw.settled()

@@ -1,0 +1,121 @@
+"""Settings: TOML file, environment overrides, and errors that name the field."""
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import DEFAULT_CONNECT_TIMEOUT_S, Settings, SettingsError, load_settings
+
+POOLS = """
+[pools.speculative]
+backends = ["http://127.0.0.1:30001/"]
+[pools.plain]
+backends = ["http://127.0.0.1:30002", "http://127.0.0.1:30003"]
+"""
+
+
+@pytest.fixture(autouse=True)
+def no_crossover_env(monkeypatch):
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("CROSSOVER_"):
+            monkeypatch.delenv(name)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "crossover.toml"
+    path.write_text(text)
+    return path
+
+
+def test_file_values_and_named_defaults(tmp_path):
+    settings = load_settings(write(tmp_path, 'policy = "switch"\nthreshold = 10\n[timeouts]\ntotal = 60\n' + POOLS))
+    assert settings.policy == "switch" and settings.threshold == 10
+    assert settings.timeouts.total == 60
+    assert settings.timeouts.connect == DEFAULT_CONNECT_TIMEOUT_S
+    assert settings.pools.speculative.backends == ["http://127.0.0.1:30001"]  # trailing slash dropped
+    assert len(settings.pools.plain.backends) == 2
+
+
+def test_environment_overrides_the_file_with_nesting(tmp_path, monkeypatch):
+    monkeypatch.setenv("CROSSOVER_THRESHOLD", "7")
+    monkeypatch.setenv("CROSSOVER_TIMEOUTS__CONNECT", "1.5")
+    monkeypatch.setenv("CROSSOVER_POOLS__PLAIN__BACKENDS", '["http://10.0.0.2:30000"]')
+    settings = load_settings(write(tmp_path, "threshold = 10\n" + POOLS))
+    assert settings.threshold == 7
+    assert settings.timeouts.connect == 1.5
+    assert settings.timeouts.total > 0  # the rest of the section keeps its defaults
+    assert settings.pools.plain.backends == ["http://10.0.0.2:30000"]
+    assert settings.pools.speculative.backends == ["http://127.0.0.1:30001"]
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "words"),
+    [
+        ("threshold = -1\n" + POOLS, "threshold", "greater than or equal to 0"),
+        ("threshold = 4\nhysteresis = 4\n" + POOLS, "(top level)", "hysteresis (4) must be less than threshold (4)"),
+        ('policy = "fastest"\n' + POOLS, "policy", "'switch' or 'spillover'"),
+        ('load_signal = "psychic"\n' + POOLS, "load_signal", "'local', 'scraped' or 'max'"),
+        ("[timeouts]\nconnect = 0\n" + POOLS, "timeouts.connect", "greater than 0"),
+        ("[limits]\nmax_inflight = 'many'\n" + POOLS, "limits.max_inflight", "valid integer"),
+        ("[health]\ninterval = -1\n" + POOLS, "health.interval", "greater than 0"),
+        ("thresold = 3\n" + POOLS, "thresold", "Extra inputs are not permitted"),
+        ("", "pools", "Field required"),
+        (
+            '[pools.speculative]\nbackends = ["localhost:30001"]\n[pools.plain]\nbackends = ["http://a:1"]\n',
+            "pools.speculative.backends",
+            "not an http(s) URL",
+        ),
+        (
+            '[pools.speculative]\nbackends = []\n[pools.plain]\nbackends = ["http://a:1"]\n',
+            "pools.speculative.backends",
+            "at least 1 item",
+        ),
+        (
+            '[pools.speculative]\nbackends = ["http://a:1", "http://a:1/"]\n[pools.plain]\nbackends = ["http://b:1"]\n',
+            "pools",
+            "lists a backend twice",
+        ),
+    ],
+)
+def test_invalid_settings_name_the_field(tmp_path, text, field, words):
+    with pytest.raises(SettingsError) as caught:
+        load_settings(write(tmp_path, text))
+    message = str(caught.value)
+    assert f"  {field}: " in message, message
+    assert words in message, message
+
+
+def test_a_small_threshold_narrows_the_default_hysteresis(tmp_path):
+    assert load_settings(write(tmp_path, "threshold = 3\n" + POOLS)).hysteresis == 2
+    assert load_settings(write(tmp_path, "threshold = 0\n" + POOLS)).hysteresis == 0
+    assert load_settings(write(tmp_path, "threshold = 64\n" + POOLS)).hysteresis == 4
+
+
+def test_unreadable_and_malformed_files(tmp_path):
+    with pytest.raises(SettingsError, match="cannot read config file"):
+        load_settings(tmp_path / "missing.toml")
+    with pytest.raises(SettingsError, match="not valid TOML"):
+        load_settings(write(tmp_path, "threshold = = 3"))
+
+
+def test_settings_can_be_built_in_code():
+    settings = Settings(pools={"speculative": {"backends": ["http://a:1"]}, "plain": {"backends": ["http://b:2"]}})
+    assert settings.admin_token == "" and settings.served_model_names == []
+
+
+def test_the_example_file_is_valid_and_shows_every_field():
+    import gateway
+
+    path = Path(gateway.__file__).parent / "example.toml"
+    settings = load_settings(path)
+    # The values the example shows are the real defaults.
+    assert settings.model_dump(exclude={"pools"}) == Settings(pools=settings.pools).model_dump(exclude={"pools"})
+    text = path.read_text()
+    for name, field in Settings.model_fields.items():
+        assert f"\n{name} =" in text or f"# {name} =" in text or f"[{name}" in text, name
+        section = field.annotation
+        for sub in getattr(section, "model_fields", {}):
+            if name != "pools":
+                assert f"\n{sub} =" in text, f"{name}.{sub}"

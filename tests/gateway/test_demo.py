@@ -1,0 +1,115 @@
+"""`crossover demo` as a user runs it: it starts, serves the OpenAI SDK, and leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import openai
+import pytest
+from gateway_helpers import MODEL, unused_url, wait_until
+
+STARTUP_S = 60.0
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture
+def demo():
+    """Start `crossover demo` on a free port: -> (process, url). Killed (group) if a test leaves it running."""
+    started: list[subprocess.Popen] = []
+
+    def start(*args: str) -> tuple[subprocess.Popen, str]:
+        port = unused_url().rsplit(":", 1)[1]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "demo", "--port", port, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        started.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: healthy(url) or proc.poll() is not None, timeout=STARTUP_S, what="the demo")
+        assert proc.poll() is None, proc.communicate(timeout=10)
+        return proc, url
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def test_demo_serves_the_sdk_and_sigterm_stops_everything(demo):
+    proc, url = demo("--admin-token", "demo-token", "--policy", "switch", "--threshold", "8", "--time-scale", "20")
+    standins = children_of(proc.pid)
+    assert len(standins) == 2 and all(alive(pid) for pid in standins)
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
+    assert reply.choices[0].message.content and reply.usage.completion_tokens == 8
+    threshold = httpx.put(
+        url + "/admin/threshold",
+        json={"threshold": 3},
+        headers={"authorization": "Bearer demo-token"},
+        timeout=10,
+        trust_env=False,
+    )
+    assert threshold.status_code == 200 and threshold.json()["policy"] == "switch"
+
+    proc.send_signal(signal.SIGTERM)  # the demo process alone, as a service manager or `kill` would
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert f"gateway on {url}" in out and "admin token: demo-token" in out
+    assert f"OpenAI(base_url='{url}/v1'" in out and f"model='{MODEL}'" in out
+    assert not any(alive(pid) for pid in standins)
+
+
+def test_a_killed_demo_takes_its_stand_ins_along(demo):
+    proc, _ = demo("--time-scale", "20")
+    standins = children_of(proc.pid)
+    assert len(standins) == 2
+    os.kill(proc.pid, signal.SIGKILL)  # no chance to clean up: the kernel's parent-death signal must do it
+    proc.wait(10)
+    wait_until(lambda: not any(alive(pid) for pid in standins), what="the stand-ins to exit")
+
+
+def test_a_random_admin_token_is_printed(demo):
+    proc, _ = demo("--time-scale", "20")
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    token = out.split("admin token: ", 1)[1].split()[0]
+    assert len(token) >= 20

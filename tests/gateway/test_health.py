@@ -1,0 +1,108 @@
+"""Background checks: ejecting and restoring backends, and engine load as a routing signal."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from gateway_helpers import LONG, MODEL, chat, wait_until
+
+from gateway.health import load_from_loads, load_from_metrics
+
+SGLANG_METRICS = """\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{dp_rank="0",model_name="m",tp_rank="0"} 3.0
+sglang:num_running_reqs{dp_rank="0",model_name="m",tp_rank="1"} 3.0
+sglang:num_running_reqs{dp_rank="1",model_name="m",tp_rank="0"} 2.0
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{dp_rank="0",model_name="m",tp_rank="0"} 4.0
+sglang:num_queue_reqs{dp_rank="1",model_name="m",tp_rank="0"} 0.0
+"""
+
+
+def test_load_parsers():
+    assert load_from_loads({"loads": [{"num_running_reqs": 2, "num_waiting_reqs": 5}, {"num_running_reqs": 1}]}) == 8
+    assert load_from_loads([{"num_reqs": 3, "num_waiting_reqs": 1}]) == 4  # the older /get_load
+    assert load_from_metrics(SGLANG_METRICS) == 3 + 2 + 4  # TP ranks repeat their DP rank; DP ranks add up
+    for bad in ({}, {"loads": []}, [{"token_usage": 0.1}], "text"):
+        with pytest.raises((ValueError, TypeError, AttributeError)):
+            load_from_loads(bad)
+    with pytest.raises(ValueError):
+        load_from_metrics("# nothing here\n")
+
+
+def test_scraped_load_sees_requests_that_bypass_this_gateway(sims, gateway):
+    speculative, plain = sims
+    gw = gateway(
+        [speculative.url],
+        [plain.url],
+        load_signal="scraped",
+        threshold=2,
+        hysteresis=0,
+        health={"interval": 60, "load_interval": 0.05},
+    )
+    backend = gw.state.pools.speculative[0]
+
+    async def scenario():
+        # Another gateway replica (here: a client talking to the engine directly) keeps two streams busy.
+        async with httpx.AsyncClient(timeout=20, trust_env=False) as other:
+            held = [
+                await other.send(
+                    other.build_request("POST", speculative.url + "/v1/chat/completions", json=chat(True, LONG)),
+                    stream=True,
+                )
+                for _ in range(2)
+            ]
+            try:
+                await asyncio.to_thread(wait_until, lambda: backend.scraped == 2, what="the scraped load")
+                return await other.post(gw.url + "/v1/chat/completions", json=chat())
+            finally:
+                for response in held:
+                    await response.aclose()
+
+    response = asyncio.run(scenario())
+    assert response.headers["x-crossover-pool"] == "plain"  # local counts alone would have said speculative
+    assert gw.metric("crossover_backend_scraped_load", pool="speculative", backend=speculative.url) >= 0
+    wait_until(lambda: backend.scraped == 0, what="the engine's load to drop after the streams closed")
+
+
+def test_the_prometheus_endpoint_is_the_last_resort_for_load(serve, gateway):
+    async def engine(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        found = {"/health": b"", "/metrics": SGLANG_METRICS.encode(), "/v1/models": b'{"data": [{"id": "m"}]}'}
+        body = found.get(scope["path"])
+        await send({"type": "http.response.start", "status": 404 if body is None else 200, "headers": []})
+        await send({"type": "http.response.body", "body": body or b'{"detail": "Not Found"}'})
+
+    url = serve(engine).url
+    gw = gateway([url], [url], load_signal="max", health={"interval": 60, "load_interval": 0.05})
+    wait_until(lambda: all(backend.scraped == 9 for backend in gw.state.pools.all()), what="load from /metrics")
+    assert gw.state.pools.pool_load("speculative") == 9
+    assert gw.state.pools.model_names() == {"m"}
+
+
+def test_a_dead_backend_is_ejected_then_restored(sim, gateway):
+    speculative = sim("k25-eagle3", "--time-scale", "10")
+    plain = sim("k25-plain", "--time-scale", "10")
+    gw = gateway(
+        [speculative.url],
+        [plain.url],
+        health={"interval": 0.05, "timeout": 2.0, "failure_threshold": 2, "eject_seconds": 0.5},
+    )
+    backend = gw.state.pools.speculative[0]
+    assert backend.healthy is True and backend.models == (MODEL,)
+    speculative.kill()
+    wait_until(lambda: backend.healthy is False, what="the dead backend to be ejected")
+    assert gw.metric("crossover_backend_healthy", pool="speculative", backend=speculative.url) == 0
+    with httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client:
+        response = client.post("/v1/chat/completions", json=chat())
+        assert response.status_code == 200 and response.headers["x-crossover-pool"] == "plain"
+        assert gw.metric("crossover_route_decisions_total", pool="plain", reason="fallback") == 1
+        sim("k25-eagle3", "--time-scale", "10", port=speculative.port)
+        wait_until(lambda: backend.healthy is True, what="the restarted backend to come back")
+        assert client.post("/v1/chat/completions", json=chat()).headers["x-crossover-pool"] == "speculative"
+        assert client.get("/health").json()["healthy_backends"] == 2

@@ -1,0 +1,98 @@
+"""/metrics: every documented metric is exposed, and its value follows the live state."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from gateway_helpers import LONG, chat, wait_until
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.config import Settings
+from gateway.metrics import Metrics
+from gateway.pools import Pools
+from gateway.routing import Routing
+
+DOCUMENTED = {
+    "crossover_inflight_requests": "gauge",
+    "crossover_requests": "counter",
+    "crossover_routing_threshold": "gauge",
+    "crossover_routing_hysteresis": "gauge",
+    "crossover_route_decisions": "counter",
+    "crossover_time_to_first_token_seconds": "histogram",
+    "crossover_request_duration_seconds": "histogram",
+    "crossover_output_tokens": "counter",
+    "crossover_backend_healthy": "gauge",
+    "crossover_backend_inflight_requests": "gauge",
+    "crossover_backend_scraped_load": "gauge",
+    "crossover_failovers": "counter",
+}
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
+    families = list(text_string_to_metric_families(text))
+    types = {
+        family.name: family.type
+        for family in families
+        if family.name.startswith("crossover_") and not family.name.endswith("_created")
+    }
+    assert types == DOCUMENTED
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in families for s in family.samples}
+
+
+def test_metrics_follow_requests_through_the_gateway(sims, gateway):
+    speculative, plain = sims
+    gw = gateway([speculative.url], [plain.url], threshold=1, hysteresis=0)
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=gw.url, timeout=20, trust_env=False) as client:
+            request = client.build_request("POST", "/v1/chat/completions", json=chat(True, LONG))
+            held = await client.send(request, stream=True)
+            samples = await asyncio.to_thread(scrape, gw.url)
+            streamed = await client.post(
+                "/v1/chat/completions", json=chat(True, 12, stream_options={"include_usage": True})
+            )
+            whole = await client.post(
+                "/v1/completions", json={"model": chat()["model"], "prompt": "hi", "max_tokens": 5}
+            )
+            await held.aclose()
+            return samples, held, streamed, whole
+
+    during, held, streamed, whole = asyncio.run(scenario())
+    assert held.headers["x-crossover-pool"] == "speculative"
+    assert during[("crossover_inflight_requests", (("pool", "speculative"),))] == 1
+    assert during[("crossover_inflight_requests", (("pool", "plain"),))] == 0
+    assert during[("crossover_backend_inflight_requests", (("backend", speculative.url), ("pool", "speculative")))] == 1
+    assert streamed.headers["x-crossover-pool"] == "plain" and whole.headers["x-crossover-pool"] == "plain"
+
+    wait_until(lambda: gw.inflight() == 0)
+    after = scrape(gw.url)
+
+    def value(name: str, **labels: str) -> float:
+        return after.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    assert value("crossover_inflight_requests", pool="speculative") == 0
+    assert value("crossover_requests_total", pool="plain", outcome="ok") == 2
+    assert value("crossover_requests_total", pool="speculative", outcome="client_disconnect") == 1
+    assert value("crossover_route_decisions_total", pool="speculative", reason="below_threshold") == 1
+    assert value("crossover_route_decisions_total", pool="plain", reason="above_threshold") == 2
+    assert value("crossover_output_tokens_total", pool="plain") == 12 + 5  # the streamed usage event + the body
+    assert value("crossover_time_to_first_token_seconds_count", pool="plain") == 1
+    assert value("crossover_request_duration_seconds_count", pool="plain") == 2
+    assert value("crossover_routing_threshold") == 1
+    assert value("crossover_backend_healthy", backend=speculative.url, pool="speculative") == 1
+    assert value("crossover_backend_healthy", backend=plain.url, pool="plain") == 1
+
+
+def test_each_gateway_has_its_own_registry():
+    settings = Settings(pools={"speculative": {"backends": ["http://s:1"]}, "plain": {"backends": ["http://p:2"]}})
+    pools, routing = Pools.from_settings(settings), Routing.from_settings(settings)
+    first, second = CollectorRegistry(), CollectorRegistry()
+    Metrics(first, pools, routing).requests.labels("plain", "ok").inc()
+    Metrics(second, pools, routing)
+    assert first.get_sample_value("crossover_requests_total", {"pool": "plain", "outcome": "ok"}) == 1
+    assert second.get_sample_value("crossover_requests_total", {"pool": "plain", "outcome": "ok"}) is None
+    pools.plain[0].inflight = 3
+    assert second.get_sample_value("crossover_inflight_requests", {"pool": "plain"}) == 3

@@ -1,0 +1,252 @@
+"""The proxy path: bytes pass through unchanged, headers are cleaned, and every request - finished, failed,
+timed out or abandoned by its client - leaves nothing in flight, here or in the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import httpx
+from gateway_helpers import LONG, Scripted, chat, sim_running, sse_events, stream_text, wait_until
+
+SSE = [(b"content-type", b"text/event-stream")]
+# Deliberately awkward: an event split across two chunks, a comment, a usage event, no trailing newline games.
+ODD_CHUNKS = [
+    b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n',
+    b'data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\ndata: {"choices":[{"index":0,',
+    b'"delta":{"content":"lo"}}]}\n\n: keep-alive\n\n',
+    b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n',
+    b"data: [DONE]\n\n",
+]
+
+
+def test_bodies_and_streams_pass_through_byte_for_byte(serve, gateway):
+    backend = Scripted(chunks=ODD_CHUNKS, headers=SSE, gap_s=0.01)
+    url = serve(backend).url
+    gw = gateway([url], [url])
+    # Field order, spacing and fields no OpenAI model has must all reach the backend untouched.
+    body = json.dumps(
+        {
+            "stream": True,
+            **chat(True),
+            "logit_bias": {"42": -100},
+            "chat_template_kwargs": {"thinking": True},
+            "x_vendor": [1, {"a": None}],
+            "stream_options": {"include_usage": True},
+        },
+        indent=1,
+    ).encode()
+    with (
+        httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client,
+        client.stream(
+            "POST", "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+        ) as response,
+    ):
+        raw = b"".join(response.iter_raw())
+    assert response.status_code == 200
+    assert raw == b"".join(ODD_CHUNKS)
+    gw.settled()
+    assert backend.requests[0][2] == body
+    assert response.headers["x-crossover-pool"] == "speculative"
+    assert gw.metric("crossover_output_tokens_total", pool="speculative") == 2
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="ok") == 1
+    assert gw.metric("crossover_time_to_first_token_seconds_count", pool="speculative") == 1
+
+
+def test_hop_by_hop_headers_are_stripped_both_ways(serve, gateway):
+    backend = Scripted(
+        body=b'{"choices": [], "usage": {"completion_tokens": 4}}',
+        headers=[
+            (b"content-type", b"application/json"),
+            (b"x-backend", b"kept"),
+            (b"x-backend-hop", b"1"),
+            (b"connection", b"x-backend-hop"),
+            (b"keep-alive", b"timeout=5"),
+        ],
+    )
+    url = serve(backend).url
+    gw = gateway([url], [url])
+    sent = {
+        "connection": "keep-alive, x-client-hop",
+        "x-client-hop": "1",
+        "keep-alive": "timeout=9",
+        "te": "trailers",
+        "proxy-authorization": "Basic eA==",
+        "authorization": "Bearer sk-test",
+        "x-custom": "yes",
+    }
+    with httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client:
+        response = client.post("/v1/chat/completions", json=chat(), headers=sent)
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
+    assert response.headers["x-backend"] == "kept"
+    assert "x-backend-hop" not in response.headers and "keep-alive" not in response.headers
+    received = backend.requests[0][1]
+    assert received[b"authorization"] == b"Bearer sk-test" and received[b"x-custom"] == b"yes"
+    for hop in (b"x-client-hop", b"keep-alive", b"te", b"proxy-authorization"):
+        assert hop not in received, hop
+    assert received[b"x-request-id"] == response.headers["x-request-id"].encode()
+    gw.settled()
+    assert gw.metric("crossover_output_tokens_total", pool="speculative") == 4
+
+
+def test_a_stalled_stream_ends_with_an_error_event_and_done(serve, gateway):
+    backend = Scripted(chunks=ODD_CHUNKS, headers=SSE, stall_after=2)
+    url = serve(backend).url
+    gw = gateway([url], [url], timeouts={"between_chunks": 0.5})
+
+    async def scenario():
+        async with (
+            httpx.AsyncClient(base_url=gw.url, timeout=10, trust_env=False) as client,
+            client.stream("POST", "/v1/chat/completions", json=chat(True)) as response,
+        ):
+            chunks = response.aiter_raw()
+            first = await anext(chunks)  # passed on while the backend is still going: no buffering
+            rest = b"".join([chunk async for chunk in chunks])
+        return first, rest
+
+    first, rest = asyncio.run(scenario())
+    assert first.startswith(ODD_CHUNKS[0])
+    # The backend stalled in the middle of an event: the client gets the whole events before it, then the error.
+    events = sse_events(first + rest)
+    assert stream_text(events) == "Hel"
+    assert events[-1] == "[DONE]"
+    assert events[-2]["error"]["type"] == "timeout_error" and "stalled" in events[-2]["error"]["message"]
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="timeout") == 1
+
+
+def test_no_first_byte_in_time_is_504(serve, gateway):
+    url = serve(Scripted(body=b"{}", delay_s=30)).url
+    gw = gateway([url], [url], timeouts={"first_byte": 0.3})
+    with httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client:
+        response = client.post("/v1/chat/completions", json=chat())
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "backend_timeout"
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="timeout") == 1
+
+
+def test_client_disconnect_mid_stream_aborts_the_backend_request(sims, gateway):
+    speculative, plain = sims
+    gw = gateway([speculative.url], [plain.url])
+
+    async def scenario():
+        async with (
+            httpx.AsyncClient(base_url=gw.url, timeout=10, trust_env=False) as client,
+            client.stream("POST", "/v1/chat/completions", json=chat(True, LONG)) as response,
+        ):
+            await anext(response.aiter_raw())
+            assert sim_running(speculative.url) == 1
+
+    asyncio.run(scenario())
+    wait_until(lambda: sim_running(speculative.url) == 0, what="the stand-in to abort the request")
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="client_disconnect") == 1
+
+
+def test_client_disconnect_while_queued_in_the_engine_or_not_streaming(sim, gateway):
+    # One running slot: a stream held directly on the stand-in makes the gateway's requests wait in its queue.
+    speculative = sim("k25-eagle3", "--time-scale", "20", "--max-running-requests", "1")
+    gw = gateway([speculative.url], [speculative.url])
+
+    async def abandoned(body: dict) -> None:
+        async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
+            request = client.build_request("POST", gw.url + "/v1/chat/completions", json=body)
+            pending = asyncio.create_task(client.send(request, stream=True))
+            while sim_running(speculative.url) < 2:  # the held stream + this one, queued
+                await asyncio.sleep(0.02)
+            pending.cancel()  # the client gives up before it has seen a byte
+            await asyncio.gather(pending, return_exceptions=True)
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=10, trust_env=False) as direct:
+            request = direct.build_request("POST", speculative.url + "/v1/chat/completions", json=chat(True, LONG))
+            held = await direct.send(request, stream=True)
+            try:
+                await abandoned(chat(True, 16))
+                await asyncio.to_thread(wait_until, lambda: sim_running(speculative.url) == 1)
+                await abandoned(chat(False, 16))
+                await asyncio.to_thread(wait_until, lambda: sim_running(speculative.url) == 1)
+            finally:
+                await held.aclose()
+
+    asyncio.run(scenario())
+    wait_until(lambda: sim_running(speculative.url) == 0)
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="client_disconnect") == 2
+
+
+async def raw_stream(port: int, body: bytes, drop_after_events: int | None) -> str:
+    """One streaming request on a fresh connection; returns "done", "dropped" or what went wrong."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        if drop_after_events == 0:
+            return "dropped"
+        data = b""
+        while chunk := await reader.read(65536):
+            data += chunk
+            if drop_after_events is not None and data.count(b"data:") >= drop_after_events:
+                return "dropped"
+        if not data.startswith(b"HTTP/1.1 200"):
+            return data.split(b"\r\n", 1)[0].decode()
+        return "done" if b"data: [DONE]" in data and b'"error"' not in data else "incomplete"
+    finally:
+        writer.close()
+
+
+def test_a_thousand_streams_with_random_disconnects_leave_nothing_in_flight(sim, gateway_process):
+    speculative = sim("k25-eagle3", "--time-scale", "100")
+    plain = sim("k25-plain", "--time-scale", "100")
+    gw = gateway_process(
+        f'threshold = 32\n[pools.speculative]\nbackends = ["{speculative.url}"]\n'
+        f'[pools.plain]\nbackends = ["{plain.url}"]\n'
+    )
+    body = json.dumps(chat(True, 32)).encode()
+    # Clients that hang up asked for long answers: if hanging up did not abort them in the engine, the
+    # stand-ins would still be busy with them long after the test's wait below.
+    long_body = json.dumps(chat(True, LONG)).encode()
+    rng = random.Random(7)
+    # 30% of clients hang up at a random point: before any byte, or after 1 to 8 events.
+    plan = [rng.randint(0, 8) if rng.random() < 0.3 else None for _ in range(1000)]
+
+    async def run_all() -> list[str]:
+        limit = asyncio.Semaphore(200)
+
+        async def one(drop: int | None) -> str:
+            async with limit:
+                return await asyncio.wait_for(raw_stream(gw.port, body if drop is None else long_body, drop), 120)
+
+        return await asyncio.gather(*(one(drop) for drop in plan))
+
+    results = asyncio.run(run_all())
+    kept = [result for drop, result in zip(plan, results) if drop is None]
+    assert kept.count("done") == len(kept), sorted(set(kept))
+    assert results.count("dropped") == len(plan) - len(kept)
+
+    def settled() -> bool:
+        samples = gw.metrics()
+        inflight = [samples[("crossover_inflight_requests", (("pool", pool),))] for pool in ("speculative", "plain")]
+        total = sum(value for (name, _), value in samples.items() if name == "crossover_requests_total")
+        return inflight == [0, 0] and total == len(plan)
+
+    wait_until(settled, what="the gateway to account for every request")
+    wait_until(
+        lambda: sim_running(speculative.url) == 0 and sim_running(plain.url) == 0,
+        what="the stand-ins to report 0 running requests",
+    )
+    samples = gw.metrics()
+    routed = {
+        pool: samples.get(("crossover_requests_total", (("outcome", "ok"), ("pool", pool))), 0)
+        for pool in ("speculative", "plain")
+    }
+    assert routed["speculative"] > 0 and routed["plain"] > 0  # spillover at 32 with 200 clients uses both
+    assert not any(
+        name == "crossover_requests_total" and dict(labels)["outcome"] not in ("ok", "client_disconnect")
+        for (name, labels), value in samples.items()
+        if value
+    )

@@ -1,0 +1,140 @@
+"""Live routing state: decisions, validated updates and persistence."""
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from gateway_helpers import LONG, chat, hold, wait_until
+
+from gateway.config import Settings
+from gateway.pools import Pools
+from gateway.routing import Routing
+
+POOLS = {"speculative": {"backends": ["http://s:1"]}, "plain": {"backends": ["http://p:2"]}}
+
+
+def test_switch_remembers_its_side_between_decisions():
+    settings = Settings(policy="switch", threshold=4, hysteresis=2, pools=POOLS)
+    routing, pools = Routing.from_settings(settings), Pools.from_settings(settings)
+    spec, plain = pools.speculative[0], pools.plain[0]
+    spec.inflight = 4
+    assert routing.decide(pools).pool == "plain"
+    spec.inflight, plain.inflight = 1, 2  # total 3: inside the band, stays plain
+    assert routing.decide(pools).pool == "plain"
+    plain.inflight = 0  # total 1 < 4 - 2
+    assert routing.decide(pools).pool == "speculative"
+
+
+def test_spillover_counts_only_the_speculative_pool():
+    settings = Settings(policy="spillover", threshold=2, hysteresis=0, pools=POOLS)
+    routing, pools = Routing.from_settings(settings), Pools.from_settings(settings)
+    pools.plain[0].inflight = 50
+    assert routing.decide(pools).pool == "speculative"
+    pools.speculative[0].inflight = 2
+    assert routing.decide(pools).pool == "plain"
+
+
+def test_updates_are_validated_all_or_nothing():
+    routing = Routing.from_settings(Settings(threshold=8, hysteresis=2, pools=POOLS))
+    with pytest.raises(ValueError, match="hysteresis"):
+        routing.update(threshold=2, hysteresis=2)
+    with pytest.raises(ValueError, match="policy"):
+        routing.update(threshold=10, policy="random")
+    assert (routing.threshold, routing.hysteresis, routing.policy) == (8, 2, "spillover")
+    routing.update(threshold=2)  # alone, the threshold narrows a band that no longer fits under it
+    assert (routing.threshold, routing.hysteresis) == (2, 1)
+    routing.update(threshold=20)
+    assert (routing.threshold, routing.hysteresis) == (20, 1)
+    routing.update(threshold=2, hysteresis=0, policy="switch")
+    assert (routing.threshold, routing.hysteresis, routing.policy) == (2, 0, "switch")
+
+
+def test_live_changes_survive_a_restart_through_the_state_file(tmp_path):
+    state_file = tmp_path / "state" / "routing.json"
+    settings = Settings(threshold=8, state_file=state_file, pools=POOLS)
+    Routing.from_settings(settings).update(threshold=20, hysteresis=3)
+    assert json.loads(state_file.read_text()) == {"threshold": 20, "hysteresis": 3, "policy": "spillover"}
+    restarted = Routing.from_settings(settings)
+    assert (restarted.threshold, restarted.hysteresis) == (20, 3)
+
+
+def test_a_corrupt_state_file_fails_the_start_with_its_name(tmp_path):
+    state_file = tmp_path / "routing.json"
+    state_file.write_text('{"threshold": "many"}')
+    with pytest.raises(ValueError, match="routing.json"):
+        Routing.from_settings(Settings(state_file=state_file, pools=POOLS))
+
+
+# -- live: a real gateway in front of real stand-ins, under a held load -----------------------------------
+
+ADMIN = {"authorization": "Bearer t0ken"}
+
+
+async def open_stream(client: httpx.AsyncClient) -> httpx.Response:
+    response = await client.send(
+        client.build_request("POST", "/v1/chat/completions", json=chat(True, LONG)), stream=True
+    )
+    assert response.status_code == 200
+    return response
+
+
+async def route_of_next(client: httpx.AsyncClient) -> str:
+    response = await client.post("/v1/chat/completions", json=chat())
+    assert response.status_code == 200
+    return response.headers["x-crossover-pool"]
+
+
+def test_spillover_under_held_load_and_a_live_threshold_change(sims, gateway):
+    speculative, plain = sims
+    gw = gateway([speculative.url], [plain.url], policy="spillover", threshold=3, hysteresis=0, admin_token="t0ken")
+
+    async def scenario():
+        async with (
+            httpx.AsyncClient(base_url=gw.url, timeout=20, trust_env=False) as client,
+            hold(client, gw.url, 5) as pools,
+        ):
+            assert pools == ["speculative"] * 3 + ["plain"] * 2
+            assert await route_of_next(client) == "plain"
+            changed = await client.put("/admin/threshold", json={"threshold": 4}, headers=ADMIN)
+            assert changed.status_code == 200 and changed.json()["threshold"] == 4
+            assert await route_of_next(client) == "speculative"  # the very next decision
+            await client.put("/admin/threshold", json={"threshold": 0}, headers=ADMIN)
+            assert await route_of_next(client) == "plain"
+
+    asyncio.run(scenario())
+    assert gw.metric("crossover_route_decisions_total", pool="speculative", reason="below_threshold") == 4
+    assert gw.metric("crossover_route_decisions_total", pool="plain", reason="above_threshold") == 4
+    assert gw.metric("crossover_routing_threshold") == 0
+
+
+def test_switch_under_held_load_holds_its_side_in_the_hysteresis_band(sims, gateway):
+    speculative, plain = sims
+    gw = gateway([speculative.url], [plain.url], policy="switch", threshold=4, hysteresis=2)
+
+    async def settled(load: int) -> None:
+        """Wait for the gateway to see a closed stream's disconnect (it counts it until then)."""
+        await asyncio.to_thread(wait_until, lambda: gw.inflight() == load, what=f"in-flight == {load}")
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=gw.url, timeout=20, trust_env=False) as client:
+            held = [await open_stream(client) for _ in range(4)]  # loads 0..3 at arrival: all speculative
+            assert [response.headers["x-crossover-pool"] for response in held] == ["speculative"] * 4
+            sides = [await route_of_next(client)]  # load 4: plain
+            # The load now hovers around the threshold: 3, 4, 3, 2. Without hysteresis: 4 flips.
+            for change in (-1, +1, -1, -1):
+                if change < 0:
+                    await held.pop().aclose()
+                else:
+                    held.append(await open_stream(client))
+                await settled(len(held))
+                sides.append(await route_of_next(client))
+            await held.pop().aclose()  # load 1 < threshold - hysteresis
+            await settled(1)
+            sides.append(await route_of_next(client))
+            for response in held:
+                await response.aclose()
+            return sides
+
+    assert asyncio.run(scenario()) == ["plain"] * 5 + ["speculative"]
+    assert gw.metric("crossover_route_decisions_total", pool="plain", reason="hysteresis") >= 3
