@@ -177,7 +177,6 @@ class Exchange:
         reason = decision.reason if backend.pool == decision.pool else FALLBACK
         state.metrics.route_decisions.labels(backend.pool, reason).inc()
         tried: set[Backend] = set()
-        retried_same = False
         failovers = 0
         while True:
             self._hold(backend)
@@ -193,17 +192,12 @@ class Exchange:
             except Retry as retry:
                 if retry.backend_at_fault:
                     pools.failed(backend)
-                if retry.same_backend_ok and not retried_same:
-                    # Most likely a pooled keep-alive connection the backend had just closed: not a failure,
-                    # and not part of the failover budget.
-                    retried_same = True
-                else:
-                    tried.add(backend)
-                    backend = self._choose(self.pool, tried)
-                    if backend is None or failovers == state.settings.limits.max_failovers:
-                        self._drop()
-                        raise retry.error from None
-                    failovers += 1
+                tried.add(backend)
+                backend = self._choose(self.pool, tried)
+                if backend is None or failovers == state.settings.limits.max_failovers:
+                    self._drop()
+                    raise retry.error from None
+                failovers += 1
                 state.metrics.failovers.labels(retry.reason).inc()
                 continue
             pools.succeeded(backend)

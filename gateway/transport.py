@@ -15,6 +15,7 @@ from __future__ import annotations
 import httpx
 
 from gateway.config import Settings, TimeoutSettings
+from gateway.http1 import Http1Transport
 
 # Health checks and load scrapes need connections even while every request slot streams.
 PROBE_CONNECTIONS_PER_BACKEND = 4
@@ -40,14 +41,14 @@ def make_transport(settings: Settings, transport: httpx.AsyncBaseTransport | Non
     if transport is not None:
         return transport
     limit = connection_limit(settings)
-    return httpx.AsyncHTTPTransport(
-        limits=httpx.Limits(
+    # Not httpx's own transport: its connection pool collapses under a few hundred concurrent streams
+    # (loadtest/proxybench.py measured 2% of direct's paced req/s); see gateway/http1.py for the figures.
+    return Http1Transport(
+        httpx.Limits(
             max_connections=limit,
             max_keepalive_connections=limit,
             keepalive_expiry=settings.timeouts.backend_keepalive,
-        ),
-        # Backends are addressed directly; a proxy from the environment would only get in the way.
-        trust_env=False,
+        )
     )
 
 

@@ -37,7 +37,8 @@ EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
 
 # Failover reasons (the `reason` label of crossover_failovers_total).
 CONNECT_ERROR = "connect_error"
-CONNECTION_LOST = "connection_lost"  # a pooled keep-alive connection closed under us, or the backend died
+# The backend closed a fresh connection or died (the transport itself retries a stale pooled connection).
+CONNECTION_LOST = "connection_lost"
 BACKEND_5XX = "backend_5xx"
 SSE_ERROR = "sse_error"
 EMPTY_STREAM = "empty_stream"
@@ -47,12 +48,11 @@ HTTP_ERROR = "http_error"  # any other transport error before a response
 class Retry(Exception):
     """This attempt failed before the client saw a byte; another backend may serve the request."""
 
-    def __init__(self, reason: str, error: GatewayError, *, backend_at_fault: bool, same_backend_ok: bool = False):
+    def __init__(self, reason: str, error: GatewayError, *, backend_at_fault: bool):
         super().__init__(reason)
         self.reason = reason
         self.error = error
         self.backend_at_fault = backend_at_fault
-        self.same_backend_ok = same_backend_ok
 
 
 @dataclass(slots=True)
@@ -141,10 +141,7 @@ async def open_response(
         raise Retry(CONNECT_ERROR, BackendFailed(f"cannot connect to a backend: {exc}"), backend_at_fault=True) from exc
     except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
         raise Retry(
-            CONNECTION_LOST,
-            BackendFailed(f"a backend closed the connection: {exc}"),
-            backend_at_fault=False,
-            same_backend_ok=True,
+            CONNECTION_LOST, BackendFailed(f"a backend closed the connection: {exc}"), backend_at_fault=True
         ) from exc
     except httpx.TimeoutException as exc:
         raise BackendTimeout(f"a backend did not answer in time: {exc!r}") from exc
