@@ -8,92 +8,27 @@ stops the gateway, then the stand-ins.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
-import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
-import time
-
-import httpx
 
 from gateway.config import DEFAULT_THRESHOLD, Settings
 from gateway.server import make_server
+from servers import process
 
 HOST = "127.0.0.1"
 PROFILES = {"speculative": "k25-eagle3", "plain": "k25-plain"}
 STANDIN_READY_TIMEOUT_S = 60.0
 STANDIN_STOP_TIMEOUT_S = 10.0
 READY_POLL_S = 0.05
-_PR_SET_PDEATHSIG = 1
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
-def _die_with(parent: int):
-    """preexec_fn for a child: SIGTERM when `parent` dies (Linux), and exit if it already has."""
-
-    def setup() -> None:
-        if sys.platform.startswith("linux"):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return setup
 
 
 def start_standin(profile: str, port: int, time_scale: float) -> subprocess.Popen:
-    argv = [
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "sim",
-        "serve",
-        "--profile",
-        profile,
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--time-scale",
-        str(time_scale),
-    ]
-    # preexec_fn is unsafe only with threads running; the demo starts its stand-ins before any exist.
-    return subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with(os.getpid()))  # noqa: PLW1509
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = STANDIN_READY_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    with httpx.Client(timeout=2.0, trust_env=False) as client:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the stand-in for {url} exited with code {proc.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if client.get(url + "/health").status_code == 200:
-                    return
-            time.sleep(READY_POLL_S)
-    raise TimeoutError(f"the stand-in at {url} was not ready after {timeout:g} s")
-
-
-def stop(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + STANDIN_STOP_TIMEOUT_S
-    for proc in procs:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    argv = [sys.executable, "-m", "gateway.cli", "sim", "serve", "--profile", profile,
+            "--host", HOST, "--port", str(port), "--time-scale", str(time_scale)]
+    # The demo starts its stand-ins before it runs any thread, so they can die with it.
+    return process.spawn(argv)
 
 
 def banner(url: str, token: str, model: str) -> str:
@@ -138,11 +73,11 @@ def run(port: int, admin_token: str | None, policy: str, threshold: int | None, 
     try:
         urls = {}
         for pool, profile in PROFILES.items():
-            standin_port = _free_port()
+            standin_port = process.free_port(HOST)
             procs.append(start_standin(profile, standin_port, time_scale))
             urls[pool] = f"http://{HOST}:{standin_port}"
         for proc, url in zip(procs, urls.values()):
-            wait_ready(url, proc)
+            process.wait_ready(url + "/health", proc, STANDIN_READY_TIMEOUT_S)
         settings = Settings(
             host=HOST,
             port=port,
@@ -158,9 +93,9 @@ def run(port: int, admin_token: str | None, policy: str, threshold: int | None, 
             runner.run(_serve(settings, banner(url, token, "moonshotai/Kimi-K2.5")))
     except KeyboardInterrupt:
         pass
-    except (RuntimeError, TimeoutError) as exc:
+    except process.NotReady as exc:
         print(f"crossover demo: {exc}", file=sys.stderr)
         return 1
     finally:
-        stop(procs)
+        process.stop(procs, STANDIN_STOP_TIMEOUT_S)
     return 0

@@ -16,35 +16,28 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
-import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from loadtest.proxyreport import CROSSOVER, DIRECT, ROUTER, Bar, check_bar, render_markdown, render_text
+from servers import process
 
 HOST = "127.0.0.1"
 TARGETS = (DIRECT, CROSSOVER, ROUTER)
 ROUTER_REQUIREMENT = "sglang-router==0.3.2"
 DEFAULT_ROUTER_VENV = Path(__file__).resolve().parent.parent / ".venv-router"
 READY_TIMEOUT_S = 60.0
-READY_POLL_S = 0.1
 STOP_TIMEOUT_S = 10.0
 VENV_INSTALL_TIMEOUT_S = 600.0
 # A cell's load generator gets its own window plus this much to start, drain and report.
 CELL_SLACK_S = 30.0
-_PR_SET_PDEATHSIG = 1
 
 
 class SetupError(Exception):
@@ -82,49 +75,15 @@ class Plan:
         return Cell("paced", self.paced_concurrency, self.max_tokens)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: the kernel SIGTERMs the child if this benchmark dies, even by SIGKILL (Linux)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def _spawn(argv: list[str], cwd: Path | None = None) -> subprocess.Popen:
     # stdout goes to our stderr: this process's stdout carries the table only.
-    return subprocess.Popen(argv, cwd=cwd, stdout=sys.stderr, start_new_session=True, preexec_fn=_die_with_parent)
+    return process.spawn(argv, cwd=cwd, stdout=sys.stderr)
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(STOP_TIMEOUT_S)
-
-
-def wait_serving(url: str, proc: subprocess.Popen, name: str) -> None:
+def wait_serving(url: str, proc: subprocess.Popen) -> None:
     """Ready means a whole chat completion comes back 200: the full path works, not just /health."""
     body = {"model": "zero", "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1}
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    with httpx.Client(timeout=5.0, trust_env=False) as client:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise SetupError(f"{name} exited with code {proc.returncode} before it served")
-            with contextlib.suppress(httpx.HTTPError):
-                if client.post(url + "/v1/chat/completions", json=body).status_code == 200:
-                    return
-            time.sleep(READY_POLL_S)
-    raise SetupError(f"{name} at {url} did not serve a chat completion within {READY_TIMEOUT_S:g} s")
+    process.wait_ready(url + "/v1/chat/completions", proc, READY_TIMEOUT_S, json=body)
 
 
 def router_python(explicit: Path | None) -> Path:
@@ -165,29 +124,29 @@ def running_targets(targets: tuple[str, ...], chunk_delay_ms: float, router: Pat
     repo = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory(prefix="proxybench-") as tmp:
         try:
-            port, second_port = free_port(), free_port()
+            port, second_port = process.free_port(HOST), process.free_port(HOST)
             backend_url = f"http://{HOST}:{port}"
             procs.append(_spawn([sys.executable, "-m", "loadtest.zerobackend", "--host", HOST, "--port", str(port),
                                  "--port", str(second_port), "--chunk-delay-ms", str(chunk_delay_ms)], repo))
-            wait_serving(backend_url, procs[-1], "the zero-delay backend")
+            wait_serving(backend_url, procs[-1])
             urls = {DIRECT: backend_url}
             if CROSSOVER in targets:
                 config = _crossover_config(Path(tmp), backend_url, f"http://{HOST}:{second_port}")
-                urls[CROSSOVER] = f"http://{HOST}:{free_port()}"
+                urls[CROSSOVER] = f"http://{HOST}:{process.free_port(HOST)}"
                 procs.append(_spawn([sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
                                      "--host", HOST, "--port", urls[CROSSOVER].rsplit(":", 1)[1]], repo))
-                wait_serving(urls[CROSSOVER], procs[-1], CROSSOVER)
+                wait_serving(urls[CROSSOVER], procs[-1])
             if ROUTER in targets:
                 assert router is not None
-                urls[ROUTER] = f"http://{HOST}:{free_port()}"
+                urls[ROUTER] = f"http://{HOST}:{process.free_port(HOST)}"
                 procs.append(_spawn([
                     str(router), "-m", "sglang_router.launch_router", "--worker-urls", backend_url,
                     "--policy", "round_robin", "--host", HOST, "--port", urls[ROUTER].rsplit(":", 1)[1],
-                    "--prometheus-port", str(free_port()), "--log-level", "warn"], Path(tmp)))
-                wait_serving(urls[ROUTER], procs[-1], ROUTER)
+                    "--prometheus-port", str(process.free_port(HOST)), "--log-level", "warn"], Path(tmp)))
+                wait_serving(urls[ROUTER], procs[-1])
             yield {name: urls[name] for name in targets}
         finally:
-            _stop(procs)
+            process.stop(procs, STOP_TIMEOUT_S)
 
 
 def run_cell(url: str, cell: Cell, plan: Plan) -> dict:
@@ -275,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         router = router_python(args.router_python) if ROUTER in args.targets else None
         rows = run(plan, args.targets, router)
-    except (SetupError, subprocess.TimeoutExpired) as exc:
+    except (SetupError, process.NotReady, subprocess.TimeoutExpired) as exc:
         print(f"proxybench: {exc}", file=sys.stderr)
         return 2
     bars: list[Bar] = check_bar(rows)

@@ -12,13 +12,22 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
 
 import pytest
 import uvicorn
-from procs import READY_TIMEOUT_S, crossover_argv, free_port, stop_process_group, wait_ready
+
+from servers.process import free_port, spawn, stop, wait_ready
+
+READY_TIMEOUT_S = 60.0
+
+
+def crossover_argv(*args: str) -> list[str]:
+    """argv that runs the `crossover` CLI with this interpreter (no reliance on PATH)."""
+    return [sys.executable, "-m", "gateway.cli", *args]
 
 
 @dataclass
@@ -41,19 +50,17 @@ def sim():
 
     def start(profile: str, *extra: str, port: int | None = None, wait: bool = True) -> SimServer:
         port = port or free_port()
-        proc = subprocess.Popen(
-            crossover_argv("sim", "serve", "--profile", profile, "--port", str(port), *extra),
-            start_new_session=True,
-        )
+        # pytest runs uvicorn threads (`serve`), so no preexec_fn: the finalizer below stops every stand-in.
+        proc = spawn(crossover_argv("sim", "serve", "--profile", profile, "--port", str(port), *extra),
+                     die_with_parent=False)
         started.append(proc)
         url = f"http://127.0.0.1:{port}"
         if wait:
-            wait_ready(f"{url}/health", proc)
+            wait_ready(f"{url}/health", proc, READY_TIMEOUT_S)
         return SimServer(url=url, port=port, proc=proc)
 
     yield start
-    for proc in started:
-        stop_process_group(proc)
+    stop(started)
 
 
 @dataclass

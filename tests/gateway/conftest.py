@@ -8,19 +8,19 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 
 import httpx
 import pytest
-from gateway_helpers import SIM_SCALE, RunningGateway, unused_url, wait_until
+from gateway_helpers import SIM_SCALE, WAIT_S, RunningGateway
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.config import Settings
+from servers.process import free_port, spawn, stop, wait_ready
 
 
 @pytest.fixture
@@ -64,30 +64,15 @@ def gateway_process(tmp_path):
     started: list[subprocess.Popen] = []
 
     def start(config: str, env: dict[str, str] | None = None) -> GatewayProcess:
-        port = int(unused_url().rsplit(":", 1)[1])
+        port = free_port()
         path = tmp_path / f"gateway-{port}.toml"
         path.write_text(f'port = {port}\nlog_level = "warning"\n{config}')
-        argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)]
-        proc = subprocess.Popen(argv, start_new_session=True, env={**os.environ, **(env or {})})
+        proc = spawn([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)], die_with_parent=False,
+                     env={**os.environ, **(env or {})})
         started.append(proc)
         url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _answers(url + "/health") or proc.poll() is not None, what=f"{url}/health")
-        assert proc.poll() is None, f"crossover serve exited with {proc.returncode}"
+        wait_ready(url + "/health", proc, WAIT_S)
         return GatewayProcess(url, port, proc)
 
     yield start
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2, trust_env=False).status_code == 200
-    except httpx.HTTPError:
-        return False
+    stop(started, timeout=30)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from gateway_helpers import chat
 
-from procs import free_port, stop_process_group, wait_ready
+from servers.process import free_port, spawn, stop, wait_ready
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
@@ -37,19 +37,18 @@ def prometheus(tmp_path):
             "scrape_configs:\n  - job_name: crossover\n    static_configs:\n"
             f"      - targets: ['{target}']\n"
         )
-        proc = subprocess.Popen(
+        proc = spawn(
             [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            die_with_parent=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         started.append(proc)
         url = f"http://127.0.0.1:{port}"
-        wait_ready(f"{url}/-/ready", proc)
+        wait_ready(f"{url}/-/ready", proc, QUERY_TIMEOUT_S)
         return url
 
     yield start
-    for proc in started:
-        stop_process_group(proc)
+    stop(started)
 
 
 def query(prometheus_url: str, expr: str) -> dict[str, float]:
