@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,8 +53,11 @@ def demo():
 
     def start(*args: str) -> tuple[subprocess.Popen, str]:
         port = unused_url().rsplit(":", 1)[1]
+        # The console script the README's `pip install -e . && crossover demo` installs, not a module path.
+        crossover = shutil.which("crossover", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+        assert crossover, "the `crossover` console script is not installed (pip install -e .)"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "demo", "--port", port, *args],
+            [crossover, "demo", "--port", port, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
