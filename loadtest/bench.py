@@ -1,0 +1,207 @@
+"""`crossover bench`: sweep the targets, write the results, show the crossover, optionally apply it.
+
+    crossover bench --target speculative=http://127.0.0.1:30001 --target plain=http://127.0.0.1:30002 \\
+        --concurrency 1,2,5,10,30,70,100,250 --output-len 512 --out runs/k25 \\
+        [--apply http://127.0.0.1:8000 --admin-token T]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+
+from loadtest import plots, results
+from loadtest.apply import ApplyError, apply_threshold
+from loadtest.config import LoadSettings, Target
+from loadtest.runner import probe, run_sweep
+from loadtest.workload import Workload
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from loadtest.display import SweepDisplay
+
+DISCOVERY_TIMEOUT_S = 10.0
+# /server_info fields worth keeping with a run (SGLang names); the rest is large and mostly irrelevant.
+SERVER_INFO_FIELDS = (
+    "version", "model_path", "served_model_name", "tp_size", "max_running_requests", "max_queued_requests",
+    "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+    "cuda_graph_max_bs", "mem_fraction_static", "simulator", "profile",
+)
+
+
+class BenchError(Exception):
+    """A run that cannot go on (unreachable target, failed probe, no model); the message says why."""
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    targets: list[Target]
+    concurrencies: list[int]
+    workload_model: str | None
+    output_len: int
+    input_len: int
+    ignore_eos: bool
+    extra_body: dict
+    load: LoadSettings
+    speculative: str
+    plain: str
+    out_dir: Path
+    plots: bool
+    apply_url: str | None
+    admin_token: str | None
+
+
+def _event_loop_runner() -> asyncio.Runner:
+    # uvloop (installed with uvicorn[standard]) makes the load generator cheaper per chunk; fall back quietly.
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.Runner()
+    return asyncio.Runner(loop_factory=uvloop.new_event_loop)
+
+
+async def discover_model(target: Target, headers: dict[str, str]) -> str:
+    async with httpx.AsyncClient(timeout=DISCOVERY_TIMEOUT_S) as client:
+        try:
+            response = await client.get(f"{target.base_url}/v1/models", headers=headers)
+            models = response.json()["data"]
+            return models[0]["id"]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            raise BenchError(
+                f"cannot learn the model name from {target.base_url}/v1/models ({exc!r}); pass --model"
+            ) from None
+
+
+async def server_info(target: Target, headers: dict[str, str]) -> dict | None:
+    """Selected fields of SGLang's /server_info (or the older /get_server_info); None if neither answers."""
+    async with httpx.AsyncClient(timeout=DISCOVERY_TIMEOUT_S) as client:
+        for path in ("/server_info", "/get_server_info"):
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                response = await client.get(f"{target.base_url}{path}", headers=headers)
+                if response.status_code == 200 and isinstance(info := response.json(), dict):
+                    return {k: info[k] for k in SERVER_INFO_FIELDS if k in info}
+    return None
+
+
+def metadata(plan: BenchPlan, workload: Workload, infos: dict[str, dict | None], started: datetime) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        tool = f"crossover {version('crossover')}"
+    except PackageNotFoundError:
+        tool = "crossover"
+    return {
+        "tool": tool,
+        "started_at": started.isoformat(),
+        "finished_at": datetime.now(UTC).isoformat(),
+        "command": sys.argv,
+        "targets": {t.name: {"url": t.url, "server_info": infos[t.name]} for t in plan.targets},
+        "model": workload.model,
+        "concurrency": plan.concurrencies,
+        "output_len": workload.output_len,
+        "input_len": workload.input_len,
+        "ignore_eos": workload.ignore_eos,
+        "requests_per_level": plan.load.requests,
+        "duration_per_level_s": plan.load.duration_s,
+        "warmup_rounds": plan.load.warmup_rounds,
+        "lockstep": plan.load.lockstep,
+        "extra_body": workload.extra_body,
+        "host": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
+    }
+
+
+async def _collect(plan: BenchPlan, display: SweepDisplay) -> dict:
+    started = datetime.now(UTC)
+    headers = plan.load.headers
+    model = plan.workload_model or await discover_model(plan.targets[0], headers)
+    workload = Workload(
+        model=model, output_len=plan.output_len, input_len=plan.input_len,
+        ignore_eos=plan.ignore_eos, extra_body=plan.extra_body,
+    )
+    infos = {t.name: await server_info(t, headers) for t in plan.targets}
+    display.out.print(
+        f"crossover bench: {model}, {plan.input_len} in / {plan.output_len} out tokens, "
+        f"C = {','.join(map(str, plan.concurrencies))}, targets {', '.join(t.name for t in plan.targets)} "
+        f"-> {plan.out_dir}"
+    )
+    for target in plan.targets:
+        check = await probe(target, workload, plan.load)
+        if not check.success:
+            raise BenchError(f"probe request to {target.name} ({target.chat_url}) failed: {check.error}")
+    levels: list[dict] = []
+
+    def level_done(level: dict) -> None:
+        # Rewritten after every level, so an interrupted sweep keeps what it measured.
+        levels.append(level)
+        display.level_done(level)
+        partial = results.build_results(metadata(plan, workload, infos, started), levels, plan.speculative, plan.plain)
+        results.write_results(plan.out_dir, partial)
+
+    await run_sweep(
+        plan.targets, plan.concurrencies, workload, plan.load,
+        on_level_start=display.level_started, on_level_done=level_done,
+    )
+    return results.build_results(metadata(plan, workload, infos, started), levels, plan.speculative, plan.plain)
+
+
+def run(plan: BenchPlan) -> int:
+    """Run the sweep and everything after it; returns the process exit code."""
+    from loadtest.display import SweepDisplay, print_crossover, print_summary
+
+    if plan.plots:
+        plots.require_matplotlib()
+    try:
+        plan.out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"crossover bench: cannot use --out {plan.out_dir}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    display = SweepDisplay()
+    try:
+        with display, _event_loop_runner() as runner:
+            run_results = runner.run(_collect(plan, display))
+    except BenchError as exc:
+        print(f"crossover bench: {exc}", file=sys.stderr)
+        return 1
+    written = results.write_results(plan.out_dir, run_results)
+    if plan.plots:
+        series, markers = plots.series_of(run_results)
+        meta = run_results["metadata"]
+        title = f"{meta['model']}: {meta['input_len']} in / {meta['output_len']} out tokens"
+        written += plots.draw(plan.out_dir, series, markers, title=title)
+    console = display.out
+    print_summary(console, run_results["levels"])
+    print_crossover(console, run_results["crossover"], run_results["queueing"])
+    console.print("wrote " + ", ".join(str(p) for p in written))
+    return apply_recommendation(console, run_results["crossover"], plan.apply_url, plan.admin_token)
+
+
+def apply_recommendation(console: Console, crossover: dict, url: str | None, token: str | None) -> int:
+    if url is None:
+        return 0
+    recommended = crossover.get("recommended_threshold")
+    if not recommended:
+        print("crossover bench: --apply: no recommendation to apply (crossover not computed)", file=sys.stderr)
+        return 1
+    try:
+        applied = apply_threshold(url, token or "", recommended)
+    except ApplyError as exc:
+        print(f"crossover bench: --apply: {exc}", file=sys.stderr)
+        return 1
+    console.print(
+        f"applied to {url}: policy {applied.policy}, threshold {applied.old_threshold} -> {applied.new_threshold}"
+        + (
+            f", hysteresis {applied.old_hysteresis} -> {applied.new_hysteresis}"
+            if applied.new_hysteresis != applied.old_hysteresis else ""
+        )
+    )
+    return 0

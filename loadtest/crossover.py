@@ -1,0 +1,138 @@
+"""Where the plain target's throughput meets the speculative one's, and the threshold each policy should use.
+
+Pure functions over measured curves {concurrency: output tok/s}; no I/O.
+
+**Crossover.** d(C) = plain(C) - speculative(C) at every concurrency both targets measured. The crossover is
+the first grid level where d >= 0, refined by interpolating d linearly in log C between that level and the
+one before (sweeps are log-spaced, 1, 2, 5, 10, 30, ...). If plain already meets speculative at the lowest
+level the crossover is reported *at* that level (it may lie lower); if it never does, it is null.
+
+**switch** (time-shared pools: all traffic goes to one configuration). The gateway sends a new request to
+the speculative pool while the total in-flight count it sees is below the threshold T. In a closed loop at
+level C a new request sees the C - 1 others, so level C is speculative iff C - 1 < T, i.e. C <= T. Speculation
+pays below the crossover C*, so T = ceil(C*) - 1: every level strictly below C* speculative, every level at
+or above it plain. With no crossover in range, T = the highest level measured (speculate everywhere we
+have evidence for); with a crossover at the lowest level, T = that level - 1.
+
+**spillover** (partitioned pools: both serve at once). The speculative pool holds min(C, T) requests and
+the plain pool the rest, so the pair delivers R_T(C) = S(min(C, T)) + P(C - min(C, T)). No single T is best at
+every load: a small T wastes the speculative GPUs at high load, a large one leaves the plain pool idle at
+moderate load. We pick the T that maximises the worst case over the measured levels of R_T(C) / B(C), where
+B(C) = max_k S(k) + P(C - k) is the best split any router could make, with S and P interpolated linearly in
+log C between measurements (0 at C = 0, flat beyond the last level). The worst-case efficiency is reported.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+
+Curve = Mapping[int, float]
+
+
+def common_levels(speculative: Curve, plain: Curve) -> list[int]:
+    return sorted(set(speculative) & set(plain))
+
+
+def find_crossover(speculative: Curve, plain: Curve) -> dict:
+    """Crossover concurrency (or None), its bracketing grid levels and the per-level evidence."""
+    levels = common_levels(speculative, plain)
+    evidence = [
+        {
+            "concurrency": c,
+            "speculative_output_throughput": speculative[c],
+            "plain_output_throughput": plain[c],
+            "plain_over_speculative": plain[c] / speculative[c] if speculative[c] > 0 else None,
+        }
+        for c in levels
+    ]
+    result: dict = {"concurrency": None, "bracket": None, "status": "no_common_levels", "evidence": evidence}
+    if not levels:
+        return result
+    result["status"] = "not_reached"
+    for i, c in enumerate(levels):
+        d_hi = plain[c] - speculative[c]
+        if d_hi < 0:
+            continue
+        if i == 0:
+            result.update(concurrency=float(c), bracket=[c, c], status="at_or_below_lowest_level")
+            return result
+        lo = levels[i - 1]
+        d_lo = plain[lo] - speculative[lo]
+        fraction = -d_lo / (d_hi - d_lo)  # d_lo < 0 <= d_hi, so 0 < fraction <= 1
+        crossing = math.exp(math.log(lo) + fraction * (math.log(c) - math.log(lo)))
+        result.update(concurrency=crossing, bracket=[lo, c], status="crossed")
+        return result
+    return result
+
+
+def switch_threshold(crossover: float | None, levels: list[int]) -> int:
+    if crossover is None:
+        return max(levels) if levels else 0
+    return max(math.ceil(crossover) - 1, 0)
+
+
+def interpolate(curve: Curve, n: float) -> float:
+    """Throughput at concurrency n: 0 at n = 0, linear in log C between measured levels, flat past the last."""
+    points = sorted(curve.items())
+    if n <= 0 or not points:
+        return 0.0
+    first_c, first_v = points[0]
+    if n <= first_c:
+        return first_v * n / first_c
+    for (c0, v0), (c1, v1) in itertools.pairwise(points):
+        if n <= c1:
+            t = (math.log(n) - math.log(c0)) / (math.log(c1) - math.log(c0))
+            return v0 + t * (v1 - v0)
+    return points[-1][1]
+
+
+def spillover_threshold(speculative: Curve, plain: Curve) -> tuple[int, float | None]:
+    """(threshold, worst-case efficiency over the measured levels) for the spillover policy."""
+    levels = common_levels(speculative, plain)
+    if not levels:
+        return 0, None
+    top = max(levels)
+    s = [interpolate({c: speculative[c] for c in levels}, k) for k in range(top + 1)]
+    p = [interpolate({c: plain[c] for c in levels}, k) for k in range(top + 1)]
+    best = {c: max(s[k] + p[c - k] for k in range(c + 1)) for c in levels}
+
+    def efficiency(threshold: int) -> tuple[float, float]:
+        ratios = []
+        for c in levels:
+            held = min(c, threshold)
+            ratios.append((s[held] + p[c - held]) / best[c] if best[c] > 0 else 1.0)
+        return min(ratios), sum(ratios) / len(ratios)
+
+    # Worst case first; among equals (common on a coarse grid) the best mean, then the smallest threshold.
+    ranked = max(range(top + 1), key=lambda t: (*efficiency(t), -t))
+    return ranked, efficiency(ranked)[0]
+
+
+def analyse(levels: list[dict], speculative: str, plain: str) -> dict:
+    """The `crossover` object of results.json from the `levels` entries of two named targets."""
+    curves = {
+        name: {lv["concurrency"]: lv["output_throughput"] for lv in levels if lv["target"] == name}
+        for name in (speculative, plain)
+    }
+    found = find_crossover(curves[speculative], curves[plain])
+    spill, efficiency = spillover_threshold(curves[speculative], curves[plain])
+    measured = common_levels(curves[speculative], curves[plain])
+    failed = {(lv["target"], lv["concurrency"]): lv["failed"] for lv in levels}
+    for row in found["evidence"]:
+        row["speculative_failed"] = failed[speculative, row["concurrency"]]
+        row["plain_failed"] = failed[plain, row["concurrency"]]
+    return {
+        "concurrency": found["concurrency"],
+        "recommended_threshold": {
+            "switch": switch_threshold(found["concurrency"], measured),
+            "spillover": spill,
+        },
+        "speculative": speculative,
+        "plain": plain,
+        "status": found["status"],
+        "bracket": found["bracket"],
+        "spillover_worst_case_efficiency": efficiency,
+        "evidence": found["evidence"],
+    }

@@ -1,0 +1,146 @@
+"""What a person watching a sweep sees: live progress per level, then the summary and the crossover evidence.
+
+Needs rich (the `[bench]` extra). Progress goes to stderr; tables and conclusions go to stdout so they can
+be captured; neither matters to the results files.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Self
+
+from loadtest.client import RequestResult
+from loadtest.config import Target
+from loadtest.extras import require
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+LOG_WIDTH = 180  # columns when writing to a file or pipe, so the summary table is not squeezed to 80
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A rich Console; wide when not attached to a terminal."""
+    rich_console = require("rich.console", "crossover bench")
+    out = rich_console.Console(stderr=stderr)
+    return out if out.is_terminal else rich_console.Console(stderr=stderr, width=LOG_WIDTH)
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+class SweepDisplay:
+    """Context manager around a sweep: `level_started` returns the per-request hook for `run_sweep`."""
+
+    def __init__(self) -> None:
+        progress = require("rich.progress", "the progress display")
+        self.out = make_console()
+        errors = make_console(stderr=True)
+        self.progress = progress.Progress(
+            progress.TextColumn("{task.description}"),
+            progress.BarColumn(),
+            progress.MofNCompleteColumn(),
+            progress.TextColumn("{task.fields[failed]} failed  {task.fields[rate]} tok/s"),
+            progress.TimeElapsedColumn(),
+            console=errors,
+            refresh_per_second=4,
+            # In a log (not a terminal) the per-level lines say it all; bars would only repeat them.
+            disable=not errors.is_terminal,
+        )
+
+    def __enter__(self) -> Self:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def level_started(self, target: Target, concurrency: int, planned: int | None) -> Callable[[RequestResult], None]:
+        task = self.progress.add_task(f"{target.name:>12} C={concurrency:<4}", total=planned, failed=0, rate="-")
+        started = time.perf_counter()
+        tokens = failed = 0
+
+        def on_result(result: RequestResult) -> None:
+            nonlocal tokens, failed
+            if result.success:
+                tokens += result.output_tokens
+            else:
+                failed += 1
+            rate = tokens / max(time.perf_counter() - started, 1e-9)
+            self.progress.update(task, advance=1, failed=failed, rate=f"{rate:,.0f}")
+
+        return on_result
+
+    def level_done(self, level: dict) -> None:
+        self.progress.console.print(
+            f"{level['target']:>12} C={level['concurrency']:<4} {level['completed']} ok {level['failed']} failed  "
+            f"{level['output_throughput']:,.1f} tok/s  TTFT p50 {_fmt(level['median_ttft_ms'])} ms  "
+            f"measured C {level['measured_concurrency']:.1f}"
+        )
+
+
+def print_summary(console: Console, levels: list[dict], title: str = "crossover bench") -> None:
+    table = require("rich.table", "the summary table").Table(title=title)
+    columns = [
+        ("target", "target", None), ("C", "concurrency", None), ("ok", "completed", None), ("fail", "failed", None),
+        ("req/s", "request_throughput", 2), ("out tok/s", "output_throughput", 1),
+        ("meas. C", "measured_concurrency", 1), ("TTFT p50 ms", "median_ttft_ms", 1),
+        ("TTFT p99 ms", "p99_ttft_ms", 1), ("TPOT p50 ms", "median_tpot_ms", 2),
+        ("ITL/chunk p50 ms", "median_itl_ms", 2), ("ITL/token p50 ms", "median_token_itl_ms", 2),
+        ("E2E p50 ms", "median_e2e_latency_ms", 0), ("tok/chunk", "mean_tokens_per_chunk", 2),
+    ]
+    for header, *_ in columns:
+        table.add_column(header, justify="left" if header == "target" else "right")
+    for level in sorted(levels, key=lambda lv: (lv["target"], lv["concurrency"])):
+        table.add_row(*(
+            str(level[key]) if digits is None else _fmt(level.get(key), digits) for _, key, digits in columns
+        ))
+    console.print(table)
+
+
+def print_crossover(console: Console, crossover: dict, queueing: list[dict]) -> None:
+    """The evidence behind the crossover and the thresholds, as a reader would check it."""
+    for q in queueing:
+        console.print(
+            f"queueing: {q['target']} C={q['from_concurrency']}->{q['to_concurrency']}: throughput x"
+            f"{q['throughput_gain']:.2f} while median TTFT x{q['ttft_growth']:.1f} "
+            "(requests wait for a running slot: check --max-running-requests)"
+        )
+    if crossover["status"] == "not_computed":
+        console.print(
+            "crossover: not computed (name a speculative and a plain target: --target speculative=URL "
+            "--target plain=URL, or --speculative NAME --plain NAME)"
+        )
+        return
+    table = require("rich.table", "the crossover table").Table(
+        title=f"crossover evidence: {crossover['plain']} vs {crossover['speculative']}"
+    )
+    for header in ("C", f"{crossover['speculative']} tok/s", f"{crossover['plain']} tok/s", "plain/spec", ""):
+        table.add_column(header, justify="right")
+    bracket = crossover["bracket"] or []
+    for row in crossover["evidence"]:
+        failures = row.get("speculative_failed", 0) + row.get("plain_failed", 0)
+        note = "<- bracket" if row["concurrency"] in bracket else ""
+        if failures:
+            note += f" ({failures} failed)"
+        table.add_row(
+            str(row["concurrency"]), _fmt(row["speculative_output_throughput"]),
+            _fmt(row["plain_output_throughput"]), _fmt(row["plain_over_speculative"], 3), note,
+        )
+    console.print(table)
+    c, status = crossover["concurrency"], crossover["status"]
+    if status == "crossed":
+        console.print(f"crossover: C = {c:.2f} (between levels {bracket[0]} and {bracket[1]}, interpolated in log C)")
+    elif status == "at_or_below_lowest_level":
+        console.print(f"crossover: at or below the lowest level, C = {c:g}: plain already meets speculative there")
+    else:
+        console.print("crossover: not reached: speculative delivers more at every level measured")
+    rec = crossover["recommended_threshold"]
+    efficiency = crossover.get("spillover_worst_case_efficiency")
+    console.print(
+        f"recommended threshold: switch = {rec['switch']} (speculative while total in-flight < {rec['switch']}); "
+        f"spillover = {rec['spillover']} (speculative pool holds up to {rec['spillover']}; predicted worst-case "
+        f"{_fmt(None if efficiency is None else 100 * efficiency)}% of the best split)"
+    )

@@ -1,0 +1,98 @@
+"""`crossover bench report DIR...`: re-draw and compare saved runs without touching any server.
+
+One run: its tables and crossover again, plots re-drawn into the run directory (or `--out`).
+Several runs: each run's tables, a side-by-side comparison, and plots with every run's targets on the same
+axes (labelled `run/target`) in `--out` (default `crossover-report`).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from loadtest import plots
+from loadtest.bench import apply_recommendation
+from loadtest.results import ResultsError, crossover_section, load_results
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+DEFAULT_COMPARE_DIR = Path("crossover-report")
+
+
+def _labels(dirs: list[Path]) -> list[str]:
+    names = [d.name or str(d) for d in dirs]
+    return names if len(set(names)) == len(names) else [str(d) for d in dirs]
+
+
+def run_report(
+    dirs: list[Path],
+    out: Path | None,
+    speculative: str | None,
+    plain: str | None,
+    draw: bool,
+    apply_url: str | None,
+    admin_token: str | None,
+) -> int:
+    from loadtest.display import make_console, print_crossover, print_summary
+
+    console = make_console()
+    if draw:
+        plots.require_matplotlib()
+    if apply_url and len(dirs) != 1:
+        print("crossover bench report: --apply takes exactly one run directory", file=sys.stderr)
+        return 2
+    runs = []
+    for d in dirs:
+        try:
+            run = load_results(d)
+        except ResultsError as exc:
+            print(f"crossover bench report: {exc}", file=sys.stderr)
+            return 1
+        if speculative or plain:
+            # Re-analysed with other names; the file on disk is left as it was measured.
+            run["crossover"] = crossover_section(
+                run["levels"], speculative or run["crossover"].get("speculative") or "speculative",
+                plain or run["crossover"].get("plain") or "plain",
+            )
+        runs.append(run)
+
+    labels = _labels(dirs)
+    for label, run in zip(labels, runs):
+        print_summary(console, run["levels"], title=f"{label}: {run['metadata'].get('model', '')}")
+        print_crossover(console, run["crossover"], run.get("queueing", []))
+    if len(runs) > 1:
+        _compare(console, labels, runs)
+
+    if draw:
+        target_dir = out or (dirs[0] if len(dirs) == 1 and dirs[0].is_dir() else DEFAULT_COMPARE_DIR)
+        series, markers = [], []
+        for label, run in zip(labels, runs):
+            s, m = plots.series_of(run, prefix=f"{label}/" if len(runs) > 1 else "")
+            series += s
+            markers += m
+        written = plots.draw(target_dir, series, markers, title=" vs ".join(labels))
+        console.print("wrote " + ", ".join(str(p) for p in written))
+    return apply_recommendation(console, runs[0]["crossover"], apply_url, admin_token)
+
+
+def _compare(console: Console, labels: list[str], runs: list[dict]) -> None:
+    from loadtest.extras import require
+
+    table = require("rich.table", "bench report").Table(title="runs compared")
+    for header in ("run", "model", "in/out tokens", "crossover C", "switch", "spillover", "max tok/s per target"):
+        table.add_column(header)
+    for label, run in zip(labels, runs):
+        meta, cross = run["metadata"], run["crossover"]
+        rec = cross.get("recommended_threshold") or {}
+        peaks: dict[str, float] = {}
+        for lv in run["levels"]:
+            peaks[lv["target"]] = max(peaks.get(lv["target"], 0.0), lv["output_throughput"])
+        c = cross.get("concurrency")
+        table.add_row(
+            label, str(meta.get("model", "")), f"{meta.get('input_len', '?')}/{meta.get('output_len', '?')}",
+            "-" if c is None else f"{c:.2f}", str(rec.get("switch", "-")), str(rec.get("spillover", "-")),
+            ", ".join(f"{name} {peak:,.0f}" for name, peak in peaks.items()),
+        )
+    console.print(table)

@@ -1,0 +1,197 @@
+"""Closed-loop load: at level C, C workers each send streaming chat completions back to back.
+
+Each level runs in three phases, always with C requests in flight:
+1. warm-up: the first `warmup_rounds` x C requests to finish are not measured. Each worker's first request
+   asks for a random length (1..output_len), so the workers fall out of step. Otherwise (`lockstep`, what
+   `bench_serving --max-concurrency` and the stand-in's virtual curves do) C equal requests that start
+   together prefill together, decode together and end together forever: a rhythm no real traffic has, that
+   flatters prefill batching (by up to ~18% for the k25-plain stand-in at 64 output tokens), and that a
+   gateway breaks as soon as it splits a wave between pools - so routed and direct runs compare fairly
+   only out of step;
+2. the measurement window opens when the last warm-up request finishes and closes when `requests` more
+   have finished (default `default_requests(C)`), or after `duration_s` seconds;
+3. whatever is still running is cancelled (the server sees a client disconnect and aborts it), so no drain
+   tail with fewer than C requests in flight dilutes the window. Tokens those requests received inside the
+   window still count towards throughput (see stats.py).
+
+Levels are interleaved across targets (C=1 on every target, then C=2, ...), so a machine that slows down
+during the run shifts every target alike and the ratios the crossover rests on stay fair.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import ssl
+import time
+from collections.abc import Callable, Sequence
+
+import certifi
+import httpx
+
+from loadtest.client import RequestResult, run_request
+from loadtest.config import LoadSettings, Target
+from loadtest.stats import summarize
+from loadtest.workload import Workload, make_prompt, request_body
+
+# Below uvicorn's 5 s idle timeout, so a pooled connection is never reused just as the server closes it.
+DEFAULT_KEEPALIVE_EXPIRY_S = 2.0
+PROBE_OUTPUT_LEN = 8
+
+
+ProgressHook = Callable[[RequestResult], None]
+
+
+def tls_context() -> ssl.SSLContext:
+    """Built once per level and shared: loading the CA bundle costs ~16 ms of CPU per client."""
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+def make_client(load: LoadSettings, tls: ssl.SSLContext) -> httpx.AsyncClient:
+    """A worker's own client: one kept-alive connection, explicit timeouts, no retries (a failure is a
+    measurement). One client per worker rather than one shared pool: httpcore's pool scans every
+    connection on each request and response, which at C=256 cost more CPU than the streams themselves.
+    """
+    return httpx.AsyncClient(
+        verify=tls,
+        limits=httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=DEFAULT_KEEPALIVE_EXPIRY_S),
+        timeout=httpx.Timeout(
+            connect=load.connect_timeout_s,
+            read=load.read_timeout_s,
+            write=load.connect_timeout_s,
+            pool=load.request_timeout_s,
+        ),
+    )
+
+
+async def run_level(
+    target: Target,
+    concurrency: int,
+    workload: Workload,
+    load: LoadSettings,
+    on_result: ProgressHook | None = None,
+) -> dict:
+    """Drive one target at one concurrency; returns its `levels[]` entry. `on_result` sees every finish."""
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    warmup = load.warmup_rounds * concurrency
+    planned = load.planned(concurrency)
+    headers = {"Content-Type": "application/json", **load.headers}
+    started: list[RequestResult] = []
+    measured: list[RequestResult] = []
+    finished = 0
+    window: list[float] = []  # [t0] once the warm-up is over, [t0, t1] once measured
+    opened, closed = asyncio.Event(), asyncio.Event()
+
+    def open_window() -> None:
+        window.append(time.perf_counter())
+        opened.set()
+
+    def close() -> None:
+        if not opened.is_set():
+            open_window()  # closing early (a crashed worker): an empty window rather than a hang
+        if not closed.is_set():
+            window.append(time.perf_counter())
+            closed.set()
+
+    tls = tls_context()
+
+    async def worker(index: int) -> None:
+        nonlocal finished
+        # Seeded per worker, not shared: every target at a level gets the same prompts and warm-up lengths
+        # from each worker whatever the scheduling order, so their runs differ only by the server.
+        rng = random.Random(f"{load.seed}/{concurrency}/{index}")
+        desync = warmup > 0 and not load.lockstep
+        async with make_client(load, tls) as client:
+            while not closed.is_set():
+                prompt = make_prompt(rng, rng.getrandbits(48), workload.input_len)
+                length = rng.randint(1, workload.output_len) if desync else None
+                desync = False
+                body = json.dumps(request_body(workload, prompt, length)).encode()
+                result = RequestResult(start=time.perf_counter())
+                started.append(result)
+                await run_request(client, target.chat_url, body, headers, load.request_timeout_s, result)
+                if closed.is_set():
+                    return  # ended after the window closed: not measured
+                finished += 1
+                if finished <= warmup:
+                    if finished == warmup:
+                        open_window()
+                else:
+                    measured.append(result)
+                    if planned is not None and len(measured) == planned:
+                        close()
+                if on_result is not None:
+                    on_result(result)
+
+    async def guarded(index: int) -> None:
+        try:
+            await worker(index)
+        except Exception:
+            close()  # a crashed worker (a bug, a broken hook) ends the level instead of leaving it waiting
+            raise
+
+    if warmup == 0:
+        open_window()
+    workers = [asyncio.create_task(guarded(i)) for i in range(concurrency)]
+    try:
+        await opened.wait()
+        if planned is None:
+            # The measurement itself: a fixed window of wall time (ended early only by a crashed worker).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(closed.wait(), load.duration_s)
+            close()
+        await closed.wait()
+    finally:
+        for task in workers:
+            task.cancel()
+        outcomes = await asyncio.gather(*workers, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, Exception):
+            raise outcome
+    return summarize(target.name, concurrency, started, measured, window[0], window[1])
+
+
+async def probe(target: Target, workload: Workload, load: LoadSettings) -> RequestResult:
+    """One short request: proves the target answers streams with usage before a sweep relies on it."""
+    short = Workload(
+        model=workload.model,
+        output_len=min(workload.output_len, PROBE_OUTPUT_LEN),
+        input_len=min(workload.input_len, 16),
+        ignore_eos=workload.ignore_eos,
+        extra_body=workload.extra_body,
+    )
+    prompt = make_prompt(random.Random(load.seed), 0, short.input_len)
+    async with make_client(load, tls_context()) as client:
+        return await run_request(
+            client, target.chat_url, json.dumps(request_body(short, prompt)).encode(),
+            {"Content-Type": "application/json", **load.headers}, load.request_timeout_s,
+        )
+
+
+async def run_sweep(
+    targets: Sequence[Target],
+    concurrencies: Sequence[int],
+    workload: Workload,
+    load: LoadSettings,
+    on_level_start: Callable[[Target, int, int | None], ProgressHook | None] | None = None,
+    on_level_done: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Every target at every level, interleaved by level; returns the `levels[]` entries in run order.
+
+    `on_level_start(target, C, requests)` - `requests` counts warm-up and measured requests, None for a
+    timed window - may return a per-request hook (for a progress display).
+    """
+    levels: list[dict] = []
+    for concurrency in concurrencies:
+        for target in targets:
+            planned = load.planned(concurrency)
+            total = None if planned is None else planned + load.warmup_rounds * concurrency
+            hook = on_level_start(target, concurrency, total) if on_level_start else None
+            level = await run_level(target, concurrency, workload, load, hook)
+            levels.append(level)
+            if on_level_done is not None:
+                on_level_done(level)
+    return levels

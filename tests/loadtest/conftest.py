@@ -1,0 +1,19 @@
+"""Fixtures for the load tester's tests."""
+
+from __future__ import annotations
+
+import pytest
+from scripted_backend import ScriptedBackend
+
+
+@pytest.fixture
+def scripted(serve):
+    """The scripted backend on real uvicorn: -> (base URL, app with its counters)."""
+    app = ScriptedBackend()
+    return serve(app).url, app
+
+
+@pytest.fixture
+def backend(scripted):
+    """Base URL of the scripted backend."""
+    return scripted[0]

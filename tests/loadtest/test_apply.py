@@ -1,0 +1,53 @@
+"""`--apply` against the real gateway's admin API (no stand-ins needed: the admin API does not route)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from gateway.app import create_app
+from gateway.config import Settings
+from loadtest.apply import ApplyError, apply_threshold
+
+TOKEN = "apply-test-token"
+RECOMMENDED = {"switch": 7, "spillover": 3}
+
+
+UNUSED = "http://127.0.0.1:1"  # nothing listens on port 1: a pool that is simply down
+
+
+def gateway(serve, backend: str, **settings) -> str:
+    pools = {"speculative": {"backends": [backend]}, "plain": {"backends": [UNUSED]}}
+    return serve(create_app(Settings(admin_token=TOKEN, log_level="warning", pools=pools, **settings))).url
+
+
+def state(url: str) -> dict:
+    return httpx.get(f"{url}/admin/threshold", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()
+
+
+@pytest.mark.parametrize("policy", ["switch", "spillover"])
+def test_apply_sends_the_recommendation_for_the_gateways_policy(serve, backend, policy):
+    url = gateway(serve, backend, policy=policy, threshold=32, hysteresis=2)
+    applied = apply_threshold(f"{url}/v1", TOKEN, RECOMMENDED)
+    assert (applied.policy, applied.old_threshold, applied.new_threshold) == (policy, 32, RECOMMENDED[policy])
+    assert state(url)["threshold"] == RECOMMENDED[policy]
+    assert state(url)["hysteresis"] == 2
+
+
+def test_apply_narrows_a_hysteresis_band_the_new_threshold_cannot_hold(serve, backend):
+    url = gateway(serve, backend, policy="switch", threshold=32, hysteresis=10)
+    applied = apply_threshold(url, TOKEN, RECOMMENDED)
+    assert (applied.old_hysteresis, applied.new_hysteresis) == (10, 6)
+    assert (state(url)["threshold"], state(url)["hysteresis"]) == (7, 6)
+
+
+def test_a_wrong_token_is_reported_and_changes_nothing(serve, backend):
+    url = gateway(serve, backend, policy="switch", threshold=32)
+    with pytest.raises(ApplyError, match="HTTP 401"):
+        apply_threshold(url, "not-the-token", RECOMMENDED)
+    assert state(url)["threshold"] == 32
+
+
+def test_an_unreachable_gateway_is_reported():
+    with pytest.raises(ApplyError, match="cannot reach the gateway"):
+        apply_threshold(UNUSED, TOKEN, RECOMMENDED, timeout=2)
