@@ -19,6 +19,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
+from starlette.requests import ClientDisconnect
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -86,6 +87,11 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         phrase = HTTPStatus(exc.status_code).phrase
         return json_response(error_body(str(exc.detail), status=exc.status_code, err_type=phrase.replace(" ", "")),
                              exc.status_code)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(_: Request, exc: ClientDisconnect) -> Response:
+        # The client left while its body was still arriving: nothing reached the engine, and nobody reads this.
+        return Response(status_code=499)
 
     app.state.live, app.state.metrics = live, metrics
     generation.register(app, live, metrics, profile)
