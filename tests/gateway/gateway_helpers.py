@@ -11,12 +11,12 @@ import contextlib
 import json
 import socket
 import threading
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client import CollectorRegistry
+from waiting import WAIT_S, wait_until  # noqa: F401  (re-exported for the gateway's tests)
 
 from gateway.app import GatewayApp
 from gateway.config import Settings
@@ -25,7 +25,6 @@ MODEL = "moonshotai/Kimi-K2.5"
 # Fast enough for tests, slow enough that a stream of a few thousand tokens stays open for seconds.
 SIM_SCALE = ("--time-scale", "10")
 LONG = 10_000  # max_tokens of a stream meant to stay open until the test closes it (the KV pool holds ~9)
-WAIT_S = 20.0
 
 
 def chat(stream: bool = False, max_tokens: int = 8, **extra) -> dict:
@@ -58,15 +57,6 @@ def unused_url() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-
-def wait_until(condition, timeout: float = WAIT_S, what: str = "condition") -> None:
-    """Poll `condition` (a readiness check, not a sleep-as-wait) until true or fail."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def sim_running(url: str) -> int:

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from zero_server import free_port, running_zero
 
 from loadtest.proxyload import LoadSpec, run_load
-from zero_server import free_port, running_zero
 
 BOUND_S = 60.0
 

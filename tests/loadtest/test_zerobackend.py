@@ -6,7 +6,6 @@ import json
 
 import httpx
 import pytest
-
 from zero_server import running_zero
 
 

@@ -1,9 +1,8 @@
 """One test per SGLang endpoint: shapes as in shared/reference/sglang.md (real uvicorn on loopback)."""
 
-import time
-
 import httpx
 import pytest
+from waiting import wait_until
 
 TIMEOUT = httpx.Timeout(10.0)
 CHAT = {"model": "moonshotai/Kimi-K2.5", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
@@ -13,14 +12,6 @@ CHAT = {"model": "moonshotai/Kimi-K2.5", "messages": [{"role": "user", "content"
 def client():
     with httpx.Client(timeout=TIMEOUT) as c:
         yield c
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
 
 
 def hold(client, url, n=1):
@@ -77,7 +68,7 @@ def test_loads(sim_app, client):
     server = sim_app("k25-eagle3", time_scale=1.0)
     streams = hold(client, server.url, 2)
     try:
-        wait_for(lambda: client.get(server.url + "/v1/loads").json()["loads"][0]["num_running_reqs"] == 2)
+        wait_until(lambda: client.get(server.url + "/v1/loads").json()["loads"][0]["num_running_reqs"] == 2)
         body = client.get(server.url + "/v1/loads").json()
         assert {"timestamp", "version", "loads"} <= set(body)
         (load,) = body["loads"]
@@ -145,7 +136,7 @@ def test_release_and_resume_memory(sim_app, client):
     busy = client.post(server.url + "/release_memory_occupation", json={"tags": None})
     assert busy.status_code == 400 and "requests in flight" in busy.json()["error"]["message"]
     streams[0].close()
-    wait_for(lambda: client.get(server.url + "/v1/loads").json()["loads"][0]["num_running_reqs"] == 0)
+    wait_until(lambda: client.get(server.url + "/v1/loads").json()["loads"][0]["num_running_reqs"] == 0)
     released = client.post(server.url + "/release_memory_occupation", json={})
     assert released.status_code == 200 and released.json() is None
     refused = client.post(server.url + "/v1/chat/completions", json=CHAT)
@@ -167,7 +158,7 @@ def test_release_while_paused_with_queued_requests_is_allowed(sim_app, client):
     (stream,) = hold(client, server.url)
     try:
         client.post(server.url + "/pause_generation", json={"mode": "retract"}).raise_for_status()
-        wait_for(lambda: client.get(server.url + "/v1/loads").json()["loads"][0]["num_waiting_reqs"] == 1)
+        wait_until(lambda: client.get(server.url + "/v1/loads").json()["loads"][0]["num_waiting_reqs"] == 1)
         assert client.post(server.url + "/release_memory_occupation").status_code == 200
     finally:
         stream.close()
@@ -178,7 +169,7 @@ def test_startup_delay(sim_app, client):
     assert client.get(server.url + "/health").status_code == 503
     starting = client.post(server.url + "/v1/chat/completions", json=CHAT)
     assert starting.status_code == 503 and "starting" in starting.json()["message"]
-    wait_for(lambda: client.get(server.url + "/health").status_code == 200, timeout=5.0)
+    wait_until(lambda: client.get(server.url + "/health").status_code == 200, timeout=5.0)
     assert client.post(server.url + "/v1/chat/completions", json=CHAT).status_code == 200
 
 

@@ -7,6 +7,7 @@ import time
 import httpx
 import openai
 import pytest
+from waiting import wait_until
 
 MODEL = "moonshotai/Kimi-K2.5"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "five words in this prompt"}], "max_tokens": 12}
@@ -16,14 +17,6 @@ TIMEOUT = httpx.Timeout(10.0)
 def running(client: httpx.Client, url: str) -> tuple[int, int]:
     load = client.get(f"{url}/v1/loads").json()["loads"][0]
     return load["num_running_reqs"], load["num_waiting_reqs"]
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
 
 
 def test_openai_sdk_chat_and_completions(sim_app):
@@ -82,10 +75,10 @@ def test_queue_overflow_fails_as_sglang_does(sim_app):
         long = {**CHAT, "max_tokens": 20_000, "stream": True}
         first = client.send(client.build_request("POST", f"{server.url}/v1/chat/completions", json=long),
                             stream=True)
-        wait_for(lambda: running(client, server.url) == (1, 0))
+        wait_until(lambda: running(client, server.url) == (1, 0))
         second = client.send(client.build_request("POST", f"{server.url}/v1/chat/completions", json=long),
                              stream=True)
-        wait_for(lambda: running(client, server.url) == (1, 1))
+        wait_until(lambda: running(client, server.url) == (1, 1))
 
         rejected = client.post(f"{server.url}/v1/chat/completions", json=CHAT)
         assert rejected.status_code == 503
@@ -101,7 +94,7 @@ def test_queue_overflow_fails_as_sglang_does(sim_app):
         assert error["message"] == "The request queue is full."
         first.close()
         second.close()
-        wait_for(lambda: running(client, server.url) == (0, 0))
+        wait_until(lambda: running(client, server.url) == (0, 0))
 
 
 def test_client_disconnect_aborts_in_the_engine(sim_app):
