@@ -9,8 +9,10 @@ under-read a speculative server by ~10%).
 - requests that finished inside the window count as `completed` / `failed`, and only the successful ones
   give latencies, so a failing server cannot look fast
 - `output_throughput` = output tokens that *arrived* in the window (from per-chunk usage) / `duration_s`
-  (= t1 - t0), counting successful requests and those still running when the window closed, never failed
-  ones - bench_serving divides the tokens of all successes by the whole run instead
+  (= t1 - t0), counting successful requests, never failed ones, and the requests still running when the
+  window closed weighted by the success rate of those that ended (whether they would have failed is
+  unknown; a server that fails every request delivers nothing) - bench_serving divides the tokens of all
+  successes by the whole run instead
 - `tpot_ms` = (e2e latency - TTFT) / (output tokens - 1), per request with more than one token
 - `itl_ms` = gaps between text chunks (bench_serving's ITL); `token_itl_ms` spreads each gap over the tokens
   that chunk carried, one sample per token - a speculative server sends several tokens per chunk, so its
@@ -95,17 +97,20 @@ def summarize(
     ok_chunks = sum(len(r.chunk_times) for r in ok)
     level_per_chunk = sum(r.output_tokens for r in ok) / ok_chunks if ok_chunks else 1.0
 
+    # A failed request's tokens never reached a user as an answer; an unfinished one's count as likely as not.
+    unfinished_weight = len(ok) / len(ended) if ended else 1.0
     output_tokens = 0.0
     in_flight = 0.0
-    window_chunks = 0
+    window_chunks = 0.0
     for r in results:
         in_flight += max(0.0, min(r.end, t1) - max(r.start, t0))
-        if not (r.success or r.cancelled):
-            continue  # a failed request's tokens never reached a user as an answer
+        weight = 1.0 if r.success else unfinished_weight if r.cancelled else 0.0
+        if not weight:
+            continue
         counts = chunk_token_counts(r, level_per_chunk)
         arrived = [k for t, k in zip(r.chunk_times, counts) if t0 < t <= t1]
-        output_tokens += sum(arrived)
-        window_chunks += len(arrived)
+        output_tokens += weight * sum(arrived)
+        window_chunks += weight * len(arrived)
     input_tokens = sum(r.prompt_tokens for r in ok)
 
     samples: dict[str, list[float]] = {name: [] for name in LATENCY_METRICS}
