@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from waiting import WAIT_S, wait_until  # noqa: F401  (re-exported for the gatew
 
 from gateway.app import GatewayApp
 from gateway.config import Settings
+from servers.process import free_port
 
 MODEL = "moonshotai/Kimi-K2.5"
 # Fast enough for tests, slow enough that a stream of a few thousand tokens stays open for seconds.
@@ -54,9 +54,7 @@ def stream_text(events: list) -> str:
 
 def unused_url() -> str:
     """A loopback URL where nothing listens (connections are refused)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 def sim_running(url: str) -> int:

@@ -11,7 +11,9 @@ import sys
 import httpx
 import openai
 import pytest
-from gateway_helpers import MODEL, unused_url, wait_until
+from gateway_helpers import MODEL, wait_until
+
+from servers.process import free_port
 
 STARTUP_S = 60.0
 
@@ -52,7 +54,7 @@ def demo():
     started: list[subprocess.Popen] = []
 
     def start(*args: str) -> tuple[subprocess.Popen, str]:
-        port = unused_url().rsplit(":", 1)[1]
+        port = str(free_port())
         # The console script the README's `pip install -e . && crossover demo` installs, not a module path.
         crossover = shutil.which("crossover", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
         assert crossover, "the `crossover` console script is not installed (pip install -e .)"

@@ -8,9 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from zero_server import free_port, running_zero
+from zero_server import running_zero
 
 from loadtest.proxyload import LoadSpec, run_load
+from servers.process import free_port
 
 BOUND_S = 60.0
 
