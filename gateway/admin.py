@@ -15,10 +15,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from gateway.config import POOL_NAMES
-from gateway.errors import AdminDisabled, AuthenticationFailed, BodyTooLarge, GatewayError, InvalidRequest
-from gateway.routing import POLICIES
-from gateway.state import GatewayState
+from crossover.gateway.config import POOL_NAMES
+from crossover.gateway.errors import AdminDisabled, AuthenticationFailed, BodyTooLarge, GatewayError, InvalidRequest
+from crossover.gateway.routing import POLICIES
+from crossover.gateway.state import GatewayState
 
 MAX_ADMIN_BODY_BYTES = 64 * 1024
 _FIELDS = ("threshold", "hysteresis", "policy")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from gateway.errors import Overloaded
+from crossover.gateway.errors import Overloaded
 
 RETRY_AFTER_S = 1
 

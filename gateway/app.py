@@ -18,18 +18,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.admin import admin_routes
-from gateway.admission import Admission
-from gateway.config import Settings
-from gateway.errors import EXCEPTION_HANDLERS, ModelNotFound
-from gateway.health import HealthMonitor
-from gateway.metrics import Metrics
-from gateway.pools import Pools
-from gateway.proxy import ProxyEndpoint
-from gateway.routing import Routing
-from gateway.state import GatewayState
-from gateway.transport import backend_timeout, make_client, make_transport
-from gateway.validation import CHAT, COMPLETIONS
+from crossover.gateway.admin import admin_routes
+from crossover.gateway.admission import Admission
+from crossover.gateway.config import Settings
+from crossover.gateway.errors import EXCEPTION_HANDLERS, ModelNotFound
+from crossover.gateway.health import HealthMonitor
+from crossover.gateway.metrics import Metrics
+from crossover.gateway.pools import Pools
+from crossover.gateway.proxy import ProxyEndpoint
+from crossover.gateway.routing import Routing
+from crossover.gateway.state import GatewayState
+from crossover.gateway.transport import backend_timeout, make_client, make_transport
+from crossover.gateway.validation import CHAT, COMPLETIONS
 
 
 def build_state(settings: Settings, registry: CollectorRegistry | None = None) -> GatewayState:

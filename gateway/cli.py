@@ -1,24 +1,24 @@
-"""The `crossover` command. Each package registers its own subcommands; heavy imports stay inside them."""
+"""The `crossover` command. Each package registers its own subcommands through the `crossover.commands`
+entry points (pyproject.toml), so this dispatcher depends on none of them; heavy imports wait until a
+subcommand runs."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from importlib.metadata import entry_points
+
+COMMAND_GROUP = "crossover.commands"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gateway import commands as gateway_commands
-    from loadtest import cli as loadtest_cli
-    from servers.sim import cli as sim_cli
-
     parser = argparse.ArgumentParser(
         prog="crossover",
         description="Serve one model with and without speculative decoding behind one OpenAI-compatible URL.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    gateway_commands.register(sub)
-    sim_cli.register(sub)
-    loadtest_cli.register(sub)
+    for entry in sorted(entry_points(group=COMMAND_GROUP), key=lambda entry: entry.name):
+        entry.load()(sub)
     return parser
 
 

@@ -55,8 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from gateway.config import SettingsError, load_settings
-    from gateway.server import make_server
+    from crossover.gateway.config import SettingsError, load_settings
+    from crossover.gateway.server import make_server
 
     try:
         settings = load_settings(args.config)
@@ -69,7 +69,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from gateway.demo import run
+    from crossover.gateway.demo import run
 
     return run(
         port=args.port,

@@ -13,9 +13,9 @@ import signal
 import subprocess
 import sys
 
-from gateway.config import DEFAULT_THRESHOLD, Settings
-from gateway.server import make_server
-from servers import process
+from crossover.gateway.config import DEFAULT_THRESHOLD, Settings
+from crossover.gateway.server import make_server
+from crossover.servers import process
 
 HOST = "127.0.0.1"
 PROFILES = {"speculative": "k25-eagle3", "plain": "k25-plain"}
@@ -25,8 +25,21 @@ READY_POLL_S = 0.05
 
 
 def start_standin(profile: str, port: int, time_scale: float) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "gateway.cli", "sim", "serve", "--profile", profile,
-            "--host", HOST, "--port", str(port), "--time-scale", str(time_scale)]
+    argv = [
+        sys.executable,
+        "-m",
+        "crossover.gateway.cli",
+        "sim",
+        "serve",
+        "--profile",
+        profile,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--time-scale",
+        str(time_scale),
+    ]
     # The demo starts its stand-ins before it runs any thread, so they can die with it.
     return process.spawn(argv)
 
@@ -76,7 +89,7 @@ def run(port: int, admin_token: str | None, policy: str, threshold: int | None, 
             standin_port = process.free_port(HOST)
             procs.append(start_standin(profile, standin_port, time_scale))
             urls[pool] = f"http://{HOST}:{standin_port}"
-        for proc, url in zip(procs, urls.values()):
+        for proc, url in zip(procs, urls.values(), strict=False):
             process.wait_ready(url + "/health", proc, STANDIN_READY_TIMEOUT_S)
         settings = Settings(
             host=HOST,

@@ -15,8 +15,8 @@ import time
 
 import httpx
 
-from gateway.config import PLAIN, SPECULATIVE
-from gateway.errors import (
+from crossover.gateway.config import PLAIN, SPECULATIVE
+from crossover.gateway.errors import (
     BackendFailed,
     BackendTimeout,
     GatewayError,
@@ -25,11 +25,11 @@ from gateway.errors import (
     send_error,
     sse_error,
 )
-from gateway.metrics import NO_POOL
-from gateway.policy import FALLBACK
-from gateway.pools import Backend
-from gateway.state import GatewayState
-from gateway.upstream import (
+from crossover.gateway.metrics import NO_POOL
+from crossover.gateway.policy import FALLBACK
+from crossover.gateway.pools import Backend
+from crossover.gateway.state import GatewayState
+from crossover.gateway.upstream import (
     EVENT_ENDS,
     Opened,
     Retry,

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.config import HealthSettings
-from gateway.pools import Backend, Pools
+from crossover.gateway.config import HealthSettings
+from crossover.gateway.pools import Backend, Pools
 
 log = logging.getLogger("crossover.health")
 

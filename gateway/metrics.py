@@ -12,9 +12,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.config import POOL_NAMES
-from gateway.pools import Pools
-from gateway.routing import Routing
+from crossover.gateway.config import POOL_NAMES
+from crossover.gateway.pools import Pools
+from crossover.gateway.routing import Routing
 
 # LLM requests: first tokens from tens of ms (idle) to minutes (deep queues); whole requests up to the total timeout.
 TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.config import PLAIN, SPECULATIVE
+from crossover.gateway.config import PLAIN, SPECULATIVE
 
 BELOW = "below_threshold"
 ABOVE = "above_threshold"

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from gateway.config import PLAIN, POOL_NAMES, SPECULATIVE, HealthSettings, Settings
-from gateway.policy import least_loaded
+from crossover.gateway.config import PLAIN, POOL_NAMES, SPECULATIVE, HealthSettings, Settings
+from crossover.gateway.policy import least_loaded
 
 # Scraped engine load older than this many load intervals is ignored (the engine stopped answering).
 STALE_AFTER_INTERVALS = 3

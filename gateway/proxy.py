@@ -12,12 +12,12 @@ import logging
 import time
 import uuid
 
-from gateway.errors import BodyTooLarge, GatewayError, Overloaded, send_error
-from gateway.exchange import BAD_REQUEST, CLIENT_DISCONNECT, OVERLOADED, Exchange
-from gateway.metrics import NO_POOL
-from gateway.state import GatewayState
-from gateway.upstream import request_headers
-from gateway.validation import parse_generation
+from crossover.gateway.errors import BodyTooLarge, GatewayError, Overloaded, send_error
+from crossover.gateway.exchange import BAD_REQUEST, CLIENT_DISCONNECT, OVERLOADED, Exchange
+from crossover.gateway.metrics import NO_POOL
+from crossover.gateway.state import GatewayState
+from crossover.gateway.upstream import request_headers
+from crossover.gateway.validation import parse_generation
 
 log = logging.getLogger("crossover.proxy")
 

@@ -8,9 +8,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.config import SPECULATIVE, Settings, check_threshold, fit_hysteresis
-from gateway.policy import Decision, spillover, switch
-from gateway.pools import Pools
+from crossover.gateway.config import SPECULATIVE, Settings, check_threshold, fit_hysteresis
+from crossover.gateway.policy import Decision, spillover, switch
+from crossover.gateway.pools import Pools
 
 POLICIES = ("switch", "spillover")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uvicorn
 
-from gateway.app import create_app
-from gateway.config import Settings
+from crossover.gateway.app import create_app
+from crossover.gateway.config import Settings
 
 
 def make_server(settings: Settings, host: str | None = None, port: int | None = None) -> uvicorn.Server:

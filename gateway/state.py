@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from gateway.admission import Admission
-from gateway.config import Settings
-from gateway.metrics import Metrics
-from gateway.pools import Pools
-from gateway.routing import Routing
+from crossover.gateway.admission import Admission
+from crossover.gateway.config import Settings
+from crossover.gateway.metrics import Metrics
+from crossover.gateway.pools import Pools
+from crossover.gateway.routing import Routing
 
 
 @dataclass

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import httpx
 
-from gateway.config import Settings, TimeoutSettings
-from gateway.http1 import Http1Transport
+from crossover.gateway.config import Settings, TimeoutSettings
+from crossover.gateway.http1 import Http1Transport
 
 # Health checks and load scrapes need connections even while every request slot streams.
 PROBE_CONNECTIONS_PER_BACKEND = 4

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from gateway.errors import BackendFailed, BackendTimeout, GatewayError
+from crossover.gateway.errors import BackendFailed, BackendTimeout, GatewayError
 
 HOP_BY_HOP = frozenset(
     {

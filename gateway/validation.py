@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from gateway.errors import InvalidRequest, ModelNotFound
+from crossover.gateway.errors import InvalidRequest, ModelNotFound
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -19,23 +19,34 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from loadtest import plots, results
-from loadtest.apply import ApplyError, apply_threshold
-from loadtest.config import LoadSettings, Target
-from loadtest.runner import probe, run_sweep
-from loadtest.workload import Workload
+from crossover.loadtest import plots, results
+from crossover.loadtest.apply import ApplyError, apply_threshold
+from crossover.loadtest.config import LoadSettings, Target
+from crossover.loadtest.runner import probe, run_sweep
+from crossover.loadtest.workload import Workload
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from loadtest.display import SweepDisplay
+    from crossover.loadtest.display import SweepDisplay
 
 DISCOVERY_TIMEOUT_S = 10.0
 # /server_info fields worth keeping with a run (SGLang names); the rest is large and mostly irrelevant.
 SERVER_INFO_FIELDS = (
-    "version", "model_path", "served_model_name", "tp_size", "max_running_requests", "max_queued_requests",
-    "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-    "cuda_graph_max_bs", "mem_fraction_static", "simulator", "profile",
+    "version",
+    "model_path",
+    "served_model_name",
+    "tp_size",
+    "max_running_requests",
+    "max_queued_requests",
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "cuda_graph_max_bs",
+    "mem_fraction_static",
+    "simulator",
+    "profile",
 )
 
 
@@ -125,8 +136,11 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> dict:
     headers = plan.load.headers
     model = plan.workload_model or await discover_model(plan.targets[0], headers)
     workload = Workload(
-        model=model, output_len=plan.output_len, input_len=plan.input_len,
-        ignore_eos=plan.ignore_eos, extra_body=plan.extra_body,
+        model=model,
+        output_len=plan.output_len,
+        input_len=plan.input_len,
+        ignore_eos=plan.ignore_eos,
+        extra_body=plan.extra_body,
     )
     infos = {t.name: await server_info(t, headers) for t in plan.targets}
     display.out.print(
@@ -148,15 +162,19 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> dict:
         results.write_results(plan.out_dir, partial)
 
     await run_sweep(
-        plan.targets, plan.concurrencies, workload, plan.load,
-        on_level_start=display.level_started, on_level_done=level_done,
+        plan.targets,
+        plan.concurrencies,
+        workload,
+        plan.load,
+        on_level_start=display.level_started,
+        on_level_done=level_done,
     )
     return results.build_results(metadata(plan, workload, infos, started), levels, plan.speculative, plan.plain)
 
 
 def run(plan: BenchPlan) -> int:
     """Run the sweep and everything after it; returns the process exit code."""
-    from loadtest.display import SweepDisplay, print_crossover, print_summary
+    from crossover.loadtest.display import SweepDisplay, print_crossover, print_summary
 
     if plan.plots:
         plots.require_matplotlib()
@@ -201,7 +219,8 @@ def apply_recommendation(console: Console, crossover: dict, url: str | None, tok
         f"applied to {url}: policy {applied.policy}, threshold {applied.old_threshold} -> {applied.new_threshold}"
         + (
             f", hysteresis {applied.old_hysteresis} -> {applied.new_hysteresis}"
-            if applied.new_hysteresis != applied.old_hysteresis else ""
+            if applied.new_hysteresis != applied.old_hysteresis
+            else ""
         )
     )
     return 0

@@ -16,7 +16,7 @@ DEFAULT_INPUT_LEN = 256
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from loadtest.config import DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_WARMUP_ROUNDS
+    from crossover.loadtest.config import DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_WARMUP_ROUNDS
 
     bench = subparsers.add_parser(
         "bench",
@@ -25,22 +25,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "write results.json/results.csv/throughput.png/latency.png, find where the plain target's "
         "throughput meets the speculative one's and recommend a gateway threshold.",
     )
-    bench.add_argument("--target", action="append", default=[], metavar="NAME=URL",
-                       help="a server to benchmark, e.g. speculative=http://127.0.0.1:30001 (repeatable)")
-    bench.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, metavar="C,C,...",
-                       help=f"levels, run in ascending order (default {DEFAULT_CONCURRENCY})")
+    bench.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="a server to benchmark, e.g. speculative=http://127.0.0.1:30001 (repeatable)",
+    )
+    bench.add_argument(
+        "--concurrency",
+        default=DEFAULT_CONCURRENCY,
+        metavar="C,C,...",
+        help=f"levels, run in ascending order (default {DEFAULT_CONCURRENCY})",
+    )
     bench.add_argument("--output-len", type=int, default=DEFAULT_OUTPUT_LEN, help="max_tokens per request")
     bench.add_argument("--input-len", type=int, default=DEFAULT_INPUT_LEN, help="approximate prompt tokens")
     amount = bench.add_mutually_exclusive_group()
-    amount.add_argument("--requests-per-level", type=int, metavar="N",
-                        help="measured requests per target and level (default 3 x C, at least 16)")
-    amount.add_argument("--duration-per-level", type=float, metavar="S",
-                        help="measure each target and level for S seconds instead")
-    bench.add_argument("--warmup-rounds", type=int, default=DEFAULT_WARMUP_ROUNDS, metavar="R",
-                       help=f"unmeasured requests per level, in rounds of C (default {DEFAULT_WARMUP_ROUNDS})")
-    bench.add_argument("--lockstep", action="store_true",
-                       help="start all C workers with full-length requests at once and let them stay in step "
-                       "(bench_serving's and the stand-in's virtual curves' closed loop); default: out of step")
+    amount.add_argument(
+        "--requests-per-level",
+        type=int,
+        metavar="N",
+        help="measured requests per target and level (default 3 x C, at least 16)",
+    )
+    amount.add_argument(
+        "--duration-per-level", type=float, metavar="S", help="measure each target and level for S seconds instead"
+    )
+    bench.add_argument(
+        "--warmup-rounds",
+        type=int,
+        default=DEFAULT_WARMUP_ROUNDS,
+        metavar="R",
+        help=f"unmeasured requests per level, in rounds of C (default {DEFAULT_WARMUP_ROUNDS})",
+    )
+    bench.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="start all C workers with full-length requests at once and let them stay in step "
+        "(bench_serving's and the stand-in's virtual curves' closed loop); default: out of step",
+    )
     bench.add_argument("--model", help="model name to request (default: the first of the first target's /v1/models)")
     bench.add_argument("--speculative", default="speculative", metavar="NAME", help="the speculative target")
     bench.add_argument("--plain", default="plain", metavar="NAME", help="the plain target")
@@ -49,20 +71,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--admin-token", help="gateway admin token (default $CROSSOVER_ADMIN_TOKEN)")
     bench.add_argument("--api-key", help="bearer token for the targets (default $OPENAI_API_KEY)")
     bench.add_argument("--extra-body", default="{}", metavar="JSON", help="fields merged into every request")
-    bench.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                       help="let requests stop at EOS (default: ignore_eos, exactly --output-len tokens)")
-    bench.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S, metavar="S",
-                       help="limit on one whole request")
+    bench.add_argument(
+        "--no-ignore-eos",
+        dest="ignore_eos",
+        action="store_false",
+        help="let requests stop at EOS (default: ignore_eos, exactly --output-len tokens)",
+    )
+    bench.add_argument(
+        "--request-timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        metavar="S",
+        help="limit on one whole request",
+    )
     bench.add_argument("--seed", type=int, default=0, help="seed for prompt generation")
     bench.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNGs")
     bench.set_defaults(run=run_bench)
 
     sub = bench.add_subparsers(dest="bench_command", metavar="{report}")
-    report = sub.add_parser("report", help="re-draw and compare saved runs",
-                            description="Print, re-draw and compare results of earlier `crossover bench` runs.")
+    report = sub.add_parser(
+        "report",
+        help="re-draw and compare saved runs",
+        description="Print, re-draw and compare results of earlier `crossover bench` runs.",
+    )
     report.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="run directories (or results.json)")
-    report.add_argument("--out", type=Path, help="where to draw (default: the run's own directory for one run, "
-                        "./crossover-report for several)")
+    report.add_argument(
+        "--out",
+        type=Path,
+        help="where to draw (default: the run's own directory for one run, ./crossover-report for several)",
+    )
     report.add_argument("--speculative", metavar="NAME", help="re-analyse with this speculative target")
     report.add_argument("--plain", metavar="NAME", help="re-analyse with this plain target")
     report.add_argument("--no-plots", dest="plots", action="store_false", help="tables only")
@@ -76,7 +113,7 @@ class UsageError(Exception):
 
 
 def parse_targets(values: list[str]):
-    from loadtest.config import Target
+    from crossover.loadtest.config import Target
 
     if not values:
         raise UsageError("give at least one --target NAME=URL")
@@ -121,17 +158,20 @@ def _fail(exc: Exception, code: int) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from loadtest.bench import BenchPlan, run
-    from loadtest.config import LoadSettings
-    from loadtest.extras import MissingExtra
+    from crossover.loadtest.bench import BenchPlan, run
+    from crossover.loadtest.config import LoadSettings
+    from crossover.loadtest.extras import MissingExtra
 
     try:
         targets = parse_targets(args.target)
         concurrencies = parse_concurrency(args.concurrency)
-        for name, value in (("--output-len", args.output_len), ("--input-len", args.input_len),
-                            ("--requests-per-level", args.requests_per_level),
-                            ("--duration-per-level", args.duration_per_level),
-                            ("--request-timeout", args.request_timeout)):
+        for name, value in (
+            ("--output-len", args.output_len),
+            ("--input-len", args.input_len),
+            ("--requests-per-level", args.requests_per_level),
+            ("--duration-per-level", args.duration_per_level),
+            ("--request-timeout", args.request_timeout),
+        ):
             _positive(name, value)
         if args.warmup_rounds < 0:
             raise UsageError(f"--warmup-rounds must be 0 or more, got {args.warmup_rounds}")
@@ -177,8 +217,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from loadtest.extras import MissingExtra
-    from loadtest.report import run_report as report
+    from crossover.loadtest.extras import MissingExtra
+    from crossover.loadtest.report import run_report as report
 
     try:
         token = _admin_token(args)

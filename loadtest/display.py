@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Self
 
-from loadtest.client import RequestResult
-from loadtest.config import Target
-from loadtest.extras import require
+from crossover.loadtest.client import RequestResult
+from crossover.loadtest.config import Target
+from crossover.loadtest.extras import require
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -84,19 +84,27 @@ class SweepDisplay:
 def print_summary(console: Console, levels: list[dict], title: str = "crossover bench") -> None:
     table = require("rich.table", "the summary table").Table(title=title)
     columns = [
-        ("target", "target", None), ("C", "concurrency", None), ("ok", "completed", None), ("fail", "failed", None),
-        ("req/s", "request_throughput", 2), ("out tok/s", "output_throughput", 1),
-        ("meas. C", "measured_concurrency", 1), ("TTFT p50 ms", "median_ttft_ms", 1),
-        ("TTFT p99 ms", "p99_ttft_ms", 1), ("TPOT p50 ms", "median_tpot_ms", 2),
-        ("ITL/chunk p50 ms", "median_itl_ms", 2), ("ITL/token p50 ms", "median_token_itl_ms", 2),
-        ("E2E p50 ms", "median_e2e_latency_ms", 0), ("tok/chunk", "mean_tokens_per_chunk", 2),
+        ("target", "target", None),
+        ("C", "concurrency", None),
+        ("ok", "completed", None),
+        ("fail", "failed", None),
+        ("req/s", "request_throughput", 2),
+        ("out tok/s", "output_throughput", 1),
+        ("meas. C", "measured_concurrency", 1),
+        ("TTFT p50 ms", "median_ttft_ms", 1),
+        ("TTFT p99 ms", "p99_ttft_ms", 1),
+        ("TPOT p50 ms", "median_tpot_ms", 2),
+        ("ITL/chunk p50 ms", "median_itl_ms", 2),
+        ("ITL/token p50 ms", "median_token_itl_ms", 2),
+        ("E2E p50 ms", "median_e2e_latency_ms", 0),
+        ("tok/chunk", "mean_tokens_per_chunk", 2),
     ]
     for header, *_ in columns:
         table.add_column(header, justify="left" if header == "target" else "right")
     for level in sorted(levels, key=lambda lv: (lv["target"], lv["concurrency"])):
-        table.add_row(*(
-            str(level[key]) if digits is None else _fmt(level.get(key), digits) for _, key, digits in columns
-        ))
+        table.add_row(
+            *(str(level[key]) if digits is None else _fmt(level.get(key), digits) for _, key, digits in columns)
+        )
     console.print(table)
 
 
@@ -126,8 +134,11 @@ def print_crossover(console: Console, crossover: dict, queueing: list[dict]) -> 
         if failures:
             note += f" ({failures} failed)"
         table.add_row(
-            str(row["concurrency"]), _fmt(row["speculative_output_throughput"]),
-            _fmt(row["plain_output_throughput"]), _fmt(row["plain_over_speculative"], 3), note,
+            str(row["concurrency"]),
+            _fmt(row["speculative_output_throughput"]),
+            _fmt(row["plain_output_throughput"]),
+            _fmt(row["plain_over_speculative"], 3),
+            note,
         )
     console.print(table)
     c, status = crossover["concurrency"], crossover["status"]

@@ -16,5 +16,5 @@ def require(module: str, purpose: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError:
-        top = module.split(".")[0]
+        top = module.split(".", maxsplit=1)[0]
         raise MissingExtra(f"{purpose} needs {top}, which is not installed: {INSTALL_HINT}") from None

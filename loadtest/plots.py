@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtest.extras import require
+from crossover.loadtest.extras import require
 
 THROUGHPUT_PNG = "throughput.png"
 LATENCY_PNG = "latency.png"
@@ -45,9 +45,7 @@ def _plot(ax, series: list[Series], field: str, markers: list[Marker], ylabel: s
     ticker = require("matplotlib.ticker", "drawing plots")
     levels = sorted({lv["concurrency"] for s in series for lv in s.levels})
     for s in series:
-        points = sorted(
-            (lv["concurrency"], lv[field]) for lv in s.levels if lv.get(field) is not None
-        )
+        points = sorted((lv["concurrency"], lv[field]) for lv in s.levels if lv.get(field) is not None)
         if points:
             ax.plot([c for c, _ in points], [v for _, v in points], "o-", label=s.label)
     for i, m in enumerate(markers):

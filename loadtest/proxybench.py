@@ -1,7 +1,7 @@
 """Is the gateway the bottleneck? One zero-delay backend, driven directly, through crossover and through
 sglang-router, in one run on one machine (issue 3's performance bar).
 
-    python -m loadtest.proxybench --markdown bench-out/proxybench.md
+    python -m crossover.loadtest.proxybench --markdown bench-out/proxybench.md
 
 Each cell (streaming with --max-tokens chunks and not, at each concurrency, then a paced run whose
 chunks come --paced-delay-ms apart) runs the load generator (`loadtest.proxyload`, its own process)
@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtest.proxyreport import CROSSOVER, DIRECT, ROUTER, Bar, check_bar, render_markdown, render_text
-from servers import process
+from crossover.loadtest.proxyreport import CROSSOVER, DIRECT, ROUTER, Bar, check_bar, render_markdown, render_text
+from crossover.servers import process
 
 HOST = "127.0.0.1"
 TARGETS = (DIRECT, CROSSOVER, ROUTER)
@@ -94,13 +94,17 @@ def router_python(explicit: Path | None) -> Path:
         return explicit
     python = DEFAULT_ROUTER_VENV / "bin" / "python"
     probe = [str(python), "-c", "import sglang_router"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+    if python.exists() and subprocess.run(probe, capture_output=True, check=False).returncode == 0:
         return python
     print(f"proxybench: installing {ROUTER_REQUIREMENT} into {DEFAULT_ROUTER_VENV}", file=sys.stderr)
     try:
         subprocess.run([sys.executable, "-m", "venv", str(DEFAULT_ROUTER_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", ROUTER_REQUIREMENT], check=True,
-                       timeout=VENV_INSTALL_TIMEOUT_S, stdout=sys.stderr)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", ROUTER_REQUIREMENT],
+            check=True,
+            timeout=VENV_INSTALL_TIMEOUT_S,
+            stdout=sys.stderr,
+        )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
         raise SetupError(f"could not install {ROUTER_REQUIREMENT}: {exc}") from exc
     return python
@@ -126,23 +130,72 @@ def running_targets(targets: tuple[str, ...], chunk_delay_ms: float, router: Pat
         try:
             port, second_port = process.free_port(HOST), process.free_port(HOST)
             backend_url = f"http://{HOST}:{port}"
-            procs.append(_spawn([sys.executable, "-m", "loadtest.zerobackend", "--host", HOST, "--port", str(port),
-                                 "--port", str(second_port), "--chunk-delay-ms", str(chunk_delay_ms)], repo))
+            procs.append(
+                _spawn(
+                    [
+                        sys.executable,
+                        "-m",
+                        "crossover.loadtest.zerobackend",
+                        "--host",
+                        HOST,
+                        "--port",
+                        str(port),
+                        "--port",
+                        str(second_port),
+                        "--chunk-delay-ms",
+                        str(chunk_delay_ms),
+                    ],
+                    repo,
+                )
+            )
             wait_serving(backend_url, procs[-1])
             urls = {DIRECT: backend_url}
             if CROSSOVER in targets:
                 config = _crossover_config(Path(tmp), backend_url, f"http://{HOST}:{second_port}")
                 urls[CROSSOVER] = f"http://{HOST}:{process.free_port(HOST)}"
-                procs.append(_spawn([sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
-                                     "--host", HOST, "--port", urls[CROSSOVER].rsplit(":", 1)[1]], repo))
+                procs.append(
+                    _spawn(
+                        [
+                            sys.executable,
+                            "-m",
+                            "crossover.gateway.cli",
+                            "serve",
+                            "--config",
+                            str(config),
+                            "--host",
+                            HOST,
+                            "--port",
+                            urls[CROSSOVER].rsplit(":", 1)[1],
+                        ],
+                        repo,
+                    )
+                )
                 wait_serving(urls[CROSSOVER], procs[-1])
             if ROUTER in targets:
                 assert router is not None
                 urls[ROUTER] = f"http://{HOST}:{process.free_port(HOST)}"
-                procs.append(_spawn([
-                    str(router), "-m", "sglang_router.launch_router", "--worker-urls", backend_url,
-                    "--policy", "round_robin", "--host", HOST, "--port", urls[ROUTER].rsplit(":", 1)[1],
-                    "--prometheus-port", str(process.free_port(HOST)), "--log-level", "warn"], Path(tmp)))
+                procs.append(
+                    _spawn(
+                        [
+                            str(router),
+                            "-m",
+                            "sglang_router.launch_router",
+                            "--worker-urls",
+                            backend_url,
+                            "--policy",
+                            "round_robin",
+                            "--host",
+                            HOST,
+                            "--port",
+                            urls[ROUTER].rsplit(":", 1)[1],
+                            "--prometheus-port",
+                            str(process.free_port(HOST)),
+                            "--log-level",
+                            "warn",
+                        ],
+                        Path(tmp),
+                    )
+                )
                 wait_serving(urls[ROUTER], procs[-1])
             yield {name: urls[name] for name in targets}
         finally:
@@ -157,12 +210,29 @@ def run_cell(url: str, cell: Cell, plan: Plan) -> dict:
     # burst of C; the warm-up covers that ramp plus the first streams' lives, so rates are steady.
     stream_s = cell.max_tokens * plan.paced_delay_ms / 1000.0 if paced else 0.0
     warmup = max(plan.warmup, 2.5 * stream_s)
-    argv = [sys.executable, "-m", "loadtest.proxyload", "--url", url, "--concurrency", str(cell.concurrency),
-            "--max-tokens", str(cell.max_tokens), "--timeout", str(plan.timeout), "--ramp", str(stream_s)]
+    argv = [
+        sys.executable,
+        "-m",
+        "crossover.loadtest.proxyload",
+        "--url",
+        url,
+        "--concurrency",
+        str(cell.concurrency),
+        "--max-tokens",
+        str(cell.max_tokens),
+        "--timeout",
+        str(plan.timeout),
+        "--ramp",
+        str(stream_s),
+    ]
     argv += ["--stream"] if cell.stream else []
-    argv += ["--requests", str(plan.requests)] if plan.requests else ["--duration", str(duration), "--warmup", str(warmup)]
+    argv += (
+        ["--requests", str(plan.requests)] if plan.requests else ["--duration", str(duration), "--warmup", str(warmup)]
+    )
     limit = duration + warmup + plan.timeout + CELL_SLACK_S
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=limit, cwd=Path(__file__).resolve().parent.parent)
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=limit, check=False, cwd=Path(__file__).resolve().parent.parent
+    )
     if done.returncode != 0:
         raise SetupError(f"the load generator failed ({shlex.join(argv)}):\n{done.stderr.strip()}")
     return json.loads(done.stdout)
@@ -181,8 +251,12 @@ def run(plan: Plan, targets: tuple[str, ...], router: Path | None) -> list[dict]
                     direct = report["rps"] if name == DIRECT else direct
                     ratio = round(report["rps"] / direct, 3) if direct else None
                     rows.append({"kind": cell.kind, "target": name, "ratio": ratio, **report})
-                    print(f"proxybench: {cell.kind} C={cell.concurrency} {name}: {report['rps']} req/s, "
-                          f"{report['errors']} errors", file=sys.stderr, flush=True)
+                    print(
+                        f"proxybench: {cell.kind} C={cell.concurrency} {name}: {report['rps']} req/s, "
+                        f"{report['errors']} errors",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     return rows
 
 
@@ -205,7 +279,9 @@ def _targets(text: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.proxybench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m crossover.loadtest.proxybench", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--targets", type=_targets, default=TARGETS, help="comma-separated (default: all three)")
     parser.add_argument("--concurrency", type=_ints, default=Plan.concurrency, help="default 1,32,256")
     parser.add_argument("--max-tokens", type=int, default=Plan.max_tokens, help="chunks per stream (default 64)")
@@ -229,8 +305,18 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if min(args.max_tokens, args.paced_concurrency, args.requests or 1) < 1 or min(args.duration, args.timeout) <= 0:
         build_parser().error("--max-tokens, --paced-concurrency, --requests, --duration and --timeout must be positive")
-    plan = Plan(args.concurrency, args.max_tokens, args.duration, args.warmup, args.requests, args.paced,
-                args.paced_concurrency, args.paced_delay_ms, args.paced_duration, args.timeout)
+    plan = Plan(
+        args.concurrency,
+        args.max_tokens,
+        args.duration,
+        args.warmup,
+        args.requests,
+        args.paced,
+        args.paced_concurrency,
+        args.paced_delay_ms,
+        args.paced_duration,
+        args.timeout,
+    )
     try:
         router = router_python(args.router_python) if ROUTER in args.targets else None
         rows = run(plan, args.targets, router)
@@ -238,15 +324,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"proxybench: {exc}", file=sys.stderr)
         return 2
     bars: list[Bar] = check_bar(rows)
-    command = shlex.join(["python", "-m", "loadtest.proxybench", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "-m", "crossover.loadtest.proxybench", *(sys.argv[1:] if argv is None else argv)])
     print(render_text(rows, bars))
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(render_markdown(rows, bars, command))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"command": command, "rows": rows,
-                                         "bar": [bar.__dict__ for bar in bars]}, indent=1))
+        args.json.write_text(
+            json.dumps({"command": command, "rows": rows, "bar": [bar.__dict__ for bar in bars]}, indent=1)
+        )
     return 1 if any(bar.passed is False for bar in bars) else 0
 
 

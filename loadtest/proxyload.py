@@ -3,12 +3,12 @@
 C workers each hold one keep-alive connection and send the same chat completion request back to back,
 for a duration (after a warm-up) or for a fixed number of requests. With --ramp the workers start one
 after another instead of all at once: long requests started together stay in lock-step (they end
-together and restart together), a burst pattern no real population of clients produces. The client is a bare asyncio protocol
-on httptools and uvloop: a general-purpose client would spend more CPU per request than the proxies under
-test do. Prints one JSON object: req/s, p50/p99 latency and time to first body chunk (ms), errors by kind,
-and `sent == ok + errors` over the whole run so no request goes unaccounted.
+together and restart together), a burst pattern no real population of clients produces. The client is a
+bare asyncio protocol on httptools and uvloop: a general-purpose client would spend more CPU per request
+than the proxies under test do. Prints one JSON object: req/s, p50/p99 latency and time to first body
+chunk (ms), errors by kind, and `sent == ok + errors` over the whole run so no request goes unaccounted.
 
-    python -m loadtest.proxyload --url http://127.0.0.1:8000 --concurrency 32 --stream --duration 5
+    python -m crossover.loadtest.proxyload --url http://127.0.0.1:8000 --concurrency 32 --stream --duration 5
 """
 
 from __future__ import annotations
@@ -143,12 +143,18 @@ class LoadSpec:
 
 def build_request(spec: LoadSpec) -> bytes:
     parts = urlsplit(spec.url)
-    body = json.dumps({
-        "model": "zero", "messages": [{"role": "user", "content": "Say something."}],
-        "max_tokens": spec.max_tokens, "stream": spec.stream,
-    }).encode()
-    head = (f"POST {parts.path.rstrip('/')}{PATH} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-            f"Content-Type: application/json\r\nAccept: */*\r\nContent-Length: {len(body)}\r\n\r\n")
+    body = json.dumps(
+        {
+            "model": "zero",
+            "messages": [{"role": "user", "content": "Say something."}],
+            "max_tokens": spec.max_tokens,
+            "stream": spec.stream,
+        }
+    ).encode()
+    head = (
+        f"POST {parts.path.rstrip('/')}{PATH} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+        f"Content-Type: application/json\r\nAccept: */*\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -189,11 +195,12 @@ async def run_load(spec: LoadSpec) -> dict:
                 if conn is None or not conn.reusable:
                     _, conn = await asyncio.wait_for(
                         loop.create_connection(lambda: Connection(loop, spec.stream), host, port),
-                        DEFAULT_CONNECT_TIMEOUT_S)
+                        DEFAULT_CONNECT_TIMEOUT_S,
+                    )
                 waiter = conn.send(request)
                 timer = loop.call_later(spec.timeout, conn.fail, "timeout")
                 first = await waiter
-            except (RequestFailed, OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, RequestFailed, OSError) as exc:
                 tally.errors[getattr(exc, "kind", type(exc).__name__)] += 1
                 if window_start <= time.perf_counter() <= window_end:
                     tally.window_errors += 1
@@ -218,18 +225,27 @@ async def run_load(spec: LoadSpec) -> dict:
     latencies = [t1 - t0 for t0, _, t1 in measured]
     ttfcs = [first - t0 for t0, first, _ in measured]
     return {
-        "url": spec.url, "concurrency": spec.concurrency, "stream": spec.stream, "max_tokens": spec.max_tokens,
-        "window_s": round(window_end - window_start, 3), "completed": len(measured),
+        "url": spec.url,
+        "concurrency": spec.concurrency,
+        "stream": spec.stream,
+        "max_tokens": spec.max_tokens,
+        "window_s": round(window_end - window_start, 3),
+        "completed": len(measured),
         "rps": round(tally.rate(window_start, window_end), 1),
-        "latency_p50_ms": _percentile(latencies, 0.50), "latency_p99_ms": _percentile(latencies, 0.99),
-        "ttfc_p50_ms": _percentile(ttfcs, 0.50), "ttfc_p99_ms": _percentile(ttfcs, 0.99),
-        "sent": tally.sent, "ok": tally.ok, "errors": sum(tally.errors.values()),
-        "window_errors": tally.window_errors, "error_kinds": dict(tally.errors),
+        "latency_p50_ms": _percentile(latencies, 0.50),
+        "latency_p99_ms": _percentile(latencies, 0.99),
+        "ttfc_p50_ms": _percentile(ttfcs, 0.50),
+        "ttfc_p99_ms": _percentile(ttfcs, 0.99),
+        "sent": tally.sent,
+        "ok": tally.ok,
+        "errors": sum(tally.errors.values()),
+        "window_errors": tally.window_errors,
+        "error_kinds": dict(tally.errors),
     }
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.proxyload", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m crossover.loadtest.proxyload", description=__doc__.split("\n")[0])
     parser.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--stream", action="store_true")
@@ -238,13 +254,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
     parser.add_argument("--requests", type=int, help="send exactly this many instead (no warm-up)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S, help="per request")
-    parser.add_argument("--ramp", type=float, default=0.0,
-                        help="spread the workers' first requests evenly over this many seconds")
+    parser.add_argument(
+        "--ramp", type=float, default=0.0, help="spread the workers' first requests evenly over this many seconds"
+    )
     args = parser.parse_args(argv)
     if args.concurrency < 1 or args.max_tokens < 1 or args.duration <= 0 or args.ramp < 0:
         parser.error("--concurrency, --max-tokens and --duration must be positive, --ramp not negative")
-    spec = LoadSpec(args.url, args.concurrency, args.stream, args.max_tokens, args.duration, args.warmup,
-                    args.requests, args.timeout, args.ramp)
+    spec = LoadSpec(
+        args.url,
+        args.concurrency,
+        args.stream,
+        args.max_tokens,
+        args.duration,
+        args.warmup,
+        args.requests,
+        args.timeout,
+        args.ramp,
+    )
     json.dump(uvloop.run(run_load(spec)), sys.stdout)
     sys.stdout.write("\n")
 

@@ -1,6 +1,6 @@
 """The proxy benchmark's verdict: issue 3's bar checked line by line, and the table as text or markdown.
 
-Rows are `loadtest.proxybench.run` output: proxyload reports plus `kind` (stream / non-stream / paced),
+Rows are `crossover.loadtest.proxybench.run` output: proxyload reports plus `kind` (stream / non-stream / paced),
 `target` (direct / crossover / sglang-router) and `ratio` (req/s over direct's in the same cell).
 A bar line whose inputs were not measured (a target or a cell left out) is reported as SKIP, not FAIL.
 """
@@ -48,11 +48,15 @@ def check_bar(rows: list[dict]) -> list[Bar]:
         if ours is None or theirs is None:
             bars.append(Bar(line, None, "not measured"))
         else:
-            bars.append(Bar(line, ours <= LATENCY_FACTOR * theirs, f"crossover +{ours:.3f} ms, sglang-router +{theirs:.3f} ms"))
+            bars.append(
+                Bar(line, ours <= LATENCY_FACTOR * theirs, f"crossover +{ours:.3f} ms, sglang-router +{theirs:.3f} ms")
+            )
 
     ours = _added(rows, "stream", 1, CROSSOVER, "ttfc_p50_ms")
     line = f"stream C=1: crossover's added p50 time to first chunk < {TTFC_ADDED_MAX_MS:g} ms"
-    bars.append(Bar(line, None, "not measured") if ours is None else Bar(line, ours < TTFC_ADDED_MAX_MS, f"+{ours:.3f} ms"))
+    bars.append(
+        Bar(line, None, "not measured") if ours is None else Bar(line, ours < TTFC_ADDED_MAX_MS, f"+{ours:.3f} ms")
+    )
 
     for c in sorted({r["concurrency"] for r in rows if r["kind"] == "stream" and r["concurrency"] > 1}):
         ours, theirs = _row(rows, "stream", c, CROSSOVER), _row(rows, "stream", c, ROUTER)
@@ -72,13 +76,21 @@ def check_bar(rows: list[dict]) -> list[Bar]:
         bars.append(Bar(line, ours["rps"] >= PACED_RPS_FRACTION * direct["rps"], f"{ours['ratio']:.1%} of direct"))
     added = _added(rows, "paced", c, CROSSOVER, "ttfc_p50_ms")
     line = f"paced C={c}: crossover's p50 time to first chunk <= direct's + {PACED_TTFC_ADDED_MAX_MS:g} ms"
-    bars.append(Bar(line, None, "not measured") if added is None else
-                Bar(line, added <= PACED_TTFC_ADDED_MAX_MS, f"+{added:.3f} ms"))
+    bars.append(
+        Bar(line, None, "not measured")
+        if added is None
+        else Bar(line, added <= PACED_TTFC_ADDED_MAX_MS, f"+{added:.3f} ms")
+    )
 
     ours_rows = [r for r in rows if r["target"] == CROSSOVER]
     errors = sum(r["errors"] for r in ours_rows)
-    bars.append(Bar("no failed requests through crossover", errors == 0 if ours_rows else None,
-                    f"{errors} errors in {sum(r['sent'] for r in ours_rows)} requests"))
+    bars.append(
+        Bar(
+            "no failed requests through crossover",
+            errors == 0 if ours_rows else None,
+            f"{errors} errors in {sum(r['sent'] for r in ours_rows)} requests",
+        )
+    )
     return bars
 
 
@@ -92,16 +104,23 @@ def _cells(row: dict) -> tuple[str, ...]:
     streamed = row["kind"] != "non-stream"
     ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
     return (
-        row["kind"], str(row["concurrency"]), row["target"], f"{row['rps']:.0f}", ratio,
-        ms(row["latency_p50_ms"]), ms(row["latency_p99_ms"]),
-        ms(row["ttfc_p50_ms"]) if streamed else "-", ms(row["ttfc_p99_ms"]) if streamed else "-", str(row["errors"]),
+        row["kind"],
+        str(row["concurrency"]),
+        row["target"],
+        f"{row['rps']:.0f}",
+        ratio,
+        ms(row["latency_p50_ms"]),
+        ms(row["latency_p99_ms"]),
+        ms(row["ttfc_p50_ms"]) if streamed else "-",
+        ms(row["ttfc_p99_ms"]) if streamed else "-",
+        str(row["errors"]),
     )
 
 
 def render_text(rows: list[dict], bars: list[Bar]) -> str:
     table = [HEADER] + [_cells(row) for row in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(HEADER))]
-    lines = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in table]
+    lines = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=False)) for line in table]
     lines.append("")
     lines += [f"{bar.verdict}  {bar.line} ({bar.detail})" for bar in bars]
     return "\n".join(lines)

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loadtest import plots
-from loadtest.bench import apply_recommendation
-from loadtest.results import ResultsError, crossover_section, load_results
+from crossover.loadtest import plots
+from crossover.loadtest.bench import apply_recommendation
+from crossover.loadtest.results import ResultsError, crossover_section, load_results
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -35,7 +35,7 @@ def run_report(
     apply_url: str | None,
     admin_token: str | None,
 ) -> int:
-    from loadtest.display import make_console, print_crossover, print_summary
+    from crossover.loadtest.display import make_console, print_crossover, print_summary
 
     console = make_console()
     if draw:
@@ -53,13 +53,14 @@ def run_report(
         if speculative or plain:
             # Re-analysed with other names; the file on disk is left as it was measured.
             run["crossover"] = crossover_section(
-                run["levels"], speculative or run["crossover"].get("speculative") or "speculative",
+                run["levels"],
+                speculative or run["crossover"].get("speculative") or "speculative",
                 plain or run["crossover"].get("plain") or "plain",
             )
         runs.append(run)
 
     labels = _labels(dirs)
-    for label, run in zip(labels, runs):
+    for label, run in zip(labels, runs, strict=False):
         print_summary(console, run["levels"], title=f"{label}: {run['metadata'].get('model', '')}")
         print_crossover(console, run["crossover"], run.get("queueing", []))
     if len(runs) > 1:
@@ -68,7 +69,7 @@ def run_report(
     if draw:
         target_dir = out or (dirs[0] if len(dirs) == 1 and dirs[0].is_dir() else DEFAULT_COMPARE_DIR)
         series, markers = [], []
-        for label, run in zip(labels, runs):
+        for label, run in zip(labels, runs, strict=False):
             s, m = plots.series_of(run, prefix=f"{label}/" if len(runs) > 1 else "")
             series += s
             markers += m
@@ -78,12 +79,12 @@ def run_report(
 
 
 def _compare(console: Console, labels: list[str], runs: list[dict]) -> None:
-    from loadtest.extras import require
+    from crossover.loadtest.extras import require
 
     table = require("rich.table", "bench report").Table(title="runs compared")
     for header in ("run", "model", "in/out tokens", "crossover C", "switch", "spillover", "max tok/s per target"):
         table.add_column(header)
-    for label, run in zip(labels, runs):
+    for label, run in zip(labels, runs, strict=False):
         meta, cross = run["metadata"], run["crossover"]
         rec = cross.get("recommended_threshold") or {}
         peaks: dict[str, float] = {}
@@ -91,8 +92,12 @@ def _compare(console: Console, labels: list[str], runs: list[dict]) -> None:
             peaks[lv["target"]] = max(peaks.get(lv["target"], 0.0), lv["output_throughput"])
         c = cross.get("concurrency")
         table.add_row(
-            label, str(meta.get("model", "")), f"{meta.get('input_len', '?')}/{meta.get('output_len', '?')}",
-            "-" if c is None else f"{c:.2f}", str(rec.get("switch", "-")), str(rec.get("spillover", "-")),
+            label,
+            str(meta.get("model", "")),
+            f"{meta.get('input_len', '?')}/{meta.get('output_len', '?')}",
+            "-" if c is None else f"{c:.2f}",
+            str(rec.get("switch", "-")),
+            str(rec.get("spillover", "-")),
             ", ".join(f"{name} {peak:,.0f}" for name, peak in peaks.items()),
         )
     console.print(table)

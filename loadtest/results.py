@@ -11,17 +11,26 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from loadtest.crossover import analyse
-from loadtest.saturation import find_queueing
-from loadtest.stats import LATENCY_METRICS
+from crossover.loadtest.crossover import analyse
+from crossover.loadtest.saturation import find_queueing
+from crossover.loadtest.stats import LATENCY_METRICS
 
 SCHEMA_VERSION = 1
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
 
 CSV_FIELDS = [
-    "target", "concurrency", "completed", "failed", "duration_s", "request_throughput", "input_throughput",
-    "output_throughput", "total_input_tokens", "total_output_tokens", "measured_concurrency",
+    "target",
+    "concurrency",
+    "completed",
+    "failed",
+    "duration_s",
+    "request_throughput",
+    "input_throughput",
+    "output_throughput",
+    "total_input_tokens",
+    "total_output_tokens",
+    "measured_concurrency",
     "mean_tokens_per_chunk",
     *(f"{stat}_{name}" for name in LATENCY_METRICS for stat in ("mean", "median", "std", "p90", "p99")),
     "errors",

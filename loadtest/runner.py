@@ -31,10 +31,10 @@ from collections.abc import Callable, Sequence
 import certifi
 import httpx
 
-from loadtest.client import RequestResult, run_request
-from loadtest.config import LoadSettings, Target
-from loadtest.stats import summarize
-from loadtest.workload import Workload, make_prompt, request_body
+from crossover.loadtest.client import RequestResult, run_request
+from crossover.loadtest.config import LoadSettings, Target
+from crossover.loadtest.stats import summarize
+from crossover.loadtest.workload import Workload, make_prompt, request_body
 
 # Below uvicorn's 5 s idle timeout, so a pooled connection is never reused just as the server closes it.
 DEFAULT_KEEPALIVE_EXPIRY_S = 2.0
@@ -56,7 +56,9 @@ def make_client(load: LoadSettings, tls: ssl.SSLContext) -> httpx.AsyncClient:
     """
     return httpx.AsyncClient(
         verify=tls,
-        limits=httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=DEFAULT_KEEPALIVE_EXPIRY_S),
+        limits=httpx.Limits(
+            max_connections=1, max_keepalive_connections=1, keepalive_expiry=DEFAULT_KEEPALIVE_EXPIRY_S
+        ),
         timeout=httpx.Timeout(
             connect=load.connect_timeout_s,
             read=load.read_timeout_s,
@@ -166,8 +168,11 @@ async def probe(target: Target, workload: Workload, load: LoadSettings) -> Reque
     prompt = make_prompt(random.Random(load.seed), 0, short.input_len)
     async with make_client(load, tls_context()) as client:
         return await run_request(
-            client, target.chat_url, json.dumps(request_body(short, prompt)).encode(),
-            {"Content-Type": "application/json", **load.headers}, load.request_timeout_s,
+            client,
+            target.chat_url,
+            json.dumps(request_body(short, prompt)).encode(),
+            {"Content-Type": "application/json", **load.headers},
+            load.request_timeout_s,
         )
 
 

@@ -25,11 +25,13 @@ def find_queueing(levels: list[dict]) -> list[dict]:
             gain = hi["output_throughput"] / lo["output_throughput"]
             growth = ttft_hi / ttft_lo
             if gain < FLAT_THROUGHPUT_GAIN and growth >= TTFT_GROWTH:
-                found.append({
-                    "target": name,
-                    "from_concurrency": lo["concurrency"],
-                    "to_concurrency": hi["concurrency"],
-                    "throughput_gain": gain,
-                    "ttft_growth": growth,
-                })
+                found.append(
+                    {
+                        "target": name,
+                        "from_concurrency": lo["concurrency"],
+                        "to_concurrency": hi["concurrency"],
+                        "throughput_gain": gain,
+                        "ttft_growth": growth,
+                    }
+                )
     return found

@@ -26,7 +26,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from loadtest.client import RequestResult
+from crossover.loadtest.client import RequestResult
 
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "token_itl_ms", "e2e_latency_ms")
 MAX_ERROR_KINDS = 10  # distinct failure reasons kept per level
@@ -71,7 +71,7 @@ def token_gaps(result: RequestResult) -> list[float]:
     """Per-token inter-token latencies of one request (seconds): each chunk gap split over its tokens."""
     counts = chunk_token_counts(result, 1.0)
     out: list[float] = []
-    for gap, tokens in zip(result.chunk_gaps, counts[1:]):
+    for gap, tokens in zip(result.chunk_gaps, counts[1:], strict=False):
         if result.chunk_tokens is None:
             out.append(gap / max(tokens, 1.0))  # an estimate: one sample per chunk
         else:
@@ -108,7 +108,7 @@ def summarize(
         if not weight:
             continue
         counts = chunk_token_counts(r, level_per_chunk)
-        arrived = [k for t, k in zip(r.chunk_times, counts) if t0 < t <= t1]
+        arrived = [k for t, k in zip(r.chunk_times, counts, strict=False) if t0 < t <= t1]
         output_tokens += weight * sum(arrived)
         window_chunks += weight * len(arrived)
     input_tokens = sum(r.prompt_tokens for r in ok)

@@ -6,7 +6,7 @@ answers what SGLang's router reads when a worker registers (`/server_info`, `/mo
 `/get_*` names), `/health` and `/v1/models`. The HTTP layer is a bare asyncio protocol on httptools and
 uvloop, because every microsecond spent here is taken from the proxy under test on a shared CPU.
 
-    python -m loadtest.zerobackend --port 31000 --chunk-delay-ms 20
+    python -m crossover.loadtest.zerobackend --port 31000 --chunk-delay-ms 20
 
 Repeating `--port` serves the same backend on several ports, so a gateway that wants distinct backend
 addresses per pool can still be pointed twice at one backend.
@@ -42,7 +42,10 @@ def _head(status: str, content_type: bytes, length: int | None, keep_alive: bool
     framing = b"transfer-encoding: chunked" if length is None else b"content-length: %d" % length
     conn = b"keep-alive" if keep_alive else b"close"
     return b"HTTP/1.1 %s\r\ncontent-type: %s\r\n%s\r\nconnection: %s\r\n\r\n" % (
-        status.encode(), content_type, framing, conn,
+        status.encode(),
+        content_type,
+        framing,
+        conn,
     )
 
 
@@ -56,29 +59,63 @@ class Canned:
     def __init__(self) -> None:
         created = int(time.time())
         base = {"id": "chatcmpl-zero", "object": "chat.completion.chunk", "created": created, "model": MODEL}
-        self.token = _chunk(_sse({**base, "choices": [{"index": 0, "delta": {"content": "tok "}, "finish_reason": None}]}))
-        self.first = _chunk(_sse({**base, "choices": [
-            {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}))
+        self.token = _chunk(
+            _sse({**base, "choices": [{"index": 0, "delta": {"content": "tok "}, "finish_reason": None}]})
+        )
+        self.first = _chunk(
+            _sse(
+                {
+                    **base,
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                }
+            )
+        )
         self.last = _chunk(_sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}))
         self.done = _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
         self.created = created
         self.server_info = {
-            "model_path": MODEL, "served_model_name": MODEL, "tokenizer_path": MODEL, "tp_size": 1, "dp_size": 1,
-            "max_running_requests": 4096, "internal_states": [{}], "version": "0.0.0-zerobackend",
+            "model_path": MODEL,
+            "served_model_name": MODEL,
+            "tokenizer_path": MODEL,
+            "tp_size": 1,
+            "dp_size": 1,
+            "max_running_requests": 4096,
+            "internal_states": [{}],
+            "version": "0.0.0-zerobackend",
         }
         self.model_info = {
-            "model_path": MODEL, "tokenizer_path": MODEL, "served_model_name": MODEL, "is_generation": True,
-            "weight_version": "default", "has_image_understanding": False, "has_audio_understanding": False,
+            "model_path": MODEL,
+            "tokenizer_path": MODEL,
+            "served_model_name": MODEL,
+            "is_generation": True,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
         }
-        self.models = {"object": "list", "data": [{
-            "id": MODEL, "object": "model", "created": created, "owned_by": "sglang", "root": MODEL,
-            "parent": None, "max_model_len": 1 << 20}]}
+        self.models = {
+            "object": "list",
+            "data": [
+                {
+                    "id": MODEL,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "sglang",
+                    "root": MODEL,
+                    "parent": None,
+                    "max_model_len": 1 << 20,
+                }
+            ],
+        }
 
     def completion(self, n: int) -> dict:
         return {
-            "id": "chatcmpl-zero", "object": "chat.completion", "created": self.created, "model": MODEL,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "tok " * n},
-                         "finish_reason": "length"}],
+            "id": "chatcmpl-zero",
+            "object": "chat.completion",
+            "created": self.created,
+            "model": MODEL,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "tok " * n}, "finish_reason": "length"}
+            ],
             "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1},
         }
 
@@ -149,8 +186,9 @@ class ZeroProtocol(asyncio.Protocol):
         elif path in (b"/model_info", b"/get_model_info"):
             self._respond_json(200, self.canned.model_info, keep_alive)
         else:
-            self._respond_json(*_error(404, f"no route {path.decode(errors='replace')}", "NotFound"),
-                               keep_alive=keep_alive)
+            self._respond_json(
+                *_error(404, f"no route {path.decode(errors='replace')}", "NotFound"), keep_alive=keep_alive
+            )
 
     # responses
     def _respond(self, status: bytes, content_type: bytes, body: bytes, keep_alive: bool) -> None:
@@ -225,10 +263,16 @@ async def serve(host: str, ports: list[int], chunk_delay_ms: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.zerobackend", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m crossover.loadtest.zerobackend", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, action="append",
-                        help=f"listen port (default {DEFAULT_PORT}); repeat it to serve on several ports")
+    parser.add_argument(
+        "--port",
+        type=int,
+        action="append",
+        help=f"listen port (default {DEFAULT_PORT}); repeat it to serve on several ports",
+    )
     parser.add_argument("--chunk-delay-ms", type=float, default=0.0, help="gap between streamed chunks")
     args = parser.parse_args(argv)
     uvloop.run(serve(args.host, args.port or [DEFAULT_PORT], args.chunk_delay_ms))

@@ -1,6 +1,6 @@
 """Child processes that never outlive their parent, and readiness waits for the servers they run.
 
-    proc = spawn([sys.executable, "-m", "gateway.cli", "sim", "serve", "--port", str(port), ...])
+    proc = spawn([sys.executable, "-m", "crossover.gateway.cli", "sim", "serve", "--port", str(port), ...])
     wait_ready(f"http://127.0.0.1:{port}/health", proc)
     ...
     stop([proc])

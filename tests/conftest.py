@@ -20,14 +20,14 @@ from dataclasses import dataclass
 import pytest
 import uvicorn
 
-from servers.process import free_port, spawn, stop, wait_ready
+from crossover.servers.process import free_port, spawn, stop, wait_ready
 
 READY_TIMEOUT_S = 60.0
 
 
 def crossover_argv(*args: str) -> list[str]:
     """argv that runs the `crossover` CLI with this interpreter (no reliance on PATH)."""
-    return [sys.executable, "-m", "gateway.cli", *args]
+    return [sys.executable, "-m", "crossover.gateway.cli", *args]
 
 
 @dataclass
@@ -51,8 +51,9 @@ def sim():
     def start(profile: str, *extra: str, port: int | None = None, wait: bool = True) -> SimServer:
         port = port or free_port()
         # pytest runs uvicorn threads (`serve`), so no preexec_fn: the finalizer below stops every stand-in.
-        proc = spawn(crossover_argv("sim", "serve", "--profile", profile, "--port", str(port), *extra),
-                     die_with_parent=False)
+        proc = spawn(
+            crossover_argv("sim", "serve", "--profile", profile, "--port", str(port), *extra), die_with_parent=False
+        )
         started.append(proc)
         url = f"http://127.0.0.1:{port}"
         if wait:

@@ -1,4 +1,4 @@
-"""Waiting on a condition in tests (importable as `waiting`: tests/ is on sys.path). A poll, never a sleep-as-wait."""
+"""Waiting on a condition in tests. A poll, never a sleep-as-wait."""
 
 from __future__ import annotations
 

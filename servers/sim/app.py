@@ -19,18 +19,18 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from starlette.requests import ClientDisconnect
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
-from servers.sim import generation
-from servers.sim.engine import PAUSE_MODES, Engine
-from servers.sim.generation import TooLarge, json_response, read_json
-from servers.sim.live import MEMORY_TAGS, Busy, LiveEngine
-from servers.sim.metrics import SimMetrics
-from servers.sim.openai_format import WEIGHT_VERSION, BadRequest, error_body
-from servers.sim.profile import Profile
+from crossover.servers.sim import generation
+from crossover.servers.sim.engine import PAUSE_MODES, Engine
+from crossover.servers.sim.generation import TooLarge, json_response, read_json
+from crossover.servers.sim.live import MEMORY_TAGS, Busy, LiveEngine
+from crossover.servers.sim.metrics import SimMetrics
+from crossover.servers.sim.openai_format import WEIGHT_VERSION, BadRequest, error_body
+from crossover.servers.sim.profile import Profile
 
 SGLANG_VERSION = "0.5.23"  # the release whose surface the stand-in mirrors
 LOAD_SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")
@@ -58,18 +58,33 @@ def run(settings: SimSettings, *, log_level: str = "warning") -> None:
             app.state.live.abort_all()
             await super().shutdown(sockets)
 
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+    )
     Server(config).run()
 
 
 def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = None) -> FastAPI:
     profile = settings.profile
-    live = LiveEngine(Engine(profile, random.Random(settings.seed)), time_scale=settings.time_scale,
-                      memory=profile.memory, startup_delay_s=settings.startup_delay_s)
+    live = LiveEngine(
+        Engine(profile, random.Random(settings.seed)),
+        time_scale=settings.time_scale,
+        memory=profile.memory,
+        startup_delay_s=settings.startup_delay_s,
+    )
     spec = profile.speculative
-    metrics = SimMetrics(registry or CollectorRegistry(), live, model_name=profile.model_name,
-                         extra_labels=settings.extra_metric_labels, num_spec_steps=spec.num_steps if spec else 0)
+    metrics = SimMetrics(
+        registry or CollectorRegistry(),
+        live,
+        model_name=profile.model_name,
+        extra_labels=settings.extra_metric_labels,
+        num_spec_steps=spec.num_steps if spec else 0,
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -85,8 +100,9 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
         # Unknown paths and methods: the same error body as every other failure, not FastAPI's {"detail"}.
         phrase = HTTPStatus(exc.status_code).phrase
-        return json_response(error_body(str(exc.detail), status=exc.status_code, err_type=phrase.replace(" ", "")),
-                             exc.status_code)
+        return json_response(
+            error_body(str(exc.detail), status=exc.status_code, err_type=phrase.replace(" ", "")), exc.status_code
+        )
 
     @app.exception_handler(ClientDisconnect)
     async def client_gone(_: Request, exc: ClientDisconnect) -> Response:
@@ -100,37 +116,59 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         return Response(status_code=200 if live.healthy else 503)
 
     async def model_info() -> Response:
-        return json_response({
-            "model_path": profile.model_name, "tokenizer_path": profile.model_name, "is_generation": True,
-            "preferred_sampling_params": None, "weight_version": WEIGHT_VERSION,
-            "served_model_name": profile.model_name, "has_image_understanding": False,
-            "has_audio_understanding": False, "model_type": None, "architectures": None,
-        })
+        return json_response(
+            {
+                "model_path": profile.model_name,
+                "tokenizer_path": profile.model_name,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": WEIGHT_VERSION,
+                "served_model_name": profile.model_name,
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": None,
+                "architectures": None,
+            }
+        )
 
     async def server_info() -> Response:
-        return json_response({
-            **server_args(settings),
-            "max_total_num_tokens": profile.limits.max_total_num_tokens,
-            "max_req_input_len": profile.limits.context_length - 1,
-            "internal_states": [internal_state(live, profile)],
-            "version": SGLANG_VERSION,
-            "simulated": True,
-            "simulator": {
-                "note": "crossover's SGLang stand-in: no model runs; timings come from the profile, text is filler",
-                "profile": profile.name, "kind": profile.kind, "source": profile.source,
-                "description": profile.description, "time_scale": settings.time_scale,
-                "seed": settings.seed, "accept_length": spec.accept_length if spec else None,
-            },
-        })
+        return json_response(
+            {
+                **server_args(settings),
+                "max_total_num_tokens": profile.limits.max_total_num_tokens,
+                "max_req_input_len": profile.limits.context_length - 1,
+                "internal_states": [internal_state(live, profile)],
+                "version": SGLANG_VERSION,
+                "simulated": True,
+                "simulator": {
+                    "note": "crossover's SGLang stand-in: no model runs; timings come from the profile, text is filler",
+                    "profile": profile.name,
+                    "kind": profile.kind,
+                    "source": profile.source,
+                    "description": profile.description,
+                    "time_scale": settings.time_scale,
+                    "seed": settings.seed,
+                    "accept_length": spec.accept_length if spec else None,
+                },
+            }
+        )
 
     async def models() -> Response:
         return json_response({"object": "list", "data": [model_card(profile)]})
 
     async def model(model: str) -> Response:
         if model != profile.model_name:
-            return json_response({"error": {"message": f"The model '{model}' does not exist",
-                                            "type": "invalid_request_error", "param": "model",
-                                            "code": "model_not_found"}}, 404)
+            return json_response(
+                {
+                    "error": {
+                        "message": f"The model '{model}' does not exist",
+                        "type": "invalid_request_error",
+                        "param": "model",
+                        "code": "model_not_found",
+                    }
+                },
+                404,
+            )
         return json_response(model_card(profile))
 
     async def loads(request: Request) -> Response:
@@ -138,16 +176,22 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         include = [s.strip() for s in params["include"].split(",")] if params.get("include") else ["all"]
         unknown = sorted(set(include) - set(LOAD_SECTIONS))
         if unknown:
-            return json_response(error_body(f"Invalid include sections: {unknown}. Valid options: "
-                                            f"{sorted(LOAD_SECTIONS)}", status=400, err_type="400"), 400)
+            return json_response(
+                error_body(
+                    f"Invalid include sections: {unknown}. Valid options: {sorted(LOAD_SECTIONS)}",
+                    status=400,
+                    err_type="400",
+                ),
+                400,
+            )
         if params.get("dp_rank") not in (None, "0"):
-            return json_response(error_body("dp_rank out of range: this server has one DP rank (0)",
-                                            status=400, err_type="400"), 400)
+            return json_response(
+                error_body("dp_rank out of range: this server has one DP rank (0)", status=400, err_type="400"), 400
+            )
         load = load_report(live, profile, set(include))
         if params.get("format") == "prometheus":
             return PlainTextResponse(loads_prometheus(load), media_type="text/plain; version=0.0.4; charset=utf-8")
-        return json_response({"timestamp": datetime.now(UTC).isoformat(), "version": SGLANG_VERSION,
-                              "loads": [load]})
+        return json_response({"timestamp": datetime.now(UTC).isoformat(), "version": SGLANG_VERSION, "loads": [load]})
 
     async def metrics_endpoint() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -156,7 +200,9 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         idle = live.engine.idle
         return PlainTextResponse(
             "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
-            "requests, the operation will not be performed.)\n", status_code=200 if idle else 400)
+            "requests, the operation will not be performed.)\n",
+            status_code=200 if idle else 400,
+        )
 
     async def pause_generation(request: Request) -> Response:
         try:
@@ -235,18 +281,30 @@ def server_args(settings: SimSettings) -> dict[str, Any]:
     """The resolved server arguments SGLang reports, as this simulated server would have been launched."""
     profile, spec, limits = settings.profile, settings.profile.speculative, settings.profile.limits
     return {
-        "model_path": profile.model_name, "tokenizer_path": profile.model_name,
-        "served_model_name": profile.model_name, "host": settings.host, "port": settings.port,
-        "tp_size": profile.tp_size, "dp_size": 1, "pp_size": 1, "context_length": limits.context_length,
-        "max_running_requests": limits.max_running_requests, "max_queued_requests": limits.max_queued_requests,
-        "max_total_tokens": limits.max_total_num_tokens, "max_prefill_tokens": limits.max_prefill_tokens,
-        "chunked_prefill_size": limits.max_prefill_tokens, "enable_mixed_chunk": False,
+        "model_path": profile.model_name,
+        "tokenizer_path": profile.model_name,
+        "served_model_name": profile.model_name,
+        "host": settings.host,
+        "port": settings.port,
+        "tp_size": profile.tp_size,
+        "dp_size": 1,
+        "pp_size": 1,
+        "context_length": limits.context_length,
+        "max_running_requests": limits.max_running_requests,
+        "max_queued_requests": limits.max_queued_requests,
+        "max_total_tokens": limits.max_total_num_tokens,
+        "max_prefill_tokens": limits.max_prefill_tokens,
+        "chunked_prefill_size": limits.max_prefill_tokens,
+        "enable_mixed_chunk": False,
         "speculative_algorithm": spec.algorithm if spec else None,
         "speculative_num_steps": spec.num_steps if spec else None,
         "speculative_eagle_topk": spec.eagle_topk if spec else None,
         "speculative_num_draft_tokens": spec.num_draft_tokens if spec else None,
-        "enable_metrics": True, "enable_memory_saver": True, "enable_weights_cpu_backup": True,
-        "extra_metric_labels": settings.extra_metric_labels or None, "random_seed": settings.seed,
+        "enable_metrics": True,
+        "enable_memory_saver": True,
+        "enable_weights_cpu_backup": True,
+        "extra_metric_labels": settings.extra_metric_labels or None,
+        "random_seed": settings.seed,
         "weight_version": WEIGHT_VERSION,
     }
 
@@ -264,8 +322,15 @@ def internal_state(live: LiveEngine, profile: Profile) -> dict[str, Any]:
 
 
 def model_card(profile: Profile) -> dict[str, Any]:
-    return {"id": profile.model_name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
-            "root": profile.model_name, "parent": None, "max_model_len": profile.limits.context_length}
+    return {
+        "id": profile.model_name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "sglang",
+        "root": profile.model_name,
+        "parent": None,
+        "max_model_len": profile.limits.context_length,
+    }
 
 
 def load_report(live: LiveEngine, profile: Profile, include: set[str]) -> dict[str, Any]:
@@ -274,20 +339,32 @@ def load_report(live: LiveEngine, profile: Profile, include: set[str]) -> dict[s
     report: dict[str, Any] = {"dp_rank": 0, "timestamp": time.time()}
     if every or "core" in include:
         used = engine.num_used_tokens
-        report.update({
-            "num_running_reqs": engine.num_running, "num_waiting_reqs": engine.num_waiting,
-            "num_used_tokens": used, "max_total_num_tokens": limits.max_total_num_tokens,
-            "token_usage": used / limits.max_total_num_tokens, "gen_throughput": live.gen_throughput(),
-            "cache_hit_rate": 0.0, "utilization": engine.num_running / limits.max_running_requests,
-            "max_running_requests": limits.max_running_requests,
-        })
+        report.update(
+            {
+                "num_running_reqs": engine.num_running,
+                "num_waiting_reqs": engine.num_waiting,
+                "num_used_tokens": used,
+                "max_total_num_tokens": limits.max_total_num_tokens,
+                "token_usage": used / limits.max_total_num_tokens,
+                "gen_throughput": live.gen_throughput(),
+                "cache_hit_rate": 0.0,
+                "utilization": engine.num_running / limits.max_running_requests,
+                "max_running_requests": limits.max_running_requests,
+            }
+        )
     if (every or "spec" in include) and profile.speculative is not None:
         accept = engine.avg_accept_length
-        report["speculative"] = {"accept_length": accept,
-                                 "accept_rate": (accept - 1) / profile.speculative.num_steps if accept else 0.0}
+        report["speculative"] = {
+            "accept_length": accept,
+            "accept_rate": (accept - 1) / profile.speculative.num_steps if accept else 0.0,
+        }
     if every or "queues" in include:
-        report["queues"] = {"waiting": engine.num_waiting, "grammar": 0,
-                            "paused": engine.num_waiting if engine.paused else 0, "retracted": 0}
+        report["queues"] = {
+            "waiting": engine.num_waiting,
+            "grammar": 0,
+            "paused": engine.num_waiting if engine.paused else 0,
+            "retracted": 0,
+        }
     return report
 
 
@@ -298,10 +375,12 @@ def loads_prometheus(load: dict[str, Any]) -> str:
     for key, value in load.items():
         if key == "dp_rank":
             continue
-        items = ([(f"{prefixes.get(key, key)}_{k}", v) for k, v in value.items()] if isinstance(value, dict)
-                 else [(key, value)])
+        items = (
+            [(f"{prefixes.get(key, key)}_{k}", v) for k, v in value.items()]
+            if isinstance(value, dict)
+            else [(key, value)]
+        )
         for name, number in items:
             if isinstance(number, int | float):
                 lines += [f"# TYPE sglang_{name} gauge", f'sglang_{name}{{dp_rank="0"}} {number}']
     return "\n".join(lines) + "\n"
-

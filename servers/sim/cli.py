@@ -22,7 +22,8 @@ DEFAULT_CONTEXT = 1024
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     sim = subparsers.add_parser(
-        "sim", help="SGLang stand-in: a simulated server, or its predicted curve",
+        "sim",
+        help="SGLang stand-in: a simulated server, or its predicted curve",
         description="A stand-in for SGLang: its HTTP surface over a continuous-batching performance model.",
     )
     sub = sim.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
@@ -31,23 +32,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _profile_options(serve)
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--host", default=DEFAULT_HOST)
-    serve.add_argument("--time-scale", type=_positive_float, default=1.0, metavar="F",
-                       help="run F times faster than the profile (all of its durations divided by F)")
-    serve.add_argument("--startup-delay", type=_non_negative_float, default=0.0, metavar="S",
-                       help="emulate weight loading: /health answers 503 for S (wall-clock) seconds")
+    serve.add_argument(
+        "--time-scale",
+        type=_positive_float,
+        default=1.0,
+        metavar="F",
+        help="run F times faster than the profile (all of its durations divided by F)",
+    )
+    serve.add_argument(
+        "--startup-delay",
+        type=_non_negative_float,
+        default=0.0,
+        metavar="S",
+        help="emulate weight loading: /health answers 503 for S (wall-clock) seconds",
+    )
     serve.add_argument("--seed", type=int, default=0, help="seed of the accepted-token draws")
     serve.add_argument("--model-name", help="served model name (default: the profile's)")
-    serve.add_argument("--max-queued-requests", type=int, metavar="N",
-                       help="reject requests beyond N waiting ones, as SGLang does (default: the profile's)")
-    serve.add_argument("--extra-metric-labels", type=_labels, default={}, metavar="JSON",
-                       help='extra labels on every metric, e.g. \'{"variant": "eagle3"}\'')
+    serve.add_argument(
+        "--max-queued-requests",
+        type=int,
+        metavar="N",
+        help="reject requests beyond N waiting ones, as SGLang does (default: the profile's)",
+    )
+    serve.add_argument(
+        "--extra-metric-labels",
+        type=_labels,
+        default={},
+        metavar="JSON",
+        help='extra labels on every metric, e.g. \'{"variant": "eagle3"}\'',
+    )
     serve.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(run=_serve)
 
     curve = sub.add_parser("curve", help="print the profile's closed-loop curve, computed in virtual time")
     _profile_options(curve)
-    curve.add_argument("--concurrency", type=_int_list, default=[1, 2, 5, 10, 30, 70, 100, 250],
-                       metavar="C1,C2,...")
+    curve.add_argument("--concurrency", type=_int_list, default=[1, 2, 5, 10, 30, 70, 100, 250], metavar="C1,C2,...")
     curve.add_argument("--input-len", type=int, default=DEFAULT_INPUT_LEN)
     curve.add_argument("--output-len", type=int, default=DEFAULT_OUTPUT_LEN)
     curve.add_argument("--seed", type=int, default=0)
@@ -63,21 +82,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _profile_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--profile", required=True, metavar="NAME_OR_PATH",
-                        help="a shipped profile (k25-eagle3, k25-plain, llama8b-h200-eagle3, llama8b-h200-plain), "
-                             "a TOML file, or a load tester's results.json")
+    parser.add_argument(
+        "--profile",
+        required=True,
+        metavar="NAME_OR_PATH",
+        help="a shipped profile (k25-eagle3, k25-plain, llama8b-h200-eagle3, llama8b-h200-plain), "
+        "a TOML file, or a load tester's results.json",
+    )
     parser.add_argument("--target", help="which target of a results.json to replay")
     parser.add_argument("--accept-length", type=float, help="override the speculative accept length")
     parser.add_argument("--max-running-requests", type=int, metavar="N", help="override the running-request cap")
 
 
 def _load(args: argparse.Namespace):
-    from servers.sim.profile import load_profile, with_overrides
+    from crossover.servers.sim.profile import load_profile, with_overrides
 
     profile = load_profile(args.profile, target=args.target)
     return with_overrides(
-        profile, accept_length=args.accept_length, max_running_requests=args.max_running_requests,
-        max_queued_requests=getattr(args, "max_queued_requests", None), model_name=getattr(args, "model_name", None),
+        profile,
+        accept_length=args.accept_length,
+        max_running_requests=args.max_running_requests,
+        max_queued_requests=getattr(args, "max_queued_requests", None),
+        model_name=getattr(args, "model_name", None),
     )
 
 
@@ -87,55 +113,81 @@ def _fail(message: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from servers.sim.app import SimSettings, run
-    from servers.sim.profile import ProfileError
+    from crossover.servers.sim.app import SimSettings, run
+    from crossover.servers.sim.profile import ProfileError
 
     try:
         profile = _load(args)
     except ProfileError as exc:
         return _fail(str(exc))
     spec = profile.speculative
-    print(f"crossover sim: SIMULATED SGLang server - no model runs, text is filler. profile {profile.name} "
-          f"({profile.kind}{f', {spec.algorithm} accept length {spec.accept_length}' if spec else ''}), "
-          f"model {profile.model_name}, time scale {args.time_scale:g}x, on http://{args.host}:{args.port}",
-          file=sys.stderr, flush=True)
-    run(SimSettings(profile=profile, host=args.host, port=args.port, time_scale=args.time_scale,
-                    startup_delay_s=args.startup_delay, seed=args.seed, extra_metric_labels=args.extra_metric_labels),
-        log_level=args.log_level)
+    print(
+        f"crossover sim: SIMULATED SGLang server - no model runs, text is filler. profile {profile.name} "
+        f"({profile.kind}{f', {spec.algorithm} accept length {spec.accept_length}' if spec else ''}), "
+        f"model {profile.model_name}, time scale {args.time_scale:g}x, on http://{args.host}:{args.port}",
+        file=sys.stderr,
+        flush=True,
+    )
+    run(
+        SimSettings(
+            profile=profile,
+            host=args.host,
+            port=args.port,
+            time_scale=args.time_scale,
+            startup_delay_s=args.startup_delay,
+            seed=args.seed,
+            extra_metric_labels=args.extra_metric_labels,
+        ),
+        log_level=args.log_level,
+    )
     return 0
 
 
 def _curve(args: argparse.Namespace) -> int:
-    from servers.sim.curve import sweep
-    from servers.sim.profile import ProfileError
+    from crossover.servers.sim.curve import sweep
+    from crossover.servers.sim.profile import ProfileError
 
     try:
         profile = _load(args)
-        points = sweep(profile, args.concurrency, input_len=args.input_len, output_len=args.output_len,
-                       seed=args.seed)
+        points = sweep(profile, args.concurrency, input_len=args.input_len, output_len=args.output_len, seed=args.seed)
     except (ProfileError, ValueError) as exc:
         return _fail(str(exc))
     if args.json:
-        print(json.dumps([{
-            "concurrency": p.concurrency, "output_throughput": round(p.output_throughput, 3),
-            "per_request_throughput": round(p.per_request_throughput, 3), "mean_ttft_s": round(p.mean_ttft_s, 4),
-            "running": round(p.running, 2), "queued": round(p.queued, 2),
-        } for p in points], indent=2))
+        print(
+            json.dumps(
+                [
+                    {
+                        "concurrency": p.concurrency,
+                        "output_throughput": round(p.output_throughput, 3),
+                        "per_request_throughput": round(p.per_request_throughput, 3),
+                        "mean_ttft_s": round(p.mean_ttft_s, 4),
+                        "running": round(p.running, 2),
+                        "queued": round(p.queued, 2),
+                    }
+                    for p in points
+                ],
+                indent=2,
+            )
+        )
         return 0
     limits = profile.limits
-    print(f"{profile.name}: {profile.description}\n{args.input_len} input / {args.output_len} output tokens, "
-          f"max_running_requests {limits.max_running_requests}, KV pool {limits.max_total_num_tokens} tokens; "
-          "virtual time, profile units")
+    print(
+        f"{profile.name}: {profile.description}\n{args.input_len} input / {args.output_len} output tokens, "
+        f"max_running_requests {limits.max_running_requests}, KV pool {limits.max_total_num_tokens} tokens; "
+        "virtual time, profile units"
+    )
     print(f"{'C':>6} {'output tok/s':>13} {'per-request tok/s':>18} {'mean TTFT s':>12} {'running':>8} {'queued':>7}")
     for p in points:
-        print(f"{p.concurrency:>6} {p.output_throughput:>13.1f} {p.per_request_throughput:>18.2f} "
-              f"{p.mean_ttft_s:>12.3f} {p.running:>8.1f} {p.queued:>7.1f}")
+        print(
+            f"{p.concurrency:>6} {p.output_throughput:>13.1f} {p.per_request_throughput:>18.2f} "
+            f"{p.mean_ttft_s:>12.3f} {p.running:>8.1f} {p.queued:>7.1f}"
+        )
     return 0
 
 
 def _steps(args: argparse.Namespace) -> int:
-    from servers.sim.curve import batch_table
-    from servers.sim.profile import ProfileError
+    from crossover.servers.sim.curve import batch_table
+    from crossover.servers.sim.profile import ProfileError
 
     try:
         points = batch_table(_load(args), args.batch, context=args.context)
@@ -146,8 +198,10 @@ def _steps(args: argparse.Namespace) -> int:
         return 0
     print(f"{'batch':>6} {'step ms':>9} {'tokens/step':>12} {'output tok/s':>13} {'per-request tok/s':>18}")
     for p in points:
-        print(f"{p.batch:>6} {p.step_ms:>9.2f} {p.tokens_per_step:>12.2f} {p.output_throughput:>13.0f} "
-              f"{p.per_request_throughput:>18.1f}")
+        print(
+            f"{p.batch:>6} {p.step_ms:>9.2f} {p.tokens_per_step:>12.2f} {p.output_throughput:>13.0f} "
+            f"{p.per_request_throughput:>18.1f}"
+        )
     return 0
 
 

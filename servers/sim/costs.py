@@ -15,7 +15,7 @@ import math
 import random
 from typing import Protocol
 
-from servers.sim.profile import Profile, StepTable
+from crossover.servers.sim.profile import Profile, StepTable
 
 
 class Costs(Protocol):
@@ -54,7 +54,7 @@ class Acceptance:
     def __init__(self, num_steps: int, mean: float):
         self.num_steps, self.mean = num_steps, mean
         self.q = solve_chain_probability(num_steps, mean)
-        probs = [self.q ** (k - 1) * (1 - self.q) for k in range(1, num_steps + 1)] + [self.q ** num_steps]
+        probs = [self.q ** (k - 1) * (1 - self.q) for k in range(1, num_steps + 1)] + [self.q**num_steps]
         self._cumulative = list(_running_sum(probs))
         self._cumulative[-1] = 1.0
 
@@ -99,7 +99,8 @@ class ParametricCosts:
 
     def decode_s(self, batch: int, context_tokens: int, in_flight: int) -> float:
         return (
-            self._fixed + self._draft_fixed
+            self._fixed
+            + self._draft_fixed
             + batch * (self._per_request + self._per_query + self._draft_per_request)
             + context_tokens * self._per_context
         )
@@ -130,14 +131,16 @@ class StepTableCosts:
         if batch <= 0:
             return self._overhead
         mean_context = context_tokens / batch
-        return self._overhead + _between(self._contexts, mean_context,
-                                         [self._table_step_s(t, batch) for t in self._tables])
+        return self._overhead + _between(
+            self._contexts, mean_context, [self._table_step_s(t, batch) for t in self._tables]
+        )
 
     def _table_step_s(self, table: StepTable, batch: int) -> float:
         if self._speculative:
             assert table.verify_s is not None and table.draft_s is not None
-            return (_piecewise(table.batch, table.verify_s, batch)
-                    + self._passes * _piecewise(table.batch, table.draft_s, batch))
+            return _piecewise(table.batch, table.verify_s, batch) + self._passes * _piecewise(
+                table.batch, table.draft_s, batch
+            )
         assert table.decode_s is not None
         return _piecewise(table.batch, table.decode_s, batch)
 
@@ -211,4 +214,3 @@ class MeasuredCosts:
         i = min(bisect.bisect_right(self._logs, x) - 1, len(points) - 2)
         w = (x - self._logs[i]) / (self._logs[i + 1] - self._logs[i])
         return value(points[i]) + w * (value(points[i + 1]) - value(points[i]))
-

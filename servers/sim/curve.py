@@ -25,8 +25,8 @@ import dataclasses
 import random
 from dataclasses import dataclass
 
-from servers.sim.engine import Engine, Sequence
-from servers.sim.profile import Profile
+from crossover.servers.sim.engine import Engine, Sequence
+from crossover.servers.sim.profile import Profile
 
 WARMUP_ROUNDS = 1
 MEASURED_ROUNDS = 3
@@ -53,8 +53,9 @@ class BatchPoint:
     per_request_throughput: float
 
 
-def sweep(profile: Profile, concurrencies: list[int], *, input_len: int, output_len: int,
-          seed: int = 0) -> list[CurvePoint]:
+def sweep(
+    profile: Profile, concurrencies: list[int], *, input_len: int, output_len: int, seed: int = 0
+) -> list[CurvePoint]:
     return [run_level(profile, c, input_len=input_len, output_len=output_len, seed=seed) for c in concurrencies]
 
 
@@ -65,8 +66,10 @@ def run_level(profile: Profile, concurrency: int, *, input_len: int, output_len:
     profile = dataclasses.replace(profile, limits=dataclasses.replace(profile.limits, max_queued_requests=None))
     engine = Engine(profile, random.Random(seed))
     if not engine.fits(input_len, output_len):
-        raise ValueError(f"input_len + output_len = {input_len + output_len} exceeds the profile's KV pool "
-                         f"({profile.limits.max_total_num_tokens} tokens)")
+        raise ValueError(
+            f"input_len + output_len = {input_len + output_len} exceeds the profile's KV pool "
+            f"({profile.limits.max_total_num_tokens} tokens)"
+        )
     warmup = WARMUP_ROUNDS * concurrency
     total = warmup + max(MEASURED_ROUNDS * concurrency, MIN_MEASURED_REQUESTS)
     now = 0.0

@@ -22,8 +22,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from servers.sim.costs import Acceptance, Costs, make_costs
-from servers.sim.profile import Profile
+from crossover.servers.sim.costs import Acceptance, Costs, make_costs
+from crossover.servers.sim.profile import Profile
 
 QUEUE_FULL_MESSAGE = "The request queue is full."  # SGLang's words (managers/scheduler.py)
 PauseMode = Literal["abort", "retract", "in_place"]
@@ -133,8 +133,9 @@ class Engine:
         if max_queued is not None and len(self._waiting) + 1 > max_queued:
             raise QueueFull(QUEUE_FULL_MESSAGE)
         if not self.fits(seq.input_tokens, seq.max_new_tokens):
-            raise ValueError(f"request needs {seq.reservation} KV tokens, the pool holds "
-                             f"{self.limits.max_total_num_tokens}")
+            raise ValueError(
+                f"request needs {seq.reservation} KV tokens, the pool holds {self.limits.max_total_num_tokens}"
+            )
         seq.arrival, seq.state = now, State.WAITING
         self._waiting.append(seq)
 
@@ -189,12 +190,12 @@ class Engine:
                 tokens = sum(seq.context for seq in admitted)
                 return Step("prefill", admitted, self.costs.prefill_s(tokens, len(admitted)))
             if self._running:
-                return Step("decode", list(self._running),
-                            self.costs.decode_s(len(self._running), self._used, in_flight))
+                return Step(
+                    "decode", list(self._running), self.costs.decode_s(len(self._running), self._used, in_flight)
+                )
             return None
         if self._running:
-            return Step("decode", list(self._running),
-                        self.costs.decode_s(len(self._running), self._used, in_flight))
+            return Step("decode", list(self._running), self.costs.decode_s(len(self._running), self._used, in_flight))
         if self._due:
             return Step("wait", [], max(0.0, self._due[0][0] - now))
         return None
@@ -266,8 +267,7 @@ class Engine:
             accepted += n
             verified += 1
             remaining = seq.max_new_tokens - seq.generated
-            if n > remaining:
-                n = remaining
+            n = min(n, remaining)
             seq.generated += n
             self._used += n
             produced += n

@@ -1,7 +1,7 @@
 """Typed reads from a parsed TOML (or JSON) table, with errors that name the file, the section and the key.
 
-    doc = Table(tomllib.loads(text), "profiles/k25-eagle3.toml")
-    doc.section("decode").number("fixed_s", minimum=0.0)
+doc = Table(tomllib.loads(text), "profiles/k25-eagle3.toml")
+doc.section("decode").number("fixed_s", minimum=0.0)
 """
 
 from __future__ import annotations
@@ -63,8 +63,9 @@ class Table:
         value = self._get(key, default)
         if value is None:
             return None
-        check(isinstance(value, int) and not isinstance(value, bool), f"{self.where}: {key}",
-               "must be an integer", value)
+        check(
+            isinstance(value, int) and not isinstance(value, bool), f"{self.where}: {key}", "must be an integer", value
+        )
         if minimum is not None:
             check(value >= minimum, f"{self.where}: {key}", f"must be >= {minimum}", value)
         return value
@@ -76,8 +77,12 @@ class Table:
 
     def int_list(self, key: str) -> list[int]:
         values = self.list_(key)
-        check(all(isinstance(v, int) and not isinstance(v, bool) for v in values), f"{self.where}: {key}",
-               "must be a list of integers", values)
+        check(
+            all(isinstance(v, int) and not isinstance(v, bool) for v in values),
+            f"{self.where}: {key}",
+            "must be a list of integers",
+            values,
+        )
         return values
 
     def number_list(self, key: str) -> list[float]:

@@ -21,10 +21,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from servers.sim.engine import QueueFull, Sequence, State
-from servers.sim.live import LiveEngine
-from servers.sim.metrics import SimMetrics
-from servers.sim.openai_format import (
+from crossover.servers.sim.engine import QueueFull, Sequence, State
+from crossover.servers.sim.live import LiveEngine
+from crossover.servers.sim.metrics import SimMetrics
+from crossover.servers.sim.openai_format import (
     DONE,
     BadRequest,
     Endpoint,
@@ -35,7 +35,7 @@ from servers.sim.openai_format import (
     response_body,
     stream_error,
 )
-from servers.sim.profile import Profile
+from crossover.servers.sim.profile import Profile
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -58,11 +58,17 @@ def register(app: FastAPI, live: LiveEngine, metrics: SimMetrics, profile: Profi
     async def _generate(endpoint: Endpoint, request: Request) -> Response:
         arrived = asyncio.get_running_loop().time()
         try:
-            gen = parse_generation(endpoint, await read_json(request), context_length=profile.limits.context_length,
-                                   default_model=profile.model_name)
+            gen = parse_generation(
+                endpoint,
+                await read_json(request),
+                context_length=profile.limits.context_length,
+                default_model=profile.model_name,
+            )
             if not live.engine.fits(gen.prompt_tokens, gen.max_tokens):
-                raise BadRequest(f"The request needs {gen.prompt_tokens + gen.max_tokens} KV cache tokens; the "
-                                 f"server's pool holds {profile.limits.max_total_num_tokens}.")
+                raise BadRequest(
+                    f"The request needs {gen.prompt_tokens + gen.max_tokens} KV cache tokens; the "
+                    f"server's pool holds {profile.limits.max_total_num_tokens}."
+                )
         except BadRequest as exc:
             return json_response(error_body(str(exc)), 400)
         except TooLarge as exc:
@@ -73,8 +79,9 @@ def register(app: FastAPI, live: LiveEngine, metrics: SimMetrics, profile: Profi
         rid = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
         if gen.stream:
-            return StreamingResponse(_stream(gen, StreamEncoder(gen, rid, created), arrived),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                _stream(gen, StreamEncoder(gen, rid, created), arrived), media_type="text/event-stream"
+            )
         seq = Sequence(gen.prompt_tokens, gen.max_tokens)
         try:
             live.submit(seq)
@@ -85,8 +92,11 @@ def register(app: FastAPI, live: LiveEngine, metrics: SimMetrics, profile: Profi
         if seq.first_token_at is not None:
             _observe_first_token(seq, first_token_s=(seq.first_token_at - seq.arrival) / live.time_scale)
         if seq.state is State.FINISHED:
-            metrics.observe_finished(prompt_tokens=gen.prompt_tokens, completion_tokens=seq.generated,
-                                     e2e_s=asyncio.get_running_loop().time() - arrived)
+            metrics.observe_finished(
+                prompt_tokens=gen.prompt_tokens,
+                completion_tokens=seq.generated,
+                e2e_s=asyncio.get_running_loop().time() - arrived,
+            )
         else:
             metrics.aborted.inc()
         reason = gen.finish_reason if seq.state is State.FINISHED else "abort"
@@ -119,8 +129,9 @@ def register(app: FastAPI, live: LiveEngine, metrics: SimMetrics, profile: Profi
                 _observe_first_token(seq, first_token_s=loop.time() - arrived)
                 yield enc.first(0)
             if seq.state is State.FINISHED:
-                metrics.observe_finished(prompt_tokens=gen.prompt_tokens, completion_tokens=sent,
-                                         e2e_s=loop.time() - arrived)
+                metrics.observe_finished(
+                    prompt_tokens=gen.prompt_tokens, completion_tokens=sent, e2e_s=loop.time() - arrived
+                )
                 yield enc.finish(gen.finish_reason)
             else:
                 metrics.aborted.inc()

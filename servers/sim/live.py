@@ -24,8 +24,8 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
-from servers.sim.engine import Engine, PauseMode, Sequence, Step
-from servers.sim.profile import Memory
+from crossover.servers.sim.engine import Engine, PauseMode, Sequence, Step
+from crossover.servers.sim.profile import Memory
 
 MAX_LAG_S = 0.25
 THROUGHPUT_WINDOW_S = 5.0
@@ -95,8 +95,11 @@ class LiveEngine:
         if self.starting:
             return "The server is starting (loading weights)."
         if self.released:
-            return ("The server's GPU memory is released (" + ", ".join(sorted(self.released))
-                    + "); call /resume_memory_occupation first.")
+            return (
+                "The server's GPU memory is released ("
+                + ", ".join(sorted(self.released))
+                + "); call /resume_memory_occupation first."
+            )
         return None
 
     # --- requests -------------------------------------------------------------------------------------
@@ -148,8 +151,10 @@ class LiveEngine:
     async def release_memory(self, tags: list[str] | None) -> None:
         engine = self.engine
         if engine.num_running or (engine.num_waiting and not engine.paused):
-            raise Busy(f"cannot release memory with requests in flight ({engine.num_running} running, "
-                       f"{engine.num_waiting} waiting); drain the server or /pause_generation first")
+            raise Busy(
+                f"cannot release memory with requests in flight ({engine.num_running} running, "
+                f"{engine.num_waiting} waiting); drain the server or /pause_generation first"
+            )
         self.released |= set(tags or MEMORY_TAGS)
         await asyncio.sleep(self._memory.release_s / self.time_scale)
 

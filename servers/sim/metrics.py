@@ -16,23 +16,108 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from servers.sim.live import LiveEngine
+from crossover.servers.sim.live import LiveEngine
 
 # SGLang's buckets (srt/metrics/collector.py), seconds.
-TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0,
-                400.0)
-ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1, 0.2,
-               0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0)
-E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0,
-               400.0, 600.0, 1200.0, 1800.0, 2400.0)
-QUEUE_BUCKETS = (0.0, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0,
-                 80.0, 90.0, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0, 800.0, 900.0, 1000.0, 1200.0,
-                 1400.0, 1600.0, 1800.0, 2000.0, 2500.0)
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
+ITL_BUCKETS = (
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.035,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1.0,
+    2.0,
+    4.0,
+    6.0,
+    8.0,
+)
+E2E_BUCKETS = (
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1.0,
+    2.0,
+    4.0,
+    6.0,
+    8.0,
+    10.0,
+    20.0,
+    40.0,
+    60.0,
+    80.0,
+    100.0,
+    200.0,
+    400.0,
+    600.0,
+    1200.0,
+    1800.0,
+    2400.0,
+)
+QUEUE_BUCKETS = (
+    0.0,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    3.0,
+    4.0,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    70.0,
+    80.0,
+    90.0,
+    100.0,
+    200.0,
+    300.0,
+    400.0,
+    500.0,
+    600.0,
+    700.0,
+    800.0,
+    900.0,
+    1000.0,
+    1200.0,
+    1400.0,
+    1600.0,
+    1800.0,
+    2000.0,
+    2500.0,
+)
 
 
 class SimMetrics:
-    def __init__(self, registry: CollectorRegistry, live: LiveEngine, *, model_name: str,
-                 extra_labels: dict[str, str] | None = None, num_spec_steps: int = 0):
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        live: LiveEngine,
+        *,
+        model_name: str,
+        extra_labels: dict[str, str] | None = None,
+        num_spec_steps: int = 0,
+    ):
         self.registry = registry
         labels = {"model_name": model_name, **(extra_labels or {})}
         names = list(labels)
@@ -43,22 +128,36 @@ class SimMetrics:
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, names, registry=registry).labels(**labels)
 
-        self.ttft = histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              TTFT_BUCKETS)
-        self.itl = histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             ITL_BUCKETS)
-        self.e2e = histogram("sglang:e2e_request_latency_seconds",
-                             "Histogram of End-to-end request latency in seconds", E2E_BUCKETS)
-        self.queue_time = histogram("sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
-                                    QUEUE_BUCKETS)
+        self.ttft = histogram(
+            "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
+        )
+        self.itl = histogram(
+            "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS
+        )
+        self.e2e = histogram(
+            "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds", E2E_BUCKETS
+        )
+        self.queue_time = histogram(
+            "sglang:queue_time_seconds", "Histogram of queueing time in seconds.", QUEUE_BUCKETS
+        )
         self.prompt_tokens = counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.")
         self.generation_tokens = counter("sglang:generation_tokens_total", "Number of generation tokens processed.")
         self.requests = counter("sglang:num_requests_total", "Number of requests processed.")
         self.aborted = counter("sglang:num_aborted_requests_total", "Number of requests aborted.")
-        registry.register(_SchedulerGauges(live, {
-            "model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
-            "moe_ep_rank": "0", **(extra_labels or {}),
-        }, num_spec_steps))
+        registry.register(
+            _SchedulerGauges(
+                live,
+                {
+                    "model_name": model_name,
+                    "engine_type": "unified",
+                    "tp_rank": "0",
+                    "pp_rank": "0",
+                    "moe_ep_rank": "0",
+                    **(extra_labels or {}),
+                },
+                num_spec_steps,
+            )
+        )
 
     def observe_chunk(self, interval_s: float, tokens: int) -> None:
         """A chunk of `tokens` tokens after `interval_s`: each token gets the per-token share (as SGLang)."""
@@ -90,8 +189,10 @@ class _SchedulerGauges(Collector):
             "gen_throughput": ("The generation throughput (token/s).", self._live.gen_throughput()),
             "cache_hit_rate": ("The prefix cache hit rate (the stand-in has no prefix cache).", 0.0),
             "spec_accept_length": ("The average acceptance length of speculative decoding.", accept),
-            "spec_accept_rate": ("The average acceptance rate of speculative decoding.",
-                                 (accept - 1) / self._steps if self._steps and accept else 0.0),
+            "spec_accept_rate": (
+                "The average acceptance rate of speculative decoding.",
+                (accept - 1) / self._steps if self._steps and accept else 0.0,
+            ),
             "spec_num_steps": ("The number of speculative decoding steps.", self._steps),
         }
         names, label_values = list(self._labels), list(self._labels.values())

@@ -18,8 +18,20 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-FILLER = (" This", " is", " simulated", " output", " from", " the", " crossover", " SGLang", " stand-in,",
-          " not", " a", " model.")
+FILLER = (
+    " This",
+    " is",
+    " simulated",
+    " output",
+    " from",
+    " the",
+    " crossover",
+    " SGLang",
+    " stand-in,",
+    " not",
+    " a",
+    " model.",
+)
 # Without max_tokens a model stops at its EOS; the stand-in "stops" after this many tokens.
 DEFAULT_MAX_TOKENS = 256
 CHARS_PER_TOKEN_FLOOR = 8
@@ -60,7 +72,7 @@ def parse_generation(endpoint: Endpoint, body: Any, *, context_length: int, defa
         raise BadRequest("'n' other than 1 is not supported by the stand-in.")
     stop = body.get("stop")  # accepted, then ignored: filler text never matches a stop sequence
     stops = [stop] if isinstance(stop, str) else stop
-    if not (stops is None or isinstance(stops, list) and all(isinstance(s, str) for s in stops)):
+    if not (stops is None or (isinstance(stops, list) and all(isinstance(s, str) for s in stops))):
         raise BadRequest("'stop' must be a string or a list of strings.")
     stream = _opt(body, "stream", bool, False)
     options = body.get("stream_options")
@@ -74,8 +86,9 @@ def parse_generation(endpoint: Endpoint, body: Any, *, context_length: int, defa
     if max_tokens is not None and max_tokens < 0:
         raise BadRequest(f"'{key}' must be >= 0, got {max_tokens}.")
     if prompt_tokens >= context_length:
-        raise BadRequest(f"The input ({prompt_tokens} tokens) is longer than the model's context length "
-                         f"({context_length} tokens).")
+        raise BadRequest(
+            f"The input ({prompt_tokens} tokens) is longer than the model's context length ({context_length} tokens)."
+        )
     if max_tokens is not None and prompt_tokens + max_tokens > context_length:
         raise BadRequest(
             f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
@@ -86,8 +99,16 @@ def parse_generation(endpoint: Endpoint, body: Any, *, context_length: int, defa
     length_set = max_tokens is not None or _opt(body, "ignore_eos", bool, False)
     if max_tokens is None:
         max_tokens = min(DEFAULT_MAX_TOKENS, context_length - prompt_tokens)
-    return Generation(endpoint, model, prompt_tokens, max_tokens, "length" if length_set else "stop",
-                      stream, include_usage, continuous)
+    return Generation(
+        endpoint,
+        model,
+        prompt_tokens,
+        max_tokens,
+        "length" if length_set else "stop",
+        stream,
+        include_usage,
+        continuous,
+    )
 
 
 def _opt(body: dict, key: str, kind: type, default: Any, prefix: str = "") -> Any:
@@ -129,8 +150,9 @@ def _completion_tokens(body: dict) -> int:
         return max(count_tokens(prompt), 1)
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return len(prompt)
-    raise BadRequest("'prompt' must be a string or a list of token ids (batched prompts are not supported "
-                     "by the stand-in).")
+    raise BadRequest(
+        "'prompt' must be a string or a list of token ids (batched prompts are not supported by the stand-in)."
+    )
 
 
 # --- bodies -----------------------------------------------------------------------------------------------
@@ -147,8 +169,13 @@ def stream_error(message: str, *, status: int, err_type: str) -> bytes:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens, "prompt_tokens_details": None, "reasoning_tokens": 0}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+    }
 
 
 def filler_text(start: int, n: int) -> str:
@@ -159,14 +186,22 @@ def filler_text(start: int, n: int) -> str:
 def response_body(gen: Generation, rid: str, created: int, completion_tokens: int, finish_reason: str) -> dict:
     text = filler_text(0, completion_tokens)
     if gen.endpoint == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
-                                          "tool_calls": None}}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None},
+        }
         obj = "chat.completion"
     else:
         choice, obj = {"index": 0, "text": text}, "text_completion"
     choice.update({"logprobs": None, "finish_reason": finish_reason, "matched_stop": None})
-    body = {"id": rid, "object": obj, "created": created, "model": gen.model, "choices": [choice],
-            "usage": usage(gen.prompt_tokens, completion_tokens)}
+    body = {
+        "id": rid,
+        "object": obj,
+        "created": created,
+        "model": gen.model,
+        "choices": [choice],
+        "usage": usage(gen.prompt_tokens, completion_tokens),
+    }
     if gen.endpoint == "chat":
         body["metadata"] = {"weight_version": WEIGHT_VERSION}
     return body
@@ -179,11 +214,13 @@ class StreamEncoder:
         self._gen = gen
         chat = gen.endpoint == "chat"
         obj = "chat.completion.chunk" if chat else "text_completion"
-        head = json.dumps({"id": rid, "object": obj, "created": created, "model": gen.model},
-                          separators=(",", ":"))[:-1].encode()
+        head = json.dumps({"id": rid, "object": obj, "created": created, "model": gen.model}, separators=(",", ":"))[
+            :-1
+        ].encode()
         self._head = b"data: " + head
-        self._open = self._head + (b',"choices":[{"index":0,"delta":{"content":' if chat
-                                   else b',"choices":[{"index":0,"text":')
+        self._open = self._head + (
+            b',"choices":[{"index":0,"delta":{"content":' if chat else b',"choices":[{"index":0,"text":'
+        )
         self._tail = b'"logprobs":null,"finish_reason":null,"matched_stop":null}]'
         self._close = (b"}," if chat else b",") + self._tail
 
@@ -192,8 +229,7 @@ class StreamEncoder:
         chunk = self.tokens(0, n)
         if self._gen.endpoint != "chat":
             return chunk
-        role = (self._head + b',"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
-                + self._tail + b"}\n\n")
+        role = self._head + b',"choices":[{"index":0,"delta":{"role":"assistant","content":""},' + self._tail + b"}\n\n"
         return role + chunk
 
     def tokens(self, start: int, n: int) -> bytes:
@@ -208,8 +244,9 @@ class StreamEncoder:
         return self._head + b',"choices":[{"index":0,' + body + tail + b"}\n\n"
 
     def usage(self, completion_tokens: int) -> bytes:
-        return (self._head + b',"choices":[],"usage":' + _json(usage(self._gen.prompt_tokens, completion_tokens))
-                + b"}\n\n")
+        return (
+            self._head + b',"choices":[],"usage":' + _json(usage(self._gen.prompt_tokens, completion_tokens)) + b"}\n\n"
+        )
 
 
 def _json(value: Any) -> bytes:

@@ -18,8 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from servers.sim.fields import REQUIRED, ProfileError, Table, check
-from servers.sim.results import measured_profile_data
+from crossover.servers.sim.fields import REQUIRED, ProfileError, Table, check
+from crossover.servers.sim.results import measured_profile_data
 
 Kind = Literal["parametric", "steptable", "measured"]
 KINDS: tuple[Kind, ...] = ("parametric", "steptable", "measured")
@@ -112,7 +112,7 @@ class Profile:
 
 
 def available_profiles() -> list[str]:
-    folder = resources.files("servers.sim").joinpath("profiles")
+    folder = resources.files("crossover.servers.sim").joinpath("profiles")
     return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
 
 
@@ -126,7 +126,7 @@ def load_profile(name_or_path: str, *, target: str | None = None) -> Profile:
             data, where = measured_profile_data(path, target), str(path)
             return _build(f"{path.stem}:{data['target']}", data, where)
         return _from_toml(path.stem, path.read_text(), str(path), base=path.parent, target=target)
-    shipped = resources.files("servers.sim").joinpath("profiles", f"{name_or_path}.toml")
+    shipped = resources.files("crossover.servers.sim").joinpath("profiles", f"{name_or_path}.toml")
     if not shipped.is_file():
         names = ", ".join(available_profiles())
         raise ProfileError(f"no profile named {name_or_path!r}; shipped profiles: {names} (or give a file path)")
@@ -155,9 +155,7 @@ def with_overrides(
             raise ProfileError(f"--accept-length: profile {profile.name!r} is not speculative")
         _check_accept_length(accept_length, spec.num_steps, "--accept-length")
         spec = dataclasses.replace(spec, accept_length=accept_length)
-    return dataclasses.replace(
-        profile, limits=limits, speculative=spec, model_name=model_name or profile.model_name
-    )
+    return dataclasses.replace(profile, limits=limits, speculative=spec, model_name=model_name or profile.model_name)
 
 
 def _from_toml(name: str, text: str, where: str, *, base: Path | None, target: str | None) -> Profile:
@@ -222,8 +220,12 @@ def _speculative(doc: Table) -> Speculative:
         raise ProfileError(f"{doc.where}: eagle_topk must be 1 (the stand-in models chain drafts only)")
     # SGLang forces num_draft_tokens = num_steps + 1 when topk == 1.
     draft_tokens = doc.int_("num_draft_tokens", default=num_steps + 1, minimum=2)
-    check(draft_tokens == num_steps + 1, f"{doc.where}: num_draft_tokens", "must be num_steps + 1 with topk 1",
-           draft_tokens)
+    check(
+        draft_tokens == num_steps + 1,
+        f"{doc.where}: num_draft_tokens",
+        "must be num_steps + 1 with topk 1",
+        draft_tokens,
+    )
     accept = doc.number("accept_length")
     _check_accept_length(accept, num_steps, f"{doc.where}: accept_length")
     return Speculative(doc.opt_text("algorithm") or "EAGLE3", num_steps, 1, draft_tokens, accept)
@@ -235,13 +237,11 @@ def _check_accept_length(value: float, num_steps: int, where: str) -> None:
 
 
 def _prefill(doc: Table) -> Prefill:
-    return Prefill(doc.number("fixed_s", default=0.0, minimum=0.0),
-                   doc.number("per_token_s", default=0.0, minimum=0.0))
+    return Prefill(doc.number("fixed_s", default=0.0, minimum=0.0), doc.number("per_token_s", default=0.0, minimum=0.0))
 
 
 def _memory(doc: Table) -> Memory:
-    return Memory(doc.number("release_s", default=0.0, minimum=0.0),
-                  doc.number("resume_s", default=0.0, minimum=0.0))
+    return Memory(doc.number("release_s", default=0.0, minimum=0.0), doc.number("resume_s", default=0.0, minimum=0.0))
 
 
 def _parametric(doc: Table, spec: Speculative | None) -> Parametric:
@@ -278,8 +278,15 @@ def _tables(doc: Table, spec: Speculative | None) -> tuple[StepTable, ...]:
             if key not in columns:
                 kind = "speculative" if spec is not None else "plain"
                 raise ProfileError(f"{t.where}: {key} is required for a {kind} profile")
-        tables.append(StepTable(t.int_("context", minimum=1), batch, columns.get("decode_ms"),
-                                columns.get("verify_ms"), columns.get("draft_ms")))
+        tables.append(
+            StepTable(
+                t.int_("context", minimum=1),
+                batch,
+                columns.get("decode_ms"),
+                columns.get("verify_ms"),
+                columns.get("draft_ms"),
+            )
+        )
     if not tables:
         raise ProfileError(f"{doc.where}: a steptable profile needs at least one [[steps]] table")
     contexts = [t.context for t in tables]
@@ -292,11 +299,13 @@ def _points(raw_points: list[Any], where: str) -> tuple[MeasuredPoint, ...]:
     points = []
     for i, raw in enumerate(raw_points):
         p = Table(raw, f"{where}: points[{i}]")
-        points.append(MeasuredPoint(
-            concurrency=p.number("concurrency", minimum=1.0),
-            per_request_throughput=p.number("per_request_throughput", minimum=1e-9),
-            ttft_s=p.number("ttft_s", minimum=0.0),
-        ))
+        points.append(
+            MeasuredPoint(
+                concurrency=p.number("concurrency", minimum=1.0),
+                per_request_throughput=p.number("per_request_throughput", minimum=1e-9),
+                ttft_s=p.number("ttft_s", minimum=0.0),
+            )
+        )
     points.sort(key=lambda p: p.concurrency)
     if not points:
         raise ProfileError(f"{where}: a measured profile needs at least one point")

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from servers.sim.fields import ProfileError
+from crossover.servers.sim.fields import ProfileError
 
 
 def measured_profile_data(path: Path, target: str | None) -> dict[str, Any]:
@@ -36,8 +36,9 @@ def measured_profile_data(path: Path, target: str | None) -> dict[str, Any]:
         if not isinstance(lv, dict) or lv.get("target") != target or not lv.get("completed"):
             continue
         tpot, ttft, conc = lv.get("mean_tpot_ms"), lv.get("mean_ttft_ms"), lv.get("concurrency")
-        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-                      for v in (tpot, ttft, conc))
+        numbers = all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in (tpot, ttft, conc)
+        )
         if numbers and tpot > 0:
             points.append({"concurrency": conc, "per_request_throughput": 1000.0 / tpot, "ttft_s": ttft / 1000.0})
     if not points:

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from gateway_helpers import SIM_SCALE, WAIT_S, RunningGateway
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.app import create_app
-from gateway.config import Settings
-from servers.process import free_port, spawn, stop, wait_ready
+from crossover.gateway.app import create_app
+from crossover.gateway.config import Settings
+from crossover.servers.process import free_port, spawn, stop, wait_ready
+from tests.gateway.gateway_helpers import SIM_SCALE, WAIT_S, RunningGateway
 
 
 @pytest.fixture
@@ -67,8 +67,11 @@ def gateway_process(tmp_path):
         port = free_port()
         path = tmp_path / f"gateway-{port}.toml"
         path.write_text(f'port = {port}\nlog_level = "warning"\n{config}')
-        proc = spawn([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)], die_with_parent=False,
-                     env={**os.environ, **(env or {})})
+        proc = spawn(
+            [sys.executable, "-m", "crossover.gateway.cli", "serve", "--config", str(path)],
+            die_with_parent=False,
+            env={**os.environ, **(env or {})},
+        )
         started.append(proc)
         url = f"http://127.0.0.1:{port}"
         wait_ready(url + "/health", proc, WAIT_S)

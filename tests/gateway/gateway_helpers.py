@@ -1,4 +1,4 @@
-"""Helpers for the gateway's tests (imported by name: pytest puts this directory on sys.path).
+"""Helpers for the gateway's tests.
 
 - `hold(client, url, n)`: n streams opened one after another and kept open (so routing is deterministic)
 - `chat(...)`, `sse_events(raw)`, `stream_text(events)`, `wait_until(condition)`, `sim_running(url)`
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client import CollectorRegistry
-from waiting import WAIT_S, wait_until  # noqa: F401  (re-exported for the gateway's tests)
 
-from gateway.app import GatewayApp
-from gateway.config import Settings
-from servers.process import free_port
+from crossover.gateway.app import GatewayApp
+from crossover.gateway.config import Settings
+from crossover.servers.process import free_port
+from tests.waiting import WAIT_S, wait_until  # noqa: F401  (re-exported for the gateway's tests)
 
 MODEL = "moonshotai/Kimi-K2.5"
 # Fast enough for tests, slow enough that a stream of a few thousand tokens stays open for seconds.

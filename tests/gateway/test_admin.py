@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from gateway_helpers import chat
 
-from gateway.admin import parse_update
-from gateway.errors import InvalidRequest
+from crossover.gateway.admin import parse_update
+from crossover.gateway.errors import InvalidRequest
+from tests.gateway.gateway_helpers import chat
 
 TOKEN = "s3cret-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}

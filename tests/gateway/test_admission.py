@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from gateway.admission import Admission
-from gateway.errors import Overloaded
+from crossover.gateway.admission import Admission
+from crossover.gateway.errors import Overloaded
 
 
 def test_over_the_limit_and_queue_is_429():

@@ -8,7 +8,8 @@ import json
 import httpx
 import openai
 import pytest
-from gateway_helpers import MODEL, chat, unused_url
+
+from tests.gateway.gateway_helpers import MODEL, chat, unused_url
 
 BAD_INPUTS = [
     # (what, method, path, body, status, code)

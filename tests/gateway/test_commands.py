@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import httpx
-from gateway_helpers import chat
 
-from gateway.cli import build_parser
+from crossover.gateway.cli import build_parser
+from tests.gateway.gateway_helpers import chat
 
 
 def test_serve_runs_a_config_file_and_stops_on_sigterm(sims, gateway_process):
@@ -30,7 +30,7 @@ def test_serve_refuses_bad_settings_naming_the_field(tmp_path):
     config = tmp_path / "bad.toml"
     config.write_text('threshold = -3\n[pools.speculative]\nbackends = ["ftp://x"]\n[pools.plain]\nbackends = []\n')
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "crossover.gateway.cli", "serve", "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -52,7 +52,7 @@ def test_environment_overrides_the_file(sims, gateway_process, tmp_path):
     config = tmp_path / "ok.toml"
     config.write_text(pools)
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "crossover.gateway.cli", "serve", "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=60,

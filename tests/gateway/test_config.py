@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import DEFAULT_CONNECT_TIMEOUT_S, Settings, SettingsError, load_settings
+from crossover.gateway.config import DEFAULT_CONNECT_TIMEOUT_S, Settings, SettingsError, load_settings
 
 POOLS = """
 [pools.speculative]
@@ -106,9 +106,9 @@ def test_settings_can_be_built_in_code():
 
 
 def test_the_example_file_is_valid_and_shows_every_field():
-    import gateway
+    import crossover.gateway
 
-    path = Path(gateway.__file__).parent / "example.toml"
+    path = Path(crossover.gateway.__file__).parent / "example.toml"
     settings = load_settings(path)
     # The values the example shows are the real defaults.
     assert settings.model_dump(exclude={"pools"}) == Settings(pools=settings.pools).model_dump(exclude={"pools"})

@@ -11,9 +11,9 @@ import sys
 import httpx
 import openai
 import pytest
-from gateway_helpers import MODEL, wait_until
 
-from servers.process import free_port
+from crossover.servers.process import free_port
+from tests.gateway.gateway_helpers import MODEL, wait_until
 
 STARTUP_S = 60.0
 

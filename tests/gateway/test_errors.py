@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gateway import errors
+from crossover.gateway import errors
 
 
 @pytest.mark.parametrize(

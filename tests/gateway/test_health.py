@@ -6,9 +6,9 @@ import asyncio
 
 import httpx
 import pytest
-from gateway_helpers import LONG, MODEL, chat, wait_until
 
-from gateway.health import load_from_loads, load_from_metrics
+from crossover.gateway.health import load_from_loads, load_from_metrics
+from tests.gateway.gateway_helpers import LONG, MODEL, chat, wait_until
 
 SGLANG_METRICS = """\
 # HELP sglang:num_running_reqs The number of running requests.

@@ -18,10 +18,10 @@ import httpx
 import pytest
 import trustme
 import uvloop
-from gateway_helpers import LONG, chat, sim_running, sse_events, wait_until
 
-from gateway import http1
-from gateway.http1 import HIGH_WATER, Http1Transport
+from crossover.gateway import http1
+from crossover.gateway.http1 import HIGH_WATER, Http1Transport
+from tests.gateway.gateway_helpers import LONG, chat, sim_running, sse_events, wait_until
 
 SCENARIO_TIMEOUT_S = 30.0
 SHORT = 0.3  # a timeout meant to expire

@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-from gateway_helpers import LONG, chat, wait_until
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.config import Settings
-from gateway.metrics import Metrics
-from gateway.pools import Pools
-from gateway.routing import Routing
+from crossover.gateway.config import Settings
+from crossover.gateway.metrics import Metrics
+from crossover.gateway.pools import Pools
+from crossover.gateway.routing import Routing
+from tests.gateway.gateway_helpers import LONG, chat, wait_until
 
 DOCUMENTED = {
     "crossover_inflight_requests": "gauge",

@@ -1,6 +1,6 @@
 """Routing policies are pure functions: plain numbers in, a decision out."""
 
-from gateway.policy import ABOVE, BELOW, HYSTERESIS, Decision, least_loaded, spillover, switch
+from crossover.gateway.policy import ABOVE, BELOW, HYSTERESIS, Decision, least_loaded, spillover, switch
 
 
 def test_spillover_fills_the_speculative_pool_up_to_the_threshold():

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from gateway.config import Settings
-from gateway.pools import Pools
+from crossover.gateway.config import Settings
+from crossover.gateway.pools import Pools
 
 
 def make_pools(load_signal="local", failure_threshold=3, eject_seconds=30.0, plain=("http://p1:1", "http://p2:2")):

@@ -12,9 +12,9 @@ import time
 
 import httpx
 import pytest
-from gateway_helpers import chat
 
-from servers.process import free_port, spawn, stop, wait_ready
+from crossover.servers.process import free_port, spawn, stop, wait_ready
+from tests.gateway.gateway_helpers import chat
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
@@ -38,9 +38,16 @@ def prometheus(tmp_path):
             f"      - targets: ['{target}']\n"
         )
         proc = spawn(
-            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            die_with_parent=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            die_with_parent=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         started.append(proc)
         url = f"http://127.0.0.1:{port}"
@@ -82,6 +89,4 @@ def test_prometheus_scrapes_routing_and_request_metrics(sims, gateway, prometheu
     wait_for_query(prom, 'sum by (pool) (crossover_requests_total{outcome="ok"})', {"speculative": 3.0})
     wait_for_query(prom, "crossover_routing_threshold", {"": 5.0})
     wait_for_query(prom, "crossover_inflight_requests", {"speculative": 0.0, "plain": 0.0})
-    wait_for_query(
-        prom, 'sum by (pool) (crossover_output_tokens_total)', {"speculative": 3 * chat()["max_tokens"]}
-    )
+    wait_for_query(prom, "sum by (pool) (crossover_output_tokens_total)", {"speculative": 3 * chat()["max_tokens"]})

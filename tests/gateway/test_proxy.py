@@ -8,7 +8,8 @@ import json
 import random
 
 import httpx
-from gateway_helpers import LONG, Scripted, chat, sim_running, sse_events, stream_text, wait_until
+
+from tests.gateway.gateway_helpers import LONG, Scripted, chat, sim_running, sse_events, stream_text, wait_until
 
 SSE = [(b"content-type", b"text/event-stream")]
 # Deliberately awkward: an event split across two chunks, a comment, a usage event, no trailing newline games.
@@ -224,7 +225,7 @@ def test_a_thousand_streams_with_random_disconnects_leave_nothing_in_flight(sim,
         return await asyncio.gather(*(one(drop) for drop in plan))
 
     results = asyncio.run(run_all())
-    kept = [result for drop, result in zip(plan, results) if drop is None]
+    kept = [result for drop, result in zip(plan, results, strict=False) if drop is None]
     assert kept.count("done") == len(kept), sorted(set(kept))
     assert results.count("dropped") == len(plan) - len(kept)
 

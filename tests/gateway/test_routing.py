@@ -5,11 +5,11 @@ import json
 
 import httpx
 import pytest
-from gateway_helpers import LONG, chat, hold, wait_until
 
-from gateway.config import Settings
-from gateway.pools import Pools
-from gateway.routing import Routing
+from crossover.gateway.config import Settings
+from crossover.gateway.pools import Pools
+from crossover.gateway.routing import Routing
+from tests.gateway.gateway_helpers import LONG, chat, hold, wait_until
 
 POOLS = {"speculative": {"backends": ["http://s:1"]}, "plain": {"backends": ["http://p:2"]}}
 
@@ -62,7 +62,7 @@ def test_live_changes_survive_a_restart_through_the_state_file(tmp_path):
 def test_a_corrupt_state_file_fails_the_start_with_its_name(tmp_path):
     state_file = tmp_path / "routing.json"
     state_file.write_text('{"threshold": "many"}')
-    with pytest.raises(ValueError, match="routing.json"):
+    with pytest.raises(ValueError, match=r"routing\.json"):
         Routing.from_settings(Settings(state_file=state_file, pools=POOLS))
 
 

@@ -1,7 +1,7 @@
 """The uvicorn server `crossover serve` and `crossover demo` run the gateway on."""
 
-from gateway.config import Settings
-from gateway.server import make_server
+from crossover.gateway.config import Settings
+from crossover.gateway.server import make_server
 
 POOLS = {"speculative": {"backends": ["http://s:1"]}, "plain": {"backends": ["http://p:2"]}}
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-from gateway_helpers import Scripted
 
-from gateway.config import Settings
-from gateway.transport import backend_timeout, connection_limit, make_client, make_transport
+from crossover.gateway.config import Settings
+from crossover.gateway.transport import backend_timeout, connection_limit, make_client, make_transport
+from tests.gateway.gateway_helpers import Scripted
 
 
 def settings_for(*urls: str, **overrides) -> Settings:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-from gateway_helpers import LONG, ClosingBackend, Scripted, chat, sse_events, stream_text, unused_url
 
-from gateway.upstream import split_events, sse_error_message
+from crossover.gateway.upstream import split_events, sse_error_message
+from tests.gateway.gateway_helpers import LONG, ClosingBackend, Scripted, chat, sse_events, stream_text, unused_url
 
 
 def test_a_backend_killed_mid_test(sim, gateway):

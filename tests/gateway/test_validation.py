@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from gateway.errors import InvalidRequest, ModelNotFound
-from gateway.validation import CHAT, COMPLETIONS, parse_generation
+from crossover.gateway.errors import InvalidRequest, ModelNotFound
+from crossover.gateway.validation import CHAT, COMPLETIONS, parse_generation
 
 MODELS = frozenset({"moonshotai/Kimi-K2.5"})
 CHAT_OK = {"model": "moonshotai/Kimi-K2.5", "messages": [{"role": "user", "content": "hi"}]}

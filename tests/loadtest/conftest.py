@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from scripted_backend import ScriptedBackend
+
+from tests.loadtest.scripted_backend import ScriptedBackend
 
 
 @pytest.fixture

@@ -27,8 +27,12 @@ PROMPT_TOKENS = 17
 
 
 def _chunk(text: str, usage: dict | None = None, choices: bool = True) -> bytes:
-    event: dict = {"id": "x", "object": "chat.completion.chunk", "model": "m",
-                   "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}] if choices else []}
+    event: dict = {
+        "id": "x",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}] if choices else [],
+    }
     if usage is not None:
         event["usage"] = usage
     return b"data: " + json.dumps(event).encode() + b"\n\n"
@@ -38,8 +42,10 @@ def _usage(completion: int) -> dict:
     return {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": completion, "total_tokens": PROMPT_TOKENS + completion}
 
 
-ERROR_EVENT = b'data: {"error": {"object": "error", "message": "The request queue is full.", ' \
-              b'"type": "SERVICE_UNAVAILABLE", "param": null, "code": 503}}\n\n'
+ERROR_EVENT = (
+    b'data: {"error": {"object": "error", "message": "The request queue is full.", '
+    b'"type": "SERVICE_UNAVAILABLE", "param": null, "code": 503}}\n\n'
+)
 
 
 def _script(model: str) -> tuple[int, list[bytes]]:

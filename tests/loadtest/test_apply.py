@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway.app import create_app
-from gateway.config import Settings
-from loadtest.apply import ApplyError, apply_threshold
+from crossover.gateway.app import create_app
+from crossover.gateway.config import Settings
+from crossover.loadtest.apply import ApplyError, apply_threshold
 
 TOKEN = "apply-test-token"
 RECOMMENDED = {"switch": 7, "spillover": 3}

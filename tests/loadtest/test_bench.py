@@ -29,10 +29,10 @@ import httpx
 import jsonschema
 import pytest
 
-from gateway.app import create_app
-from gateway.config import Settings
-from loadtest.crossover import find_crossover
-from loadtest.results import load_schema
+from crossover.gateway.app import create_app
+from crossover.gateway.config import Settings
+from crossover.loadtest.crossover import find_crossover
+from crossover.loadtest.results import load_schema
 
 # CI: short outputs and a coarse grid on stand-ins running TIME_SCALE x faster than the profile. The
 # slow variant below uses the issue's lengths and the deployment's grid.
@@ -49,14 +49,28 @@ ENVELOPE = 0.95
 def crossover_cli(*argv: str, timeout: float = BENCH_TIMEOUT_S) -> subprocess.CompletedProcess:
     """The real `crossover` command in its own process (its CPU is not the gateway's)."""
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *argv], capture_output=True, text=True, timeout=timeout, check=False
+        [sys.executable, "-m", "crossover.gateway.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
 def virtual_curve(profile: str, levels: list[int], output_len: int, input_len: int) -> dict[int, float]:
     done = crossover_cli(
-        "sim", "curve", "--profile", profile, "--concurrency", ",".join(map(str, levels)),
-        "--output-len", str(output_len), "--input-len", str(input_len), "--json", timeout=60,
+        "sim",
+        "curve",
+        "--profile",
+        profile,
+        "--concurrency",
+        ",".join(map(str, levels)),
+        "--output-len",
+        str(output_len),
+        "--input-len",
+        str(input_len),
+        "--json",
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     return {p["concurrency"]: p["output_throughput"] for p in json.loads(done.stdout)}
@@ -81,16 +95,37 @@ def stand_ins(sim, time_scale: int):
 
 def switch_gateway(serve, speculative_url: str, plain_url: str):
     settings = Settings(
-        policy="switch", threshold=INITIAL_THRESHOLD, hysteresis=0, admin_token=ADMIN_TOKEN, log_level="warning",
+        policy="switch",
+        threshold=INITIAL_THRESHOLD,
+        hysteresis=0,
+        admin_token=ADMIN_TOKEN,
+        log_level="warning",
         pools={"speculative": {"backends": [speculative_url]}, "plain": {"backends": [plain_url]}},
     )
     return serve(create_app(settings))
 
 
-def bench(out, targets: dict[str, str], grid: list[int], output_len: int, input_len: int, *extra: str,
-          timeout: float = BENCH_TIMEOUT_S) -> dict:
-    argv = ["bench", "--concurrency", ",".join(map(str, grid)), "--output-len", str(output_len),
-            "--input-len", str(input_len), "--out", str(out), *extra]
+def bench(
+    out,
+    targets: dict[str, str],
+    grid: list[int],
+    output_len: int,
+    input_len: int,
+    *extra: str,
+    timeout: float = BENCH_TIMEOUT_S,
+) -> dict:
+    argv = [
+        "bench",
+        "--concurrency",
+        ",".join(map(str, grid)),
+        "--output-len",
+        str(output_len),
+        "--input-len",
+        str(input_len),
+        "--out",
+        str(out),
+        *extra,
+    ]
     for name, url in targets.items():
         argv += ["--target", f"{name}={url}"]
     done = crossover_cli(*argv, timeout=timeout)
@@ -106,15 +141,18 @@ def bench(out, targets: dict[str, str], grid: list[int], output_len: int, input_
 def check_crossover(run: dict, grid: list[int], output_len: int, input_len: int) -> None:
     fine = list(range(1, grid[-1] + 1))
     virtual = find_crossover(
-        virtual_curve("k25-eagle3", fine, output_len, input_len), virtual_curve("k25-plain", fine, output_len, input_len)
+        virtual_curve("k25-eagle3", fine, output_len, input_len),
+        virtual_curve("k25-plain", fine, output_len, input_len),
     )
     measured = run["crossover"]
     print(f"crossover: measured {measured['concurrency']} ({measured['status']}), virtual {virtual['concurrency']}")
     assert virtual["concurrency"] is not None, "the stand-ins' curves should cross inside the grid"
     assert measured["concurrency"] is not None, measured["evidence"]
     steps = abs(grid_position(grid, measured["concurrency"]) - grid_position(grid, virtual["concurrency"]))
-    assert steps <= 1.0, f"measured crossover {measured['concurrency']:.2f} is {steps:.2f} grid steps from " \
-                         f"the virtual {virtual['concurrency']:.2f}"
+    assert steps <= 1.0, (
+        f"measured crossover {measured['concurrency']:.2f} is {steps:.2f} grid steps from "
+        f"the virtual {virtual['concurrency']:.2f}"
+    )
 
 
 def check_envelope(run: dict) -> None:
@@ -129,22 +167,43 @@ def check_envelope(run: dict) -> None:
         )
 
 
-def run_must_shows(sim, serve, tmp_path, time_scale: float, grid: list[int], output_len: int, input_len: int,
-                   timeout: float = BENCH_TIMEOUT_S) -> None:
+def run_must_shows(
+    sim,
+    serve,
+    tmp_path,
+    time_scale: float,
+    grid: list[int],
+    output_len: int,
+    input_len: int,
+    timeout: float = BENCH_TIMEOUT_S,
+) -> None:
     speculative, plain = stand_ins(sim, time_scale)
     gateway = switch_gateway(serve, speculative.url, plain.url)
     direct = {"speculative": speculative.url, "plain": plain.url}
 
-    first = bench(tmp_path / "direct", direct, grid, output_len, input_len, "--lockstep",
-                  "--apply", gateway.url, "--admin-token", ADMIN_TOKEN, timeout=timeout)
+    first = bench(
+        tmp_path / "direct",
+        direct,
+        grid,
+        output_len,
+        input_len,
+        "--lockstep",
+        "--apply",
+        gateway.url,
+        "--admin-token",
+        ADMIN_TOKEN,
+        timeout=timeout,
+    )
     check_crossover(first, grid, output_len, input_len)
     recommended = first["crossover"]["recommended_threshold"]["switch"]
-    state = httpx.get(f"{gateway.url}/admin/threshold", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-                      timeout=10).json()
+    state = httpx.get(
+        f"{gateway.url}/admin/threshold", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10
+    ).json()
     assert (state["policy"], state["threshold"]) == ("switch", recommended) != ("switch", INITIAL_THRESHOLD)
 
-    second = bench(tmp_path / "routed", {**direct, "routed": f"{gateway.url}/v1"}, grid, output_len, input_len,
-                   timeout=timeout)
+    second = bench(
+        tmp_path / "routed", {**direct, "routed": f"{gateway.url}/v1"}, grid, output_len, input_len, timeout=timeout
+    )
     check_envelope(second)
 
 

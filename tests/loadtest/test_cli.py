@@ -8,8 +8,8 @@ import json
 import jsonschema
 import pytest
 
-from loadtest import cli
-from loadtest.results import load_schema
+from crossover.loadtest import cli
+from crossover.loadtest.results import load_schema
 
 
 def crossover(*argv: str) -> int:
@@ -50,20 +50,38 @@ def test_a_sweep_writes_valid_results_plots_and_counts_failures_as_failures(scri
     url, _ = scripted
     out = tmp_path / "run"
     code = crossover(
-        "bench", "--target", f"speculative={url}", "--target", f"plain={url}/v1", "--model", "flaky",
-        "--concurrency", "3,1", "--requests-per-level", "6", "--output-len", "24", "--out", str(out),
+        "bench",
+        "--target",
+        f"speculative={url}",
+        "--target",
+        f"plain={url}/v1",
+        "--model",
+        "flaky",
+        "--concurrency",
+        "3,1",
+        "--requests-per-level",
+        "6",
+        "--output-len",
+        "24",
+        "--out",
+        str(out),
     )
     assert code == 0
     run = json.loads((out / "results.json").read_text())
     jsonschema.validate(run, load_schema())
     assert [(lv["target"], lv["concurrency"]) for lv in run["levels"]] == [
-        ("speculative", 1), ("plain", 1), ("speculative", 3), ("plain", 3)
+        ("speculative", 1),
+        ("plain", 1),
+        ("speculative", 3),
+        ("plain", 3),
     ]
     for lv in run["levels"]:
         # Every third request succeeds; the HTTP 503s and mid-stream error events are failures, not speed.
         assert lv["completed"] + lv["failed"] == 6 and lv["failed"] >= 3
-        assert set(lv["errors"]) <= {"HTTP 503: 503: no healthy backend",
-                                     "stream error event: 503: The request queue is full."}
+        assert set(lv["errors"]) <= {
+            "HTTP 503: 503: no healthy backend",
+            "stream error event: 503: The request queue is full.",
+        }
     assert run["crossover"]["status"] != "not_computed"
     for png in ("throughput.png", "latency.png"):
         assert (out / png).read_bytes().startswith(b"\x89PNG")
@@ -72,8 +90,18 @@ def test_a_sweep_writes_valid_results_plots_and_counts_failures_as_failures(scri
 
 
 def test_a_target_that_fails_its_probe_stops_the_run(backend, tmp_path, capsys):
-    code = crossover("bench", "--target", f"speculative={backend}", "--model", "http-503",
-                     "--concurrency", "1", "--out", str(tmp_path / "run"), "--no-plots")
+    code = crossover(
+        "bench",
+        "--target",
+        f"speculative={backend}",
+        "--model",
+        "http-503",
+        "--concurrency",
+        "1",
+        "--out",
+        str(tmp_path / "run"),
+        "--no-plots",
+    )
     assert code == 1
     assert "probe request to speculative" in capsys.readouterr().err
     assert not (tmp_path / "run" / "results.json").exists()
@@ -82,9 +110,25 @@ def test_a_target_that_fails_its_probe_stops_the_run(backend, tmp_path, capsys):
 def test_report_redraws_one_run_and_compares_several(scripted, tmp_path, capsys):
     url, _ = scripted
     for name in ("a", "b"):
-        assert crossover("bench", "--target", f"speculative={url}", "--target", f"plain={url}", "--model", "ok",
-                         "--concurrency", "1,2", "--requests-per-level", "2", "--out", str(tmp_path / name),
-                         "--no-plots") == 0
+        assert (
+            crossover(
+                "bench",
+                "--target",
+                f"speculative={url}",
+                "--target",
+                f"plain={url}",
+                "--model",
+                "ok",
+                "--concurrency",
+                "1,2",
+                "--requests-per-level",
+                "2",
+                "--out",
+                str(tmp_path / name),
+                "--no-plots",
+            )
+            == 0
+        )
     capsys.readouterr()
     assert crossover("bench", "report", str(tmp_path / "a")) == 0
     assert (tmp_path / "a" / "throughput.png").stat().st_size > 0

@@ -8,9 +8,9 @@ import socket
 
 import httpx
 import pytest
-from scripted_backend import CHUNKS, PROMPT_TOKENS, TOKENS_PER_CHUNK
 
-from loadtest.client import run_request
+from crossover.loadtest.client import run_request
+from tests.loadtest.scripted_backend import CHUNKS, PROMPT_TOKENS, TOKENS_PER_CHUNK
 
 TIMEOUT_S = 10.0
 

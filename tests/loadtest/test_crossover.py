@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from loadtest.crossover import analyse, find_crossover, interpolate, spillover_threshold, switch_threshold
+from crossover.loadtest.crossover import analyse, find_crossover, interpolate, spillover_threshold, switch_threshold
 
 SPEC = {1: 96.0, 2: 180.0, 5: 300.0, 10: 330.0, 30: 340.0}
 PLAIN = {1: 92.0, 2: 176.0, 5: 400.0, 10: 600.0, 30: 900.0}

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from loadtest.proxyreport import check_bar
+from crossover.loadtest.proxyreport import check_bar
 
 SMOKE_TIMEOUT_S = 240.0
 FULL_TIMEOUT_S = 1200.0
@@ -22,8 +22,16 @@ REQUESTS = 30
 
 
 def run_bench(tmp_path, *args: str, timeout: float) -> tuple[subprocess.CompletedProcess, dict, str]:
-    argv = [sys.executable, "-m", "loadtest.proxybench", "--json", str(tmp_path / "rows.json"),
-            "--markdown", str(tmp_path / "table.md"), *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "crossover.loadtest.proxybench",
+        "--json",
+        str(tmp_path / "rows.json"),
+        "--markdown",
+        str(tmp_path / "table.md"),
+        *args,
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
@@ -38,14 +46,28 @@ def run_bench(tmp_path, *args: str, timeout: float) -> tuple[subprocess.Complete
 
 def test_smoke_direct_and_crossover(tmp_path):
     done, result, markdown = run_bench(
-        tmp_path, "--targets", "direct,crossover", "--concurrency", "1,4", "--requests", str(REQUESTS),
-        "--max-tokens", "4", "--paced-concurrency", "4", "--paced-delay-ms", "2", timeout=SMOKE_TIMEOUT_S,
+        tmp_path,
+        "--targets",
+        "direct,crossover",
+        "--concurrency",
+        "1,4",
+        "--requests",
+        str(REQUESTS),
+        "--max-tokens",
+        "4",
+        "--paced-concurrency",
+        "4",
+        "--paced-delay-ms",
+        "2",
+        timeout=SMOKE_TIMEOUT_S,
     )
     rows = result["rows"]
     cells = [(r["kind"], r["concurrency"], r["target"]) for r in rows]
-    expected = [(kind, c, target) for kind, c in
-                [("stream", 1), ("stream", 4), ("non-stream", 1), ("non-stream", 4), ("paced", 4)]
-                for target in ("direct", "crossover")]
+    expected = [
+        (kind, c, target)
+        for kind, c in [("stream", 1), ("stream", 4), ("non-stream", 1), ("non-stream", 4), ("paced", 4)]
+        for target in ("direct", "crossover")
+    ]
     assert cells == expected
     for r in rows:
         assert (r["sent"], r["ok"], r["completed"], r["errors"]) == (REQUESTS, REQUESTS, REQUESTS, 0), r
@@ -61,13 +83,18 @@ def test_smoke_direct_and_crossover(tmp_path):
     ]
     assert verdicts["no failed requests through crossover"] is True
     assert done.returncode == (1 if False in verdicts.values() else 0)
-    assert "| paced | 4 | crossover |" in markdown and "python -m loadtest.proxybench" in markdown
+    assert "| paced | 4 | crossover |" in markdown and "python -m crossover.loadtest.proxybench" in markdown
     assert "PASS  no failed requests through crossover" in done.stdout
 
 
 def test_bad_arguments_exit_2(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "loadtest.proxybench", "--targets", "crossover"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "crossover.loadtest.proxybench", "--targets", "crossover"],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "must include direct" in done.stderr
 
 

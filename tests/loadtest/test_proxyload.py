@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from zero_server import running_zero
 
-from loadtest.proxyload import LoadSpec, run_load
-from servers.process import free_port
+from crossover.loadtest.proxyload import LoadSpec, run_load
+from crossover.servers.process import free_port
+from tests.loadtest.zero_server import running_zero
 
 BOUND_S = 60.0
 
@@ -57,14 +57,22 @@ def test_a_dead_server_is_errors_not_a_hang():
 
 def test_cli_prints_one_json_report(zero_url):
     done = subprocess.run(
-        [sys.executable, "-m", "loadtest.proxyload", "--url", zero_url, "--requests", "5", "--stream"],
-        capture_output=True, text=True, timeout=BOUND_S,
+        [sys.executable, "-m", "crossover.loadtest.proxyload", "--url", zero_url, "--requests", "5", "--stream"],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=BOUND_S,
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["ok"] == 5
 
 
 def test_cli_rejects_nonsense():
-    done = subprocess.run([sys.executable, "-m", "loadtest.proxyload", "--url", "http://x", "--concurrency", "0"],
-                          capture_output=True, text=True, timeout=BOUND_S)
+    done = subprocess.run(
+        [sys.executable, "-m", "crossover.loadtest.proxyload", "--url", "http://x", "--concurrency", "0"],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=BOUND_S,
+    )
     assert done.returncode == 2 and "--concurrency" in done.stderr

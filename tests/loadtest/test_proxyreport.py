@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from loadtest.proxyreport import check_bar, render_markdown, render_text
+from crossover.loadtest.proxyreport import check_bar, render_markdown, render_text
 
 
 def row(kind, c, target, rps=100.0, lat=1.0, ttfc=0.5, errors=0, ratio=1.0):
     return {
-        "kind": kind, "concurrency": c, "target": target, "rps": rps, "ratio": ratio,
-        "latency_p50_ms": lat, "latency_p99_ms": lat * 2, "ttfc_p50_ms": ttfc, "ttfc_p99_ms": ttfc * 2,
-        "errors": errors, "sent": 10 + errors,
+        "kind": kind,
+        "concurrency": c,
+        "target": target,
+        "rps": rps,
+        "ratio": ratio,
+        "latency_p50_ms": lat,
+        "latency_p99_ms": lat * 2,
+        "ttfc_p50_ms": ttfc,
+        "ttfc_p99_ms": ttfc * 2,
+        "errors": errors,
+        "sent": 10 + errors,
     }
 
 
@@ -17,23 +25,32 @@ def full_run(**crossover) -> list[dict]:
     """A run that meets the bar unless `crossover` overrides a figure: {cell name: row kwargs}."""
     rows = []
     base = {
-        ("stream", 1): dict(lat=0.40, ttfc=0.10), ("non-stream", 1): dict(lat=0.10, ttfc=0.10),
-        ("stream", 32): dict(rps=3000), ("stream", 256): dict(rps=3000), ("paced", 256): dict(rps=190, ttfc=1.0),
+        ("stream", 1): dict(lat=0.40, ttfc=0.10),
+        ("non-stream", 1): dict(lat=0.10, ttfc=0.10),
+        ("stream", 32): dict(rps=3000),
+        ("stream", 256): dict(rps=3000),
+        ("paced", 256): dict(rps=190, ttfc=1.0),
     }
     router = {
-        ("stream", 1): dict(lat=44.0, ttfc=44.0), ("non-stream", 1): dict(lat=0.25, ttfc=0.25),
-        ("stream", 32): dict(rps=1000), ("stream", 256): dict(rps=2000), ("paced", 256): dict(rps=190, ttfc=45.0),
+        ("stream", 1): dict(lat=44.0, ttfc=44.0),
+        ("non-stream", 1): dict(lat=0.25, ttfc=0.25),
+        ("stream", 32): dict(rps=1000),
+        ("stream", 256): dict(rps=2000),
+        ("paced", 256): dict(rps=190, ttfc=45.0),
     }
     ours = {
-        ("stream", 1): dict(lat=0.9, ttfc=0.6), ("non-stream", 1): dict(lat=0.30, ttfc=0.30),
-        ("stream", 32): dict(rps=2000), ("stream", 256): dict(rps=2500), ("paced", 256): dict(rps=189, ttfc=3.0),
+        ("stream", 1): dict(lat=0.9, ttfc=0.6),
+        ("non-stream", 1): dict(lat=0.30, ttfc=0.30),
+        ("stream", 32): dict(rps=2000),
+        ("stream", 256): dict(rps=2500),
+        ("paced", 256): dict(rps=189, ttfc=3.0),
     }
     for name, figures in crossover.items():
         kind, c = name.rsplit("_", 1)
         ours[(kind.replace("_", "-"), int(c))].update(figures)
-    for cell in base:
-        rows.append(row(*cell, "direct", **base[cell]))
-        rows.append(row(*cell, "crossover", **ours[cell], ratio=ours[cell].get("rps", 100) / base[cell].get("rps", 100)))
+    for cell, direct in base.items():
+        rows.append(row(*cell, "direct", **direct))
+        rows.append(row(*cell, "crossover", **ours[cell], ratio=ours[cell].get("rps", 100) / direct.get("rps", 100)))
         rows.append(row(*cell, "sglang-router", **router[cell]))
     return rows
 

@@ -8,22 +8,34 @@ import json
 import jsonschema
 import pytest
 
-from loadtest.client import RequestResult
-from loadtest.results import CSV_FIELDS, ResultsError, build_results, load_results, load_schema, write_results
-from loadtest.stats import summarize
+from crossover.loadtest.client import RequestResult
+from crossover.loadtest.results import CSV_FIELDS, ResultsError, build_results, load_results, load_schema, write_results
+from crossover.loadtest.stats import summarize
 
 METADATA = {
-    "tool": "crossover test", "started_at": "2025-01-01T00:00:00+00:00", "finished_at": "2025-01-01T00:01:00+00:00",
+    "tool": "crossover test",
+    "started_at": "2025-01-01T00:00:00+00:00",
+    "finished_at": "2025-01-01T00:01:00+00:00",
     "targets": {"speculative": {"url": "http://a", "server_info": None}, "plain": {"url": "http://b"}},
-    "model": "m", "concurrency": [1, 4], "output_len": 16, "input_len": 8,
+    "model": "m",
+    "concurrency": [1, 4],
+    "output_len": 16,
+    "input_len": 8,
 }
 
 
 def level(target: str, concurrency: int, tok_s: float, failures: int = 0) -> dict:
     """`concurrency` requests of `tok_s` tokens in five chunks each, over a window of `concurrency` seconds."""
     results = [
-        RequestResult(start=0.0, end=1.0, success=True, output_tokens=int(tok_s), prompt_tokens=8,
-                      chunk_times=[0.1, 0.3, 0.5, 0.7, 1.0], chunk_tokens=None)
+        RequestResult(
+            start=0.0,
+            end=1.0,
+            success=True,
+            output_tokens=int(tok_s),
+            prompt_tokens=8,
+            chunk_times=[0.1, 0.3, 0.5, 0.7, 1.0],
+            chunk_tokens=None,
+        )
         for _ in range(concurrency)
     ] + [RequestResult(start=0.0, end=0.01, error="HTTP 503: busy") for _ in range(failures)]
     return summarize(target, concurrency, results, results, t0=0.0, t1=float(concurrency))
@@ -31,8 +43,12 @@ def level(target: str, concurrency: int, tok_s: float, failures: int = 0) -> dic
 
 @pytest.fixture
 def run():
-    levels = [level("speculative", 1, 100), level("plain", 1, 90), level("speculative", 4, 150),
-              level("plain", 4, 200, failures=2)]
+    levels = [
+        level("speculative", 1, 100),
+        level("plain", 1, 90),
+        level("speculative", 4, 150),
+        level("plain", 4, 200, failures=2),
+    ]
     return build_results(METADATA, levels, "speculative", "plain")
 
 
@@ -64,15 +80,22 @@ def test_write_and_load_round_trip_with_a_csv_row_per_level(tmp_path, run):
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == CSV_FIELDS
     assert [(r["target"], r["concurrency"], r["failed"]) for r in rows] == [
-        ("speculative", "1", "0"), ("plain", "1", "0"), ("speculative", "4", "0"), ("plain", "4", "2")
+        ("speculative", "1", "0"),
+        ("plain", "1", "0"),
+        ("speculative", "4", "0"),
+        ("plain", "4", "2"),
     ]
     assert json.loads(rows[3]["errors"]) == {"HTTP 503: busy": 2}
 
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [(None, "no such file"), ("{not json", "not readable as JSON"), ('{"schema_version": 2}', "schema_version 1"),
-     ('{"schema_version": 1, "levels": []}', "missing 'metadata'")],
+    [
+        (None, "no such file"),
+        ("{not json", "not readable as JSON"),
+        ('{"schema_version": 2}', "schema_version 1"),
+        ('{"schema_version": 1, "levels": []}', "missing 'metadata'"),
+    ],
 )
 def test_loading_a_bad_file_names_the_problem(tmp_path, content, message):
     path = tmp_path / "results.json"

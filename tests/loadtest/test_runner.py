@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from scripted_backend import CHUNKS, TOKENS_PER_CHUNK
 
-from loadtest.config import LoadSettings, Target, default_requests
-from loadtest.runner import run_level, run_sweep
-from loadtest.workload import Workload
+from crossover.loadtest.config import LoadSettings, Target, default_requests
+from crossover.loadtest.runner import run_level, run_sweep
+from crossover.loadtest.workload import Workload
+from tests.loadtest.scripted_backend import CHUNKS, TOKENS_PER_CHUNK
 
 LOAD = LoadSettings(request_timeout_s=30.0)
 
@@ -56,14 +56,22 @@ def test_sweep_interleaves_targets_level_by_level(scripted):
     url, _ = scripted
     targets = [Target("a", url), Target("b", f"{url}/v1")]
     order = []
-    levels = asyncio.run(run_sweep(
-        targets, [1, 2], workload("ok"), LoadSettings(requests=2),
-        on_level_start=lambda target, c, planned: order.append((target.name, c, planned)),
-    ))
+    levels = asyncio.run(
+        run_sweep(
+            targets,
+            [1, 2],
+            workload("ok"),
+            LoadSettings(requests=2),
+            on_level_start=lambda target, c, planned: order.append((target.name, c, planned)),
+        )
+    )
     # Planned requests include the warm-up round of C.
     assert order == [("a", 1, 3), ("b", 1, 3), ("a", 2, 4), ("b", 2, 4)]
     assert [(lv["target"], lv["concurrency"], lv["completed"]) for lv in levels] == [
-        ("a", 1, 2), ("b", 1, 2), ("a", 2, 2), ("b", 2, 2)
+        ("a", 1, 2),
+        ("b", 1, 2),
+        ("a", 2, 2),
+        ("b", 2, 2),
     ]
 
 

@@ -5,15 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadtest.client import RequestResult
-from loadtest.stats import LATENCY_METRICS, percentile, summarize, token_gaps
+from crossover.loadtest.client import RequestResult
+from crossover.loadtest.stats import LATENCY_METRICS, percentile, summarize, token_gaps
 
 
 def ok(start: float, times: list[float], tokens: list[int] | None, total: int | None = None) -> RequestResult:
     """A successful request whose text chunks arrived at `times` carrying `tokens` each."""
     return RequestResult(
-        start=start, end=times[-1], success=True, output_tokens=total if total is not None else sum(tokens),
-        prompt_tokens=10, chunk_times=times, chunk_tokens=tokens,
+        start=start,
+        end=times[-1],
+        success=True,
+        output_tokens=total if total is not None else sum(tokens),
+        prompt_tokens=10,
+        chunk_times=times,
+        chunk_tokens=tokens,
     )
 
 
@@ -44,8 +49,14 @@ def test_window_counts_requests_that_ended_in_it_and_tokens_that_arrived_in_it()
         ok(1.0, [2.0, 3.0, 3.5], [1, 2, 2]),  # straddles the end: only its first two chunks count
         failed(2.0, 2.001, "HTTP 503: busy"),
         failed(2.1, 2.102, "HTTP 503: busy"),
-        RequestResult(start=1.2, end=2.8, error="stream error event: 503: queue full", output_tokens=0,
-                      chunk_times=[1.4, 2.4], chunk_tokens=[1, 2]),  # its tokens never count
+        RequestResult(
+            start=1.2,
+            end=2.8,
+            error="stream error event: 503: queue full",
+            output_tokens=0,
+            chunk_times=[1.4, 2.4],
+            chunk_tokens=[1, 2],
+        ),  # its tokens never count
     ]
     results[2].cancelled = True  # cut by the load tester at the window's end: neither success nor failure
     level = summarize("t", 3, results, [results[i] for i in (1, 3, 4, 5)], t0=1.0, t1=3.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from loadtest.workload import Workload, make_prompt, request_body
+from crossover.loadtest.workload import Workload, make_prompt, request_body
 
 
 def test_body_streams_with_usage_and_exact_length():

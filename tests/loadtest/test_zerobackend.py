@@ -6,7 +6,8 @@ import json
 
 import httpx
 import pytest
-from zero_server import running_zero
+
+from tests.loadtest.zero_server import running_zero
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def test_stream_has_one_chunk_per_token_then_done(zero):
     response = chat(zero[0], stream=True, max_tokens=5)
     assert response.status_code == 200
     assert response.headers["content-type"] == "text/event-stream"
-    events = [line[len("data: "):] for line in response.text.split("\n\n") if line]
+    events = [line[len("data: ") :] for line in response.text.split("\n\n") if line]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(event) for event in events[:-1]]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"

@@ -6,7 +6,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
-from servers.process import free_port, spawn, stop, wait_ready
+from crossover.servers.process import free_port, spawn, stop, wait_ready
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -16,7 +16,7 @@ STOP_TIMEOUT_S = 10.0
 def running_zero(*extra: str, ports: int = 1) -> Iterator[list[str]]:
     """Start `python -m loadtest.zerobackend` on `ports` fresh ports; yield their URLs; always stop it."""
     chosen = [free_port() for _ in range(ports)]
-    argv = [sys.executable, "-m", "loadtest.zerobackend", *extra]
+    argv = [sys.executable, "-m", "crossover.loadtest.zerobackend", *extra]
     for port in chosen:
         argv += ["--port", str(port)]
     # pytest may run uvicorn threads, so no preexec_fn: the `finally` stops it.

@@ -4,15 +4,17 @@ import dataclasses
 
 import pytest
 
-from servers.sim.curve import batch_table, run_level, sweep
-from servers.sim.profile import MeasuredPoint, load_profile, with_overrides
+from crossover.servers.sim.curve import batch_table, run_level, sweep
+from crossover.servers.sim.profile import MeasuredPoint, load_profile, with_overrides
 
 
 @pytest.fixture(scope="module")
 def k25():
     grid = [1, 2, 5, 10, 30, 70, 100, 250]
-    return {name: {p.concurrency: p for p in sweep(load_profile(name), grid, input_len=256, output_len=512)}
-            for name in ("k25-eagle3", "k25-plain")}
+    return {
+        name: {p.concurrency: p for p in sweep(load_profile(name), grid, input_len=256, output_len=512)}
+        for name in ("k25-eagle3", "k25-plain")
+    }
 
 
 def test_k25_eagle3_matches_the_reference(k25):
@@ -58,8 +60,7 @@ def test_llama8b_plain_reproduces_the_step_table():
 def test_llama8b_eagle_at_accept_2_crosses_below_plain_between_128_and_256():
     batches = [64, 128, 192, 256]
     plain = batch_table(load_profile("llama8b-h200-plain"), batches, context=1024)
-    eagle = batch_table(with_overrides(load_profile("llama8b-h200-eagle3"), accept_length=2.0), batches,
-                        context=1024)
+    eagle = batch_table(with_overrides(load_profile("llama8b-h200-eagle3"), accept_length=2.0), batches, context=1024)
     wins = [e.output_throughput > p.output_throughput for e, p in zip(eagle, plain, strict=True)]
     assert wins == [True, True, False, False]
     # At the default accept length 2.5 EAGLE still wins at 256, as the table says.
@@ -77,9 +78,12 @@ def test_llama8b_closed_loop_at_one_stream_decodes_at_table_speed():
 def test_a_measured_profile_replays_the_curve_it_was_made_from():
     source = sweep(load_profile("k25-plain"), [1, 4, 16, 64], input_len=256, output_len=512)
     measured = dataclasses.replace(
-        load_profile("k25-plain"), kind="measured", parametric=None,
-        limits=dataclasses.replace(load_profile("k25-plain").limits, max_running_requests=1 << 20,
-                                   max_total_num_tokens=1 << 40),
+        load_profile("k25-plain"),
+        kind="measured",
+        parametric=None,
+        limits=dataclasses.replace(
+            load_profile("k25-plain").limits, max_running_requests=1 << 20, max_total_num_tokens=1 << 40
+        ),
         points=tuple(MeasuredPoint(p.concurrency, p.per_request_throughput, p.mean_ttft_s) for p in source),
     )
     for original, replay in zip(source, sweep(measured, [1, 4, 16, 64], input_len=256, output_len=512), strict=True):

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from servers.sim.openai_format import (
+from crossover.servers.sim.openai_format import (
     DEFAULT_MAX_TOKENS,
     DONE,
     BadRequest,
@@ -24,10 +24,20 @@ def parse(body, endpoint="chat", context_length=1000):
 def test_token_counts_follow_words_with_a_length_floor():
     assert count_tokens("the cat sat") == 3
     assert count_tokens("x" * 80) == 10  # no spaces: one token per 8 characters
-    assert parse({"messages": [{"role": "system", "content": "a b"},
-                               {"role": "user", "content": [{"type": "text", "text": "c d e"},
-                                                            {"type": "image_url", "image_url": {}}]}]}
-                 ).prompt_tokens == 5
+    assert (
+        parse(
+            {
+                "messages": [
+                    {"role": "system", "content": "a b"},
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "c d e"}, {"type": "image_url", "image_url": {}}],
+                    },
+                ]
+            }
+        ).prompt_tokens
+        == 5
+    )
     assert parse({"prompt": [1, 2, 3, 4]}, "completion").prompt_tokens == 4
     assert parse({"prompt": ["a b"]}, "completion").prompt_tokens == 2
 
@@ -36,30 +46,40 @@ def test_defaults_and_options():
     gen = parse({"messages": [{"role": "user", "content": "hi"}]})
     assert gen.model == "served" and gen.max_tokens == DEFAULT_MAX_TOKENS and gen.finish_reason == "stop"
     assert not gen.stream and not gen.include_usage
-    gen = parse({**CHAT, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-                 "stop": ["\n"], "temperature": 0.5})
+    gen = parse(
+        {
+            **CHAT,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "stop": ["\n"],
+            "temperature": 0.5,
+        }
+    )
     assert gen.stream and gen.include_usage and gen.continuous_usage
     assert gen.max_tokens == 8 and gen.finish_reason == "length" and gen.model == "m"
     assert parse({**CHAT, "max_tokens": None, "max_completion_tokens": 5}).max_tokens == 5
     assert parse({"messages": CHAT["messages"], "ignore_eos": True}).finish_reason == "length"
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ([1, 2], "must be a JSON object"),
-    ({"messages": []}, "'messages' must be a non-empty list"),
-    ({"messages": [{"content": "x"}]}, "string 'role'"),
-    ({"messages": [{"role": "user", "content": 5}]}, "content' must be a string"),
-    ({**CHAT, "max_tokens": -1}, "must be >= 0"),
-    ({**CHAT, "max_tokens": "10"}, "'max_tokens' must be an integer"),
-    ({**CHAT, "max_tokens": True}, "'max_tokens' must be an integer"),
-    ({**CHAT, "stream": "yes"}, "'stream' must be a boolean"),
-    ({**CHAT, "stream_options": {"include_usage": 1}}, "'stream_options.include_usage' must be a boolean"),
-    ({**CHAT, "n": 2}, "'n' other than 1"),
-    ({**CHAT, "model": 3}, "'model' must be a string"),
-    ({**CHAT, "stop": 3}, "'stop' must be"),
-    ({**CHAT, "max_tokens": 997}, "maximum context length of 1000 tokens"),
-    ({"messages": [{"role": "user", "content": "w " * 1000}]}, "longer than the model's context length"),
-])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ([1, 2], "must be a JSON object"),
+        ({"messages": []}, "'messages' must be a non-empty list"),
+        ({"messages": [{"content": "x"}]}, "string 'role'"),
+        ({"messages": [{"role": "user", "content": 5}]}, "content' must be a string"),
+        ({**CHAT, "max_tokens": -1}, "must be >= 0"),
+        ({**CHAT, "max_tokens": "10"}, "'max_tokens' must be an integer"),
+        ({**CHAT, "max_tokens": True}, "'max_tokens' must be an integer"),
+        ({**CHAT, "stream": "yes"}, "'stream' must be a boolean"),
+        ({**CHAT, "stream_options": {"include_usage": 1}}, "'stream_options.include_usage' must be a boolean"),
+        ({**CHAT, "n": 2}, "'n' other than 1"),
+        ({**CHAT, "model": 3}, "'model' must be a string"),
+        ({**CHAT, "stop": 3}, "'stop' must be"),
+        ({**CHAT, "max_tokens": 997}, "maximum context length of 1000 tokens"),
+        ({"messages": [{"role": "user", "content": "w " * 1000}]}, "longer than the model's context length"),
+    ],
+)
 def test_bad_chat_requests(body, message):
     with pytest.raises(BadRequest, match=message):
         parse(body)
@@ -73,7 +93,7 @@ def test_bad_completion_prompts():
 
 def _events(raw: bytes) -> list:
     assert raw.endswith(b"\n\n")
-    return [json.loads(part[len(b"data: "):]) for part in raw.strip().split(b"\n\n")]
+    return [json.loads(part[len(b"data: ") :]) for part in raw.strip().split(b"\n\n")]
 
 
 def test_chat_stream_chunks_assemble_into_the_response_text():
@@ -82,8 +102,7 @@ def test_chat_stream_chunks_assemble_into_the_response_text():
     raw = enc.first(3) + enc.tokens(3, 4) + enc.tokens(7, 1) + enc.finish("length") + enc.usage(8)
     events = _events(raw)
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert all(e["id"] == "chatcmpl-1" and e["object"] == "chat.completion.chunk" and e["model"] == "m"
-               for e in events)
+    assert all(e["id"] == "chatcmpl-1" and e["object"] == "chat.completion.chunk" and e["model"] == "m" for e in events)
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
     assert text == filler_text(0, 8)
     assert events[-2]["choices"][0]["finish_reason"] == "length" and events[-2]["choices"][0]["delta"] == {}
@@ -93,8 +112,10 @@ def test_chat_stream_chunks_assemble_into_the_response_text():
 
 
 def test_completion_stream_and_continuous_usage():
-    gen = parse({"prompt": "a b c", "max_tokens": 3, "stream": True,
-                 "stream_options": {"continuous_usage_stats": True}}, "completion")
+    gen = parse(
+        {"prompt": "a b c", "max_tokens": 3, "stream": True, "stream_options": {"continuous_usage_stats": True}},
+        "completion",
+    )
     enc = StreamEncoder(gen, "cmpl-1", 1)
     events = _events(enc.first(2) + enc.tokens(2, 1) + enc.finish("length"))
     assert [e["object"] for e in events] == ["text_completion"] * 3
@@ -110,6 +131,13 @@ def test_filler_is_obviously_not_model_output():
 
 def test_stream_error_is_sglangs_event():
     (event,) = _events(stream_error("The request queue is full.", status=503, err_type="SERVICE_UNAVAILABLE"))
-    assert event == {"error": {"object": "error", "message": "The request queue is full.",
-                               "type": "SERVICE_UNAVAILABLE", "param": None, "code": 503}}
+    assert event == {
+        "error": {
+            "object": "error",
+            "message": "The request queue is full.",
+            "type": "SERVICE_UNAVAILABLE",
+            "param": None,
+            "code": 503,
+        }
+    }
     assert DONE == b"data: [DONE]\n\n"

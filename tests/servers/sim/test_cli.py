@@ -13,13 +13,19 @@ CLI_TIMEOUT_S = 60
 
 
 def crossover(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True,
-                          timeout=CLI_TIMEOUT_S)
+    return subprocess.run(
+        [sys.executable, "-m", "crossover.gateway.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
 
 
 def test_curve_json_is_the_documented_list():
-    done = crossover("sim", "curve", "--profile", "k25-eagle3", "--output-len", "512", "--concurrency", "1,70,250",
-                     "--json")
+    done = crossover(
+        "sim", "curve", "--profile", "k25-eagle3", "--output-len", "512", "--concurrency", "1,70,250", "--json"
+    )
     assert done.returncode == 0, done.stderr
     points = json.loads(done.stdout)
     assert [p["concurrency"] for p in points] == [1, 70, 250]
@@ -38,14 +44,17 @@ def test_curve_table_and_steps():
     assert [round(p["output_throughput"]) for p in json.loads(steps.stdout)] == [183, 8333, 14066]
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["sim", "curve", "--profile", "nope"], "no profile named 'nope'"),
-    (["sim", "curve", "--profile", "k25-plain", "--accept-length", "2"], "not speculative"),
-    (["sim", "curve", "--profile", "k25-plain", "--output-len", "1"], "output_len >= 2"),
-    (["sim", "curve", "--profile", "k25-plain", "--concurrency", "0,2"], "positive integers"),
-    (["sim", "serve", "--profile", "k25-plain", "--port", "1", "--time-scale", "0"], "must be > 0"),
-    (["sim", "serve", "--profile", "k25-plain", "--port", "1", "--extra-metric-labels", "[1]"], "JSON object"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["sim", "curve", "--profile", "nope"], "no profile named 'nope'"),
+        (["sim", "curve", "--profile", "k25-plain", "--accept-length", "2"], "not speculative"),
+        (["sim", "curve", "--profile", "k25-plain", "--output-len", "1"], "output_len >= 2"),
+        (["sim", "curve", "--profile", "k25-plain", "--concurrency", "0,2"], "positive integers"),
+        (["sim", "serve", "--profile", "k25-plain", "--port", "1", "--time-scale", "0"], "must be > 0"),
+        (["sim", "serve", "--profile", "k25-plain", "--port", "1", "--extra-metric-labels", "[1]"], "JSON object"),
+    ],
+)
 def test_bad_arguments_fail_clearly(args, message):
     done = crossover(*args)
     assert done.returncode == 2 and message in done.stderr
@@ -53,13 +62,46 @@ def test_bad_arguments_fail_clearly(args, message):
 
 def test_serve_says_it_is_a_simulator_and_replays_a_results_file(tmp_path):
     results = tmp_path / "results.json"
-    results.write_text(json.dumps({"schema_version": 1, "metadata": {"model": "real/model"}, "levels": [
-        {"target": "plain", "concurrency": c, "completed": 5, "mean_ttft_ms": 200.0, "mean_tpot_ms": 20.0 * c}
-        for c in (1, 4)]}))
+    results.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "metadata": {"model": "real/model"},
+                "levels": [
+                    {
+                        "target": "plain",
+                        "concurrency": c,
+                        "completed": 5,
+                        "mean_ttft_ms": 200.0,
+                        "mean_tpot_ms": 20.0 * c,
+                    }
+                    for c in (1, 4)
+                ],
+            }
+        )
+    )
     with open(os.devnull, "wb") as devnull:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "sim", "serve", "--profile", str(results),
-                                 "--target", "plain", "--port", "0", "--time-scale", "100"],
-                                stdout=devnull, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "crossover.gateway.cli",
+                "sim",
+                "serve",
+                "--profile",
+                str(results),
+                "--target",
+                "plain",
+                "--port",
+                "0",
+                "--time-scale",
+                "100",
+            ],
+            stdout=devnull,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
     try:
         banner = proc.stderr.readline()
         assert "SIMULATED SGLang server" in banner and "no model runs" in banner and "results:plain" in banner
@@ -70,8 +112,17 @@ def test_serve_says_it_is_a_simulator_and_replays_a_results_file(tmp_path):
 
 def test_measured_profile_serves_its_model(sim, tmp_path):
     results = tmp_path / "results.json"
-    results.write_text(json.dumps({"schema_version": 1, "metadata": {"model": "real/model"}, "levels": [
-        {"target": "plain", "concurrency": 1, "completed": 5, "mean_ttft_ms": 200.0, "mean_tpot_ms": 20.0}]}))
+    results.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "metadata": {"model": "real/model"},
+                "levels": [
+                    {"target": "plain", "concurrency": 1, "completed": 5, "mean_ttft_ms": 200.0, "mean_tpot_ms": 20.0}
+                ],
+            }
+        )
+    )
     server = sim(str(results), "--time-scale", "100")
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
     with httpx.Client(timeout=10.0) as client:

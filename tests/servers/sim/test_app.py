@@ -2,7 +2,8 @@
 
 import httpx
 import pytest
-from waiting import wait_until
+
+from tests.waiting import wait_until
 
 TIMEOUT = httpx.Timeout(10.0)
 CHAT = {"model": "moonshotai/Kimi-K2.5", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
@@ -18,8 +19,9 @@ def hold(client, url, n=1):
     """Start n long streams (slow server) and return their open responses."""
     streams = []
     for _ in range(n):
-        request = client.build_request("POST", f"{url}/v1/chat/completions", json={**CHAT, "max_tokens": 20_000,
-                                                                                     "stream": True})
+        request = client.build_request(
+            "POST", f"{url}/v1/chat/completions", json={**CHAT, "max_tokens": 20_000, "stream": True}
+        )
         streams.append(client.send(request, stream=True))
     return streams
 
@@ -93,12 +95,27 @@ def test_metrics_names_and_labels(sim_app, client):
     client.post(server.url + "/v1/chat/completions", json=CHAT).raise_for_status()
     text = client.get(server.url + "/metrics").text
     labels = 'engine_type="unified",model_name="moonshotai/Kimi-K2.5",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
-    for gauge in ("num_running_reqs", "num_queue_reqs", "token_usage", "gen_throughput", "spec_accept_length",
-                  "spec_accept_rate", "num_used_tokens", "max_total_num_tokens"):
+    for gauge in (
+        "num_running_reqs",
+        "num_queue_reqs",
+        "token_usage",
+        "gen_throughput",
+        "spec_accept_length",
+        "spec_accept_rate",
+        "num_used_tokens",
+        "max_total_num_tokens",
+    ):
         assert f"sglang:{gauge}{{{labels}}}" in text
-    for series in ("time_to_first_token_seconds_bucket", "inter_token_latency_seconds_bucket",
-                   "e2e_request_latency_seconds_count", "queue_time_seconds_count", "prompt_tokens_total",
-                   "generation_tokens_total", "num_requests_total", "num_aborted_requests_total"):
+    for series in (
+        "time_to_first_token_seconds_bucket",
+        "inter_token_latency_seconds_bucket",
+        "e2e_request_latency_seconds_count",
+        "queue_time_seconds_count",
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "num_requests_total",
+        "num_aborted_requests_total",
+    ):
         assert f"sglang:{series}" in text
     assert 'sglang:generation_tokens_total{model_name="moonshotai/Kimi-K2.5"} 4.0' in text
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from servers.sim.profile import ProfileError, available_profiles, load_profile, with_overrides
+from crossover.servers.sim.profile import ProfileError, available_profiles, load_profile, with_overrides
 
 SHIPPED = ["k25-eagle3", "k25-plain", "llama8b-h200-eagle3", "llama8b-h200-plain"]
 
@@ -43,26 +43,45 @@ def test_missing_file_is_reported(tmp_path):
         load_profile(str(tmp_path / "absent.toml"))
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("kind = 'magic'\nmodel_name = 'm'", "kind must be one of"),
-    ("kind = 'parametric'", "missing key 'model_name'"),
-    ("kind = 'parametric'\nmodel_name = 'm'\n[limits]\nmax_running_requests = 0\nmax_total_num_tokens = 10",
-     "max_running_requests must be >= 1"),
-    ("kind = 'parametric'\nmodel_name = 'm'\n[limits]\nmax_running_requests = 4\nmax_total_num_tokens = 1000\n"
-     "[prefill]\n[decode]\nfixed_s = -1", "fixed_s must be >= 0.0"),
-    ("kind = 'parametric'\nmodel_name = 'm'\n[limits]\nmax_running_requests = 4\nmax_total_num_tokens = 1000\n"
-     "[prefill]\n[decode]\nfixed_s = 0.01\n[draft]\n[speculative]\nnum_steps = 3\naccept_length = 5.0",
-     "accept_length must be between 1 and num_steps \\+ 1 = 4"),
-    ("kind = 'parametric'\nmodel_name = 'm'\n[limits]\nmax_running_requests = 4\nmax_total_num_tokens = 1000\n"
-     "[prefill]\n[decode]\nfixed_s = 0.01\n[draft]\n[speculative]\nnum_steps = 3\nnum_draft_tokens = 8\n"
-     "accept_length = 2.0", "num_draft_tokens must be num_steps \\+ 1"),
-    ("kind = 'steptable'\nmodel_name = 'm'\n[limits]\nmax_running_requests = 4\nmax_total_num_tokens = 1000\n"
-     "[prefill]\n[[steps]]\ncontext = 1024\nbatch = [1, 8]\ndecode_ms = [5.0]", "decode_ms needs 2 positive"),
-    ("kind = 'steptable'\nmodel_name = 'm'\n[limits]\nmax_running_requests = 4\nmax_total_num_tokens = 1000\n"
-     "[prefill]\n[[steps]]\ncontext = 1024\nbatch = [8, 1]\ndecode_ms = [5.0, 6.0]", "batch must be increasing"),
-    ("kind = 'measured'\nmodel_name = 'm'\npoints = []", "at least one point"),
-    ("kind = = 1", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("kind = 'magic'\nmodel_name = 'm'", "kind must be one of"),
+        ("kind = 'parametric'", "missing key 'model_name'"),
+        (
+            "kind = 'parametric'\nmodel_name = 'm'\n[limits]\nmax_running_requests = 0\nmax_total_num_tokens = 10",
+            "max_running_requests must be >= 1",
+        ),
+        (
+            "kind = 'parametric'\nmodel_name = 'm'\n[limits]\nmax_running_requests = 4\nmax_total_num_tokens = 1000\n"
+            "[prefill]\n[decode]\nfixed_s = -1",
+            "fixed_s must be >= 0.0",
+        ),
+        (
+            "kind = 'parametric'\nmodel_name = 'm'\n[limits]\nmax_running_requests = 4\nmax_total_num_tokens = 1000\n"
+            "[prefill]\n[decode]\nfixed_s = 0.01\n[draft]\n[speculative]\nnum_steps = 3\naccept_length = 5.0",
+            "accept_length must be between 1 and num_steps \\+ 1 = 4",
+        ),
+        (
+            "kind = 'parametric'\nmodel_name = 'm'\n[limits]\nmax_running_requests = 4\nmax_total_num_tokens = 1000\n"
+            "[prefill]\n[decode]\nfixed_s = 0.01\n[draft]\n[speculative]\nnum_steps = 3\nnum_draft_tokens = 8\n"
+            "accept_length = 2.0",
+            "num_draft_tokens must be num_steps \\+ 1",
+        ),
+        (
+            "kind = 'steptable'\nmodel_name = 'm'\n[limits]\nmax_running_requests = 4\nmax_total_num_tokens = 1000\n"
+            "[prefill]\n[[steps]]\ncontext = 1024\nbatch = [1, 8]\ndecode_ms = [5.0]",
+            "decode_ms needs 2 positive",
+        ),
+        (
+            "kind = 'steptable'\nmodel_name = 'm'\n[limits]\nmax_running_requests = 4\nmax_total_num_tokens = 1000\n"
+            "[prefill]\n[[steps]]\ncontext = 1024\nbatch = [8, 1]\ndecode_ms = [5.0, 6.0]",
+            "batch must be increasing",
+        ),
+        ("kind = 'measured'\nmodel_name = 'm'\npoints = []", "at least one point"),
+        ("kind = = 1", "not valid TOML"),
+    ],
+)
 def test_bad_profiles_get_precise_messages(tmp_path, text, message):
     path = tmp_path / "bad.toml"
     path.write_text(text)
@@ -83,10 +102,27 @@ def _results(tmp_path, targets=("speculative", "plain")):
     levels = []
     for target in targets:
         for c, tpot, ttft in ((1, 10.0, 100.0), (8, 25.0, 300.0)):
-            levels.append({"target": target, "concurrency": c, "completed": 10, "failed": 0,
-                           "output_throughput": 1.0, "mean_ttft_ms": ttft, "mean_tpot_ms": tpot})
-    levels.append({"target": targets[0], "concurrency": 64, "completed": 0, "failed": 5,
-                   "mean_ttft_ms": None, "mean_tpot_ms": None})
+            levels.append(
+                {
+                    "target": target,
+                    "concurrency": c,
+                    "completed": 10,
+                    "failed": 0,
+                    "output_throughput": 1.0,
+                    "mean_ttft_ms": ttft,
+                    "mean_tpot_ms": tpot,
+                }
+            )
+    levels.append(
+        {
+            "target": targets[0],
+            "concurrency": 64,
+            "completed": 0,
+            "failed": 5,
+            "mean_ttft_ms": None,
+            "mean_tpot_ms": None,
+        }
+    )
     path = tmp_path / "results.json"
     path.write_text(json.dumps({"schema_version": 1, "metadata": {"model": "real/model"}, "levels": levels}))
     return path
@@ -96,7 +132,9 @@ def test_results_json_becomes_a_measured_profile(tmp_path):
     profile = load_profile(str(_results(tmp_path)), target="plain")
     assert profile.kind == "measured" and profile.model_name == "real/model"
     assert [(p.concurrency, p.per_request_throughput, p.ttft_s) for p in profile.points] == [
-        (1, 100.0, 0.1), (8, 40.0, 0.3)]
+        (1, 100.0, 0.1),
+        (8, 40.0, 0.3),
+    ]
 
 
 def test_results_json_needs_a_target_when_it_holds_several(tmp_path):
@@ -111,8 +149,10 @@ def test_results_json_needs_a_target_when_it_holds_several(tmp_path):
 def test_toml_can_point_at_results_and_override(tmp_path):
     _results(tmp_path)
     path = tmp_path / "replay.toml"
-    path.write_text('kind = "measured"\nresults = "results.json"\ntarget = "speculative"\n'
-                    'model_name = "renamed"\n[speculative]\nnum_steps = 3\naccept_length = 2.0\n')
+    path.write_text(
+        'kind = "measured"\nresults = "results.json"\ntarget = "speculative"\n'
+        'model_name = "renamed"\n[speculative]\nnum_steps = 3\naccept_length = 2.0\n'
+    )
     profile = load_profile(str(path))
     assert profile.model_name == "renamed" and profile.speculative.accept_length == 2.0
     assert len(profile.points) == 2  # the level with no completed requests is skipped
@@ -125,8 +165,9 @@ def test_target_is_refused_for_other_profiles():
 
 def test_overrides_are_checked():
     profile = load_profile("k25-eagle3")
-    changed = with_overrides(profile, accept_length=3.0, max_running_requests=128, max_queued_requests=0,
-                             model_name="alias")
+    changed = with_overrides(
+        profile, accept_length=3.0, max_running_requests=128, max_queued_requests=0, model_name="alias"
+    )
     assert changed.speculative.accept_length == 3.0 and changed.limits.max_running_requests == 128
     assert changed.limits.max_queued_requests == 0 and changed.model_name == "alias"
     assert profile.speculative.accept_length == 2.4  # the original is untouched

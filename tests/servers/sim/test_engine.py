@@ -2,8 +2,8 @@ import random
 
 import pytest
 
-from servers.sim.engine import Engine, QueueFull, Sequence, State
-from servers.sim.profile import load_profile, with_overrides
+from crossover.servers.sim.engine import Engine, QueueFull, Sequence, State
+from crossover.servers.sim.profile import load_profile, with_overrides
 
 
 def engine_for(profile="k25-plain", **overrides) -> Engine:
@@ -70,7 +70,7 @@ def test_queue_bound_rejects_as_sglang_does():
     engine = engine_for(max_queued_requests=2)
     engine.submit(Sequence(10, 5), 0.0)
     engine.submit(Sequence(10, 5), 0.0)
-    with pytest.raises(QueueFull, match="The request queue is full."):
+    with pytest.raises(QueueFull, match=r"The request queue is full\."):
         engine.submit(Sequence(10, 5), 0.0)
     engine.next_step(0.0)  # both admitted: the queue has room again
     engine.submit(Sequence(10, 5), 0.0)
@@ -142,8 +142,10 @@ def test_zero_new_tokens_finish_at_prefill():
 
 def test_measured_profile_delays_first_tokens_without_stalling_the_batch(tmp_path):
     path = tmp_path / "m.toml"
-    path.write_text('kind = "measured"\nmodel_name = "m"\n'
-                    "points = [{concurrency = 1, per_request_throughput = 10.0, ttft_s = 1.0}]\n")
+    path.write_text(
+        'kind = "measured"\nmodel_name = "m"\n'
+        "points = [{concurrency = 1, per_request_throughput = 10.0, ttft_s = 1.0}]\n"
+    )
     engine = Engine(load_profile(str(path)), random.Random(0))
     first = Sequence(10, 100)
     engine.submit(first, 0.0)

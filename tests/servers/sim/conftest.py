@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from servers.sim.app import SimSettings, create_app
-from servers.sim.profile import load_profile, with_overrides
+from crossover.servers.sim.app import SimSettings, create_app
+from crossover.servers.sim.profile import load_profile, with_overrides
 
 # High enough that a k25 step (25-340 ms of profile time) takes well under a millisecond of wall time.
 FAST = 1000.0
@@ -16,10 +16,19 @@ FAST = 1000.0
 def sim_app(serve):
     """Serve a stand-in in this process: `sim_app("k25-eagle3", time_scale=1000, max_running_requests=4)`."""
 
-    def start(profile: str = "k25-eagle3", *, time_scale: float = FAST, startup_delay_s: float = 0.0,
-              registry: CollectorRegistry | None = None, **overrides):
-        settings = SimSettings(profile=with_overrides(load_profile(profile), **overrides), time_scale=time_scale,
-                               startup_delay_s=startup_delay_s)
+    def start(
+        profile: str = "k25-eagle3",
+        *,
+        time_scale: float = FAST,
+        startup_delay_s: float = 0.0,
+        registry: CollectorRegistry | None = None,
+        **overrides,
+    ):
+        settings = SimSettings(
+            profile=with_overrides(load_profile(profile), **overrides),
+            time_scale=time_scale,
+            startup_delay_s=startup_delay_s,
+        )
         app = create_app(settings, registry=registry)
         server = serve(app)
         server.app = app

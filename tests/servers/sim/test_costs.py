@@ -3,8 +3,14 @@ from collections import Counter
 
 import pytest
 
-from servers.sim.costs import Acceptance, MeasuredCosts, ParametricCosts, StepTableCosts, solve_chain_probability
-from servers.sim.profile import load_profile
+from crossover.servers.sim.costs import (
+    Acceptance,
+    MeasuredCosts,
+    ParametricCosts,
+    StepTableCosts,
+    solve_chain_probability,
+)
+from crossover.servers.sim.profile import load_profile
 
 
 @pytest.mark.parametrize(("steps", "mean"), [(3, 1.0), (3, 2.4), (3, 4.0), (5, 3.1), (1, 1.5)])
@@ -28,8 +34,12 @@ def test_parametric_step_matches_its_formula():
     eagle = ParametricCosts(load_profile("k25-eagle3"))
     p = load_profile("k25-eagle3").parametric
     batch, context = 10, 10 * 512
-    expected = (p.fixed_s + batch * (p.per_request_s + 4 * p.per_query_token_s) + context * p.per_context_token_s
-                + 4 * (p.draft_fixed_s + batch * p.draft_per_request_s))
+    expected = (
+        p.fixed_s
+        + batch * (p.per_request_s + 4 * p.per_query_token_s)
+        + context * p.per_context_token_s
+        + 4 * (p.draft_fixed_s + batch * p.draft_per_request_s)
+    )
     assert eagle.decode_s(batch, context, batch) == pytest.approx(expected)
     plain = ParametricCosts(load_profile("k25-plain"))
     assert plain.decode_s(1, 512, 1) < eagle.decode_s(1, 512, 1)
@@ -50,9 +60,11 @@ def test_steptable_is_exact_at_measured_points_and_linear_between():
 
 def test_measured_costs_interpolate_in_log_concurrency(tmp_path):
     path = tmp_path / "m.toml"
-    path.write_text('kind = "measured"\nmodel_name = "m"\n'
-                    "points = [{concurrency = 1, per_request_throughput = 100.0, ttft_s = 0.1},"
-                    " {concurrency = 100, per_request_throughput = 10.0, ttft_s = 1.1}]\n")
+    path.write_text(
+        'kind = "measured"\nmodel_name = "m"\n'
+        "points = [{concurrency = 1, per_request_throughput = 100.0, ttft_s = 0.1},"
+        " {concurrency = 100, per_request_throughput = 10.0, ttft_s = 1.1}]\n"
+    )
     costs = MeasuredCosts(load_profile(str(path)))
     assert costs.per_request_throughput(1) == 100.0
     assert costs.per_request_throughput(10) == pytest.approx(55.0)  # halfway in log(C)

@@ -7,7 +7,8 @@ import time
 import httpx
 import openai
 import pytest
-from waiting import wait_until
+
+from tests.waiting import wait_until
 
 MODEL = "moonshotai/Kimi-K2.5"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "five words in this prompt"}], "max_tokens": 12}
@@ -28,15 +29,20 @@ def test_openai_sdk_chat_and_completions(sim_app):
     assert chat.usage.prompt_tokens == 5 and chat.usage.completion_tokens == 12 and chat.usage.total_tokens == 17
     assert "simulated" in chat.choices[0].message.content
 
-    stream = client.chat.completions.create(model=MODEL, messages=CHAT["messages"], max_tokens=40, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=MODEL, messages=CHAT["messages"], max_tokens=40, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 40
     assert chunks[-1].usage.total_tokens == 45
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
-    assert text == client.chat.completions.create(model=MODEL, messages=CHAT["messages"],
-                                                  max_tokens=40).choices[0].message.content
+    assert (
+        text
+        == client.chat.completions.create(model=MODEL, messages=CHAT["messages"], max_tokens=40)
+        .choices[0]
+        .message.content
+    )
     # EAGLE streams several accepted tokens per chunk, as the real engine does.
     content_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(content_chunks) < 40
@@ -44,21 +50,27 @@ def test_openai_sdk_chat_and_completions(sim_app):
     completion = client.completions.create(model=MODEL, prompt="a b c", max_tokens=7)
     assert completion.usage.prompt_tokens == 3 and completion.usage.completion_tokens == 7
     assert completion.choices[0].finish_reason == "length"
-    streamed = list(client.completions.create(model=MODEL, prompt="a b c", max_tokens=7, stream=True,
-                                              stream_options={"include_usage": True}))
+    streamed = list(
+        client.completions.create(
+            model=MODEL, prompt="a b c", max_tokens=7, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert "".join(c.choices[0].text for c in streamed if c.choices) == completion.choices[0].text
     assert streamed[-1].usage.completion_tokens == 7
 
 
-@pytest.mark.parametrize(("kwargs", "status", "message"), [
-    ({"content": b"{not json", "headers": {"content-type": "application/json"}}, 400, "Invalid JSON"),
-    ({"content": json.dumps(CHAT), "headers": {"content-type": "text/plain"}}, 400, "Unsupported Media Type"),
-    ({"json": {**CHAT, "messages": "hi"}}, 400, "'messages' must be a non-empty list"),
-    ({"json": {**CHAT, "max_tokens": -5}}, 400, "must be >= 0"),
-    ({"json": {**CHAT, "max_tokens": 300_000}}, 400, "maximum context length"),
-    ({"json": {**CHAT, "max_tokens": 95_000}}, 400, "KV cache tokens"),
-    ({"content": b"x" * (17 * 1024 * 1024), "headers": {"content-type": "application/json"}}, 413, "too large"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "status", "message"),
+    [
+        ({"content": b"{not json", "headers": {"content-type": "application/json"}}, 400, "Invalid JSON"),
+        ({"content": json.dumps(CHAT), "headers": {"content-type": "text/plain"}}, 400, "Unsupported Media Type"),
+        ({"json": {**CHAT, "messages": "hi"}}, 400, "'messages' must be a non-empty list"),
+        ({"json": {**CHAT, "max_tokens": -5}}, 400, "must be >= 0"),
+        ({"json": {**CHAT, "max_tokens": 300_000}}, 400, "maximum context length"),
+        ({"json": {**CHAT, "max_tokens": 95_000}}, 400, "KV cache tokens"),
+        ({"content": b"x" * (17 * 1024 * 1024), "headers": {"content-type": "application/json"}}, 413, "too large"),
+    ],
+)
 def test_bad_requests_get_sglang_error_bodies(sim_app, kwargs, status, message):
     server = sim_app("k25-eagle3")
     with httpx.Client(timeout=TIMEOUT) as client:
@@ -73,17 +85,20 @@ def test_queue_overflow_fails_as_sglang_does(sim_app):
     server = sim_app("k25-plain", time_scale=1.0, max_running_requests=1, max_queued_requests=1)
     with httpx.Client(timeout=TIMEOUT) as client:
         long = {**CHAT, "max_tokens": 20_000, "stream": True}
-        first = client.send(client.build_request("POST", f"{server.url}/v1/chat/completions", json=long),
-                            stream=True)
+        first = client.send(client.build_request("POST", f"{server.url}/v1/chat/completions", json=long), stream=True)
         wait_until(lambda: running(client, server.url) == (1, 0))
-        second = client.send(client.build_request("POST", f"{server.url}/v1/chat/completions", json=long),
-                             stream=True)
+        second = client.send(client.build_request("POST", f"{server.url}/v1/chat/completions", json=long), stream=True)
         wait_until(lambda: running(client, server.url) == (1, 1))
 
         rejected = client.post(f"{server.url}/v1/chat/completions", json=CHAT)
         assert rejected.status_code == 503
-        assert rejected.json() == {"object": "error", "message": "The request queue is full.", "type": "503",
-                                   "param": None, "code": 503}
+        assert rejected.json() == {
+            "object": "error",
+            "message": "The request queue is full.",
+            "type": "503",
+            "param": None,
+            "code": 503,
+        }
 
         streamed = client.post(f"{server.url}/v1/chat/completions", json={**CHAT, "stream": True})
         assert streamed.status_code == 200  # the error arrives inside the stream
@@ -105,13 +120,16 @@ def test_client_disconnect_aborts_in_the_engine(sim_app):
         async with httpx.AsyncClient(timeout=TIMEOUT) as client:
             streams = []
             for _ in range(5):
-                response = await client.send(client.build_request(
-                    "POST", f"{server.url}/v1/chat/completions", json={**long, "stream": True}), stream=True)
+                response = await client.send(
+                    client.build_request("POST", f"{server.url}/v1/chat/completions", json={**long, "stream": True}),
+                    stream=True,
+                )
                 lines = response.aiter_lines()  # kept: dropping the iterator would close the stream
                 await anext(lines)  # generating
                 streams.append((response, lines))
-            blocking = asyncio.create_task(client.post(f"{server.url}/v1/completions",
-                                                       json={"prompt": "x", "max_tokens": 5_000}))
+            blocking = asyncio.create_task(
+                client.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 5_000})
+            )
             await asyncio.sleep(0.3)
             assert (await client.get(f"{server.url}/v1/loads")).json()["loads"][0]["num_running_reqs"] == 6
             for response, _ in streams:
@@ -156,6 +174,7 @@ def test_two_hundred_streams_with_disconnects_leave_nothing_running(sim_app):
 def test_deeply_nested_json_is_a_bad_request(sim_app):
     server = sim_app()
     body = b"[" * 100_000 + b"]" * 100_000
-    response = httpx.post(f"{server.url}/v1/chat/completions", content=body,
-                          headers={"content-type": "application/json"}, timeout=TIMEOUT)
+    response = httpx.post(
+        f"{server.url}/v1/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=TIMEOUT
+    )
     assert response.status_code == 400 and "Invalid JSON" in response.json()["message"]

@@ -8,8 +8,8 @@ import time
 import httpx
 import pytest
 
-from servers.sim.curve import sweep
-from servers.sim.profile import load_profile
+from crossover.servers.sim.curve import sweep
+from crossover.servers.sim.profile import load_profile
 
 TIME_SCALE = 8.0
 LEVELS = (1, 8, 32)
@@ -20,8 +20,13 @@ TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 
 async def live_throughput(url: str, concurrency: int) -> float:
     """Closed-loop streams; output tokens arriving inside the window / window (real tok/s)."""
-    body = {"model": "m", "messages": [{"role": "user", "content": " ".join(["the"] * INPUT_LEN)}],
-            "max_tokens": OUTPUT_LEN, "stream": True, "stream_options": {"continuous_usage_stats": True}}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": " ".join(["the"] * INPUT_LEN)}],
+        "max_tokens": OUTPUT_LEN,
+        "stream": True,
+        "stream_options": {"continuous_usage_stats": True},
+    }
     loop = asyncio.get_running_loop()
     start = loop.time() + WARMUP_S
     end = start + WINDOW_S
@@ -63,8 +68,11 @@ def test_live_sim_reproduces_its_virtual_curve(sim):
 def test_sigterm_stops_a_busy_sim_promptly(sim):
     server = sim("k25-plain", "--time-scale", "1")
     with httpx.Client(timeout=10.0) as client:
-        request = client.build_request("POST", f"{server.url}/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10_000, "stream": True})
+        request = client.build_request(
+            "POST",
+            f"{server.url}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10_000, "stream": True},
+        )
         response = client.send(request, stream=True)
         lines = response.iter_lines()
         next(lines)
@@ -80,14 +88,18 @@ def test_sigterm_stops_a_busy_sim_promptly(sim):
 def test_measured_first_token_is_not_held_behind_a_longer_wait(sim_app, tmp_path):
     # An odd but legal curve: alone, a request waits 5 s for its first token; with company, 0.1 s.
     profile = tmp_path / "odd.toml"
-    profile.write_text('kind = "measured"\nmodel_name = "m"\npoints = ['
-                       '{concurrency = 1, per_request_throughput = 50.0, ttft_s = 5.0},'
-                       '{concurrency = 2, per_request_throughput = 50.0, ttft_s = 0.1}]\n')
+    profile.write_text(
+        'kind = "measured"\nmodel_name = "m"\npoints = ['
+        "{concurrency = 1, per_request_throughput = 50.0, ttft_s = 5.0},"
+        "{concurrency = 2, per_request_throughput = 50.0, ttft_s = 0.1}]\n"
+    )
     server = sim_app(str(profile), time_scale=1.0)
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     with httpx.Client(timeout=10.0) as client:
-        first = client.send(client.build_request("POST", f"{server.url}/v1/chat/completions",
-                                                 json={**body, "stream": True}), stream=True)
+        first = client.send(
+            client.build_request("POST", f"{server.url}/v1/chat/completions", json={**body, "stream": True}),
+            stream=True,
+        )
         second = client.post(f"{server.url}/v1/chat/completions", json=body)
         assert second.json()["usage"]["completion_tokens"] == 1
         metrics = client.get(f"{server.url}/metrics").text

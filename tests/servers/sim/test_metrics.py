@@ -31,12 +31,13 @@ def test_counters_and_histograms_count_finished_requests(sim_app):
 
 
 def test_extra_labels_reach_every_metric(serve):
-    from servers.sim.app import SimSettings, create_app
-    from servers.sim.profile import load_profile
+    from crossover.servers.sim.app import SimSettings, create_app
+    from crossover.servers.sim.profile import load_profile
 
     registry = CollectorRegistry()
-    settings = SimSettings(profile=load_profile("k25-plain"), time_scale=1000.0,
-                           extra_metric_labels={"variant": "base"})
+    settings = SimSettings(
+        profile=load_profile("k25-plain"), time_scale=1000.0, extra_metric_labels={"variant": "base"}
+    )
     server = serve(create_app(settings, registry=registry))
     httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10.0)
     assert registry.get_sample_value("sglang:num_requests_total", {**TOKENIZER_LABELS, "variant": "base"}) == 1
