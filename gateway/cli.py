@@ -1,14 +1,85 @@
 """The `crossover` command. Each package registers its own subcommands through the `crossover.commands`
 entry points (pyproject.toml), so this dispatcher depends on none of them; heavy imports wait until a
-subcommand runs."""
+subcommand runs. The argument types every subcommand shares live here too, so a port or a list of
+concurrencies is checked, and explained, the same way everywhere:
+
+    parser.add_argument("--port", type=port)
+    parser.add_argument("--concurrency", type=positive_int_list)
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from importlib.metadata import entry_points
 
 COMMAND_GROUP = "crossover.commands"
+
+
+def port(text: str) -> int:
+    value = _number(int, text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a TCP port (0-65535)")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _number(int, text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _number(int, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _number(float, text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(float, text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def positive_int_list(text: str) -> list[int]:
+    """`1,2,5,10` -> [1, 2, 5, 10]."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(value <= 0 for value in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def json_string_map(text: str) -> dict[str, str]:
+    """`{"variant": "eagle3"}` -> a dict of strings."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}") from None
+    if not isinstance(value, dict) or not all(isinstance(item, str) for item in value.values()):
+        raise argparse.ArgumentTypeError('expected a JSON object of strings, e.g. {"variant": "eagle3"}')
+    return value
+
+
+def _number(kind: type, text: str):
+    try:
+        return kind(text)
+    except ValueError:
+        name = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

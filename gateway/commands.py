@@ -6,26 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-
-def _port(text: str) -> int:
-    port = int(text)
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a TCP port")
-    return port
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be > 0")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} must be >= 0")
-    return value
+from crossover.gateway.cli import non_negative_int, port, positive_float
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--config", type=Path, help="TOML settings file")
     serve.add_argument("--host", help="listen address (default: the settings' host)")
-    serve.add_argument("--port", type=_port, help="listen port (default: the settings' port)")
+    serve.add_argument("--port", type=port, help="listen port (default: the settings' port)")
     serve.set_defaults(run=run_serve)
 
     demo = subparsers.add_parser(
@@ -46,11 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Start a k25-eagle3 and a k25-plain stand-in and the gateway in front of them; "
         "Ctrl-C or SIGTERM stops all of it.",
     )
-    demo.add_argument("--port", type=_port, default=8000, help="gateway port (default 8000)")
+    demo.add_argument("--port", type=port, default=8000, help="gateway port (default 8000)")
     demo.add_argument("--admin-token", help="admin API token (default: a random one, printed)")
     demo.add_argument("--policy", choices=["switch", "spillover"], default="spillover")
-    demo.add_argument("--threshold", type=_non_negative_int, default=None, help="routing threshold (default 32)")
-    demo.add_argument("--time-scale", type=_positive, default=1.0, help="run the stand-ins F times faster")
+    demo.add_argument("--threshold", type=non_negative_int, default=None, help="routing threshold (default 32)")
+    demo.add_argument("--time-scale", type=positive_float, default=1.0, help="run the stand-ins F times faster")
     demo.set_defaults(run=run_demo)
 
 
