@@ -42,7 +42,7 @@ def make_transport(settings: Settings, transport: httpx.AsyncBaseTransport | Non
         return transport
     limit = connection_limit(settings)
     # Not httpx's own transport: its connection pool collapses under a few hundred concurrent streams
-    # (loadtest/proxybench.py measured 2% of direct's paced req/s); see gateway/http1.py for the figures.
+    # (loadtest/proxybench/ measured 2% of direct's paced req/s); see gateway/http1.py for the figures.
     return Http1Transport(
         httpx.Limits(
             max_connections=limit,

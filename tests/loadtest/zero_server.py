@@ -14,9 +14,9 @@ STOP_TIMEOUT_S = 10.0
 
 @contextlib.contextmanager
 def running_zero(*extra: str, ports: int = 1) -> Iterator[list[str]]:
-    """Start `python -m loadtest.zerobackend` on `ports` fresh ports; yield their URLs; always stop it."""
+    """Start the zero backend (proxybench.zerobackend) on `ports` fresh ports; yield their URLs; always stop it."""
     chosen = [free_port() for _ in range(ports)]
-    argv = [sys.executable, "-m", "crossover.loadtest.zerobackend", *extra]
+    argv = [sys.executable, "-m", "crossover.loadtest.proxybench.zerobackend", *extra]
     for port in chosen:
         argv += ["--port", str(port)]
     # pytest may run uvicorn threads, so no preexec_fn: the `finally` stops it.

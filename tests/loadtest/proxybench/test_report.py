@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from crossover.loadtest.proxyreport import check_bar, render_markdown, render_text
+from crossover.loadtest.proxybench.report import check_bar, render_markdown, render_text
 
 
 def row(kind, c, target, rps=100.0, lat=1.0, ttfc=0.5, errors=0, ratio=1.0):
@@ -96,9 +96,9 @@ def test_renderings_carry_every_row_and_line():
     rows = full_run(stream_32=dict(rps=10))
     bars = check_bar(rows)
     text = render_text(rows, bars)
-    markdown = render_markdown(rows, bars, "python -m loadtest.proxybench")
+    markdown = render_markdown(rows, bars, "python -m crossover.loadtest.proxybench")
     assert len(text.splitlines()) == 1 + len(rows) + 1 + len(bars)
     assert "FAIL  stream C=32" in text
-    assert markdown.startswith("`python -m loadtest.proxybench`")
+    assert markdown.startswith("`python -m crossover.loadtest.proxybench`")
     assert markdown.count("\n| ") == 1 + len(rows) + 1 + len(bars)
     assert "| stream | 32 | crossover | 10 |" in markdown

@@ -8,7 +8,7 @@ bare asyncio protocol on httptools and uvloop: a general-purpose client would sp
 than the proxies under test do. Prints one JSON object: req/s, p50/p99 latency and time to first body
 chunk (ms), errors by kind, and `sent == ok + errors` over the whole run so no request goes unaccounted.
 
-    python -m crossover.loadtest.proxyload --url http://127.0.0.1:8000 --concurrency 32 --stream --duration 5
+    python -m crossover.loadtest.proxybench.loadgen --url http://127.0.0.1:8000 --concurrency 32 --stream --duration 5
 """
 
 from __future__ import annotations
@@ -245,7 +245,9 @@ async def run_load(spec: LoadSpec) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m crossover.loadtest.proxyload", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m crossover.loadtest.proxybench.loadgen", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--stream", action="store_true")

@@ -4,9 +4,9 @@ sglang-router, in one run on one machine (issue 3's performance bar).
     python -m crossover.loadtest.proxybench --markdown bench-out/proxybench.md
 
 Each cell (streaming with --max-tokens chunks and not, at each concurrency, then a paced run whose
-chunks come --paced-delay-ms apart) runs the load generator (`loadtest.proxyload`, its own process)
+chunks come --paced-delay-ms apart) runs the load generator (`proxybench.loadgen`, its own process)
 against each target in turn, so slow drift on a shared machine hits all targets alike. The paced run's
-clients start spread over one stream's length (`proxyload --ramp`), not as one burst. Every process it
+clients start spread over one stream's length (`loadgen --ramp`), not as one burst. Every process it
 starts runs in its own process group and is stopped on the way out. sglang-router runs from its own venv
 (created on first use in .venv-router, or pass --router-python). Exit status: 0 if every bar line that
 could be checked passed, 1 if one failed, 2 if the run could not be set up.
@@ -26,13 +26,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from crossover.loadtest.proxyreport import CROSSOVER, DIRECT, ROUTER, Bar, check_bar, render_markdown, render_text
+from crossover.loadtest.proxybench.report import CROSSOVER, DIRECT, ROUTER, Bar, check_bar, render_markdown, render_text
 from crossover.servers import process
 
 HOST = "127.0.0.1"
 TARGETS = (DIRECT, CROSSOVER, ROUTER)
 ROUTER_REQUIREMENT = "sglang-router==0.3.2"
-DEFAULT_ROUTER_VENV = Path(__file__).resolve().parent.parent / ".venv-router"
+REPO_ROOT = Path(__file__).resolve().parents[2]  # where the servers and load generators run
+DEFAULT_ROUTER_VENV = REPO_ROOT / ".venv-router"
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 VENV_INSTALL_TIMEOUT_S = 600.0
@@ -125,7 +126,7 @@ def _crossover_config(workdir: Path, spec_url: str, plain_url: str) -> Path:
 def running_targets(targets: tuple[str, ...], chunk_delay_ms: float, router: Path | None) -> Iterator[dict[str, str]]:
     """Start the backend and the proxies in front of it; yield {target: base URL}; stop them all."""
     procs: list[subprocess.Popen] = []
-    repo = Path(__file__).resolve().parent.parent
+    repo = REPO_ROOT
     with tempfile.TemporaryDirectory(prefix="proxybench-") as tmp:
         try:
             port, second_port = process.free_port(HOST), process.free_port(HOST)
@@ -135,7 +136,7 @@ def running_targets(targets: tuple[str, ...], chunk_delay_ms: float, router: Pat
                     [
                         sys.executable,
                         "-m",
-                        "crossover.loadtest.zerobackend",
+                        "crossover.loadtest.proxybench.zerobackend",
                         "--host",
                         HOST,
                         "--port",
@@ -203,7 +204,7 @@ def running_targets(targets: tuple[str, ...], chunk_delay_ms: float, router: Pat
 
 
 def run_cell(url: str, cell: Cell, plan: Plan) -> dict:
-    """One load generator run against `url`; returns proxyload's report."""
+    """One load generator run against `url`; returns loadgen's report."""
     paced = cell.kind == "paced"
     duration = plan.paced_duration if paced else plan.duration
     # Paced streams start spread over one stream's length, as users' requests would arrive, not as one
@@ -213,7 +214,7 @@ def run_cell(url: str, cell: Cell, plan: Plan) -> dict:
     argv = [
         sys.executable,
         "-m",
-        "crossover.loadtest.proxyload",
+        "crossover.loadtest.proxybench.loadgen",
         "--url",
         url,
         "--concurrency",
@@ -230,9 +231,7 @@ def run_cell(url: str, cell: Cell, plan: Plan) -> dict:
         ["--requests", str(plan.requests)] if plan.requests else ["--duration", str(duration), "--warmup", str(warmup)]
     )
     limit = duration + warmup + plan.timeout + CELL_SLACK_S
-    done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=limit, check=False, cwd=Path(__file__).resolve().parent.parent
-    )
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=limit, check=False, cwd=REPO_ROOT)
     if done.returncode != 0:
         raise SetupError(f"the load generator failed ({shlex.join(argv)}):\n{done.stderr.strip()}")
     return json.loads(done.stdout)

@@ -6,7 +6,7 @@ answers what SGLang's router reads when a worker registers (`/server_info`, `/mo
 `/get_*` names), `/health` and `/v1/models`. The HTTP layer is a bare asyncio protocol on httptools and
 uvloop, because every microsecond spent here is taken from the proxy under test on a shared CPU.
 
-    python -m crossover.loadtest.zerobackend --port 31000 --chunk-delay-ms 20
+    python -m crossover.loadtest.proxybench.zerobackend --port 31000 --chunk-delay-ms 20
 
 Repeating `--port` serves the same backend on several ports, so a gateway that wants distinct backend
 addresses per pool can still be pointed twice at one backend.
@@ -264,7 +264,7 @@ async def serve(host: str, ports: list[int], chunk_delay_ms: float) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m crossover.loadtest.zerobackend", description=__doc__.split("\n")[0]
+        prog="python -m crossover.loadtest.proxybench.zerobackend", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument(

@@ -1,6 +1,6 @@
 """The proxy benchmark's verdict: issue 3's bar checked line by line, and the table as text or markdown.
 
-Rows are `crossover.loadtest.proxybench.run` output: proxyload reports plus `kind` (stream / non-stream / paced),
+Rows are `harness.run` output: loadgen reports plus `kind` (stream / non-stream / paced),
 `target` (direct / crossover / sglang-router) and `ratio` (req/s over direct's in the same cell).
 A bar line whose inputs were not measured (a target or a cell left out) is reported as SKIP, not FAIL.
 """

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from crossover.loadtest.proxyload import LoadSpec, run_load
+from crossover.loadtest.proxybench.loadgen import LoadSpec, run_load
 from crossover.servers.process import free_port
 from tests.loadtest.zero_server import running_zero
 
@@ -57,7 +57,16 @@ def test_a_dead_server_is_errors_not_a_hang():
 
 def test_cli_prints_one_json_report(zero_url):
     done = subprocess.run(
-        [sys.executable, "-m", "crossover.loadtest.proxyload", "--url", zero_url, "--requests", "5", "--stream"],
+        [
+            sys.executable,
+            "-m",
+            "crossover.loadtest.proxybench.loadgen",
+            "--url",
+            zero_url,
+            "--requests",
+            "5",
+            "--stream",
+        ],
         capture_output=True,
         check=False,
         text=True,
@@ -69,7 +78,7 @@ def test_cli_prints_one_json_report(zero_url):
 
 def test_cli_rejects_nonsense():
     done = subprocess.run(
-        [sys.executable, "-m", "crossover.loadtest.proxyload", "--url", "http://x", "--concurrency", "0"],
+        [sys.executable, "-m", "crossover.loadtest.proxybench.loadgen", "--url", "http://x", "--concurrency", "0"],
         capture_output=True,
         check=False,
         text=True,

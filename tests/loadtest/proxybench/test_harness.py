@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from crossover.loadtest.proxyreport import check_bar
+from crossover.loadtest.proxybench.report import check_bar
 
 SMOKE_TIMEOUT_S = 240.0
 FULL_TIMEOUT_S = 1200.0
