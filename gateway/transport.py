@@ -15,7 +15,7 @@ from __future__ import annotations
 import httpx
 
 from crossover.gateway.config import Settings, TimeoutSettings
-from crossover.gateway.http1 import Http1Transport
+from crossover.gateway._http1 import Http1Transport
 
 # Health checks and load scrapes need connections even while every request slot streams.
 PROBE_CONNECTIONS_PER_BACKEND = 4

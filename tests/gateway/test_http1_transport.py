@@ -19,8 +19,8 @@ import pytest
 import trustme
 import uvloop
 
-from crossover.gateway import http1
-from crossover.gateway.http1 import HIGH_WATER, Http1Transport
+from crossover.gateway import _http1 as http1
+from crossover.gateway._http1 import HIGH_WATER, Http1Transport
 from tests.gateway.gateway_helpers import LONG, chat, sim_running, sse_events, wait_until
 
 SCENARIO_TIMEOUT_S = 30.0
