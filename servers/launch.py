@@ -1,0 +1,108 @@
+"""The exact argv and environment each server of a profile is started with.
+
+    for command in launch_commands(profile):
+        print(command.name, command.argv, command.env)
+
+`server_args` is the part after the SGLang command (`sglang serve`): what SGLang's own parser must accept
+(tests/servers/test_sglang_parser.py feeds it to 0.5.23's `prepare_server_args`). `env` holds only what the
+profile sets; the process gets it on top of the caller's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+
+from crossover.servers.profile import Profile, Server
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    name: str
+    role: str
+    argv: list[str]
+    env: dict[str, str]
+    server_args: list[str]  # argv without the launcher and the engine command
+
+    def as_json(self) -> dict:
+        return {"name": self.name, "role": self.role, "argv": self.argv, "env": self.env}
+
+
+def launch_commands(profile: Profile) -> list[LaunchCommand]:
+    return [launch_command(profile, server) for server in profile.servers]
+
+
+def launch_command(profile: Profile, server: Server) -> LaunchCommand:
+    if server.engine == "sim":
+        command, args = sim_command(), sim_args(profile, server)
+    else:
+        command, args = list(profile.sglang_command), sglang_args(profile, server)
+    env = dict(server.env)
+    if server.gpus and server.engine == "sglang":
+        env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in server.gpus))
+    return LaunchCommand(
+        name=server.name,
+        role=server.role,
+        argv=[*server.launcher, *command, *args],
+        env=env,
+        server_args=args,
+    )
+
+
+def metric_labels(server: Server) -> str:
+    return json.dumps({"role": server.role, "server": server.name}, separators=(",", ":"))
+
+
+def sglang_args(profile: Profile, server: Server) -> list[str]:
+    assert server.model_path is not None  # the profile validator guarantees it for engine "sglang"
+    args = ["--model-path", server.model_path]
+    if server.served_model_name:
+        args += ["--served-model-name", server.served_model_name]
+    args += ["--host", server.host, "--port", str(server.port), "--tp-size", str(server.tp_size)]
+    spec = server.speculative
+    if spec is not None:
+        args += [
+            "--speculative-algorithm",
+            spec.algorithm,
+            "--speculative-draft-model-path",
+            spec.draft_model_path,
+            "--speculative-num-steps",
+            str(spec.num_steps),
+            "--speculative-eagle-topk",
+            str(spec.eagle_topk),
+            "--speculative-num-draft-tokens",
+            str(spec.num_draft_tokens),
+        ]
+        if spec.adaptive:
+            args.append("--speculative-adaptive")
+            if spec.adaptive_config:
+                args += ["--speculative-adaptive-config", spec.adaptive_config]
+    if server.max_running_requests is not None:
+        args += ["--max-running-requests", str(server.max_running_requests)]
+    if server.cuda_graph_max_bs_decode is not None:
+        args += ["--cuda-graph-max-bs-decode", str(server.cuda_graph_max_bs_decode)]
+    if server.mem_fraction_static is not None:
+        args += ["--mem-fraction-static", f"{server.mem_fraction_static:g}"]
+    if profile.sleeps:
+        # Sleep/wake keeps the released server's weights in host memory; without the backup they come back
+        # as garbage (sglang.md).
+        args += ["--enable-memory-saver", "--enable-weights-cpu-backup"]
+    args += ["--enable-metrics", "--extra-metric-labels", metric_labels(server)]
+    return [*args, *server.extra_args]
+
+
+def sim_command() -> list[str]:
+    return [sys.executable, "-m", "crossover.gateway.cli", "sim", "serve"]
+
+
+def sim_args(profile: Profile, server: Server) -> list[str]:
+    assert server.sim is not None
+    args = ["--profile", server.sim.profile, "--host", server.host, "--port", str(server.port)]
+    args += ["--time-scale", f"{server.sim.time_scale:g}", "--startup-delay", f"{server.sim.startup_delay_s:g}"]
+    if server.served_model_name:
+        args += ["--model-name", server.served_model_name]
+    if server.max_running_requests is not None:
+        args += ["--max-running-requests", str(server.max_running_requests)]
+    args += ["--extra-metric-labels", metric_labels(server)]
+    return [*args, *server.extra_args]

@@ -1,0 +1,262 @@
+"""Deployment profiles: which servers of one model run where, and how they are launched.
+
+    profile = load_profile("kimi-k25-time-shared")     # a shipped profile (servers/profiles/*.toml)
+    profile = load_profile("my-box.toml")              # or a file
+    for server in profile.servers: ...
+
+A profile is data from an operator's file, so it is a pydantic model and every mistake is reported with the
+field it concerns. What a profile means for SGLang's argv is `launch.py`'s business; whether it fits the box
+is `fit.py`'s.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# The SGLang release whose flags this code writes. Flags differ between releases (0.5.23 has only
+# --cuda-graph-max-bs-decode; older 0.5.x have --cuda-graph-max-bs), so a profile names the one it targets.
+SUPPORTED_SGLANG = ("0.5.23",)
+# SGLang's running-request cap for EAGLE-family speculation when --max-running-requests is not given.
+SGLANG_EAGLE_DEFAULT_CAP = 48
+DEFAULT_READY_TIMEOUT_S = 600.0
+DEFAULT_STOP_TIMEOUT_S = 30.0
+PROFILE_SUFFIX = ".toml"
+
+Role = Literal["speculative", "plain"]
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be found, read or validated; the message names the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Speculative(_Strict):
+    """EAGLE-3 parameters (SGLang's --speculative-* flags)."""
+
+    algorithm: Literal["EAGLE3", "EAGLE"] = "EAGLE3"
+    draft_model_path: str = Field(min_length=1)
+    num_steps: int = Field(ge=1)
+    eagle_topk: int = Field(ge=1)
+    num_draft_tokens: int = Field(ge=2)
+    # In-engine adaptive speculation (--speculative-adaptive); config = --speculative-adaptive-config.
+    adaptive: bool = False
+    adaptive_config: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Speculative:
+        if self.eagle_topk == 1 and self.num_draft_tokens != self.num_steps + 1:
+            raise ValueError(
+                f"with eagle_topk = 1 SGLang forces num_draft_tokens to num_steps + 1 = {self.num_steps + 1}, "
+                f"got {self.num_draft_tokens}"
+            )
+        if self.adaptive_config is not None and not self.adaptive:
+            raise ValueError("adaptive_config is set but adaptive = false")
+        if self.adaptive and self.eagle_topk != 1:
+            raise ValueError(f"SGLang's adaptive speculation supports eagle_topk = 1 only, got {self.eagle_topk}")
+        return self
+
+
+class Sim(_Strict):
+    """A stand-in server (`crossover sim serve`) instead of SGLang: same HTTP surface, no GPU."""
+
+    profile: str = Field(min_length=1, description="sim profile name or file (crossover sim serve --profile)")
+    time_scale: float = Field(default=1.0, gt=0)
+    startup_delay_s: float = Field(default=0.0, ge=0)
+
+
+class Server(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=40)
+    role: Role
+    engine: Literal["sglang", "sim"] = "sglang"
+    model_path: str | None = None
+    served_model_name: str | None = None
+    speculative: Speculative | None = None
+    sim: Sim | None = None
+    gpus: list[int] = Field(default_factory=list)
+    tp_size: int = Field(default=1, ge=1)
+    host: str = "127.0.0.1"
+    port: int = Field(ge=1, le=65535)
+    max_running_requests: int | None = Field(default=None, ge=1)
+    cuda_graph_max_bs_decode: int | None = Field(default=None, ge=1)
+    mem_fraction_static: float | None = Field(default=None, gt=0, lt=1)
+    # Target + draft weights in GB; used when model_path is not a local folder with a safetensors index.
+    weights_gb: float | None = Field(default=None, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    extra_args: list[str] = Field(default_factory=list)
+    # argv prefix the server runs under (numactl, taskset, a wrapper script).
+    launcher: list[str] = Field(default_factory=list)
+    ready_timeout_s: float = Field(default=DEFAULT_READY_TIMEOUT_S, gt=0)
+    stop_timeout_s: float = Field(default=DEFAULT_STOP_TIMEOUT_S, gt=0)
+
+    @field_validator("gpus")
+    @classmethod
+    def _distinct_gpus(cls, gpus: list[int]) -> list[int]:
+        if any(g < 0 for g in gpus):
+            raise ValueError(f"GPU ids are >= 0, got {gpus}")
+        if len(set(gpus)) != len(gpus):
+            raise ValueError(f"a GPU id is listed twice: {gpus}")
+        return gpus
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Server:
+        where = f"server {self.name!r}"
+        if self.role == "speculative" and self.speculative is None:
+            raise ValueError(f"{where}: role 'speculative' needs a [servers.speculative] table (EAGLE-3 parameters)")
+        if self.role == "plain" and self.speculative is not None:
+            raise ValueError(f"{where}: role 'plain' must not have a [servers.speculative] table")
+        if self.engine == "sglang":
+            if not self.model_path:
+                raise ValueError(f"{where}: engine 'sglang' needs model_path")
+            if self.sim is not None:
+                raise ValueError(f"{where}: a [servers.sim] table belongs to engine = 'sim' only")
+            if not self.gpus:
+                raise ValueError(f"{where}: engine 'sglang' needs gpus (the CUDA device ids it runs on)")
+            if len(self.gpus) != self.tp_size:
+                raise ValueError(
+                    f"{where}: tp_size {self.tp_size} needs exactly {self.tp_size} GPUs, got {len(self.gpus)} "
+                    f"({self.gpus})"
+                )
+        elif self.sim is None:
+            raise ValueError(f"{where}: engine 'sim' needs a [servers.sim] table (its sim profile)")
+        return self
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def inherits_eagle_cap(self) -> bool:
+        """SGLang would silently cap this server at 48 running requests."""
+        return self.speculative is not None and self.max_running_requests is None
+
+
+class TimeShared(_Strict):
+    mechanism: Literal["restart", "sleep"]
+    initial: str = Field(min_length=1, description="the server (mode) active after `up`")
+
+
+class Profile(_Strict):
+    name: str
+    description: str = ""
+    sglang_version: str
+    topology: Literal["partitioned", "time-shared", "adaptive"]
+    time_shared: TimeShared | None = None
+    # Extra host memory kept free beyond the released weights (sleep): the OS, page cache, the gateway.
+    host_memory_headroom_gb: float = Field(default=16.0, ge=0)
+    # Command that runs SGLang; the server's flags follow it.
+    sglang_command: list[str] = Field(default_factory=lambda: ["sglang", "serve"], min_length=1)
+    servers: list[Server] = Field(min_length=1)
+
+    @field_validator("sglang_version")
+    @classmethod
+    def _supported(cls, version: str) -> str:
+        if version not in SUPPORTED_SGLANG:
+            raise ValueError(
+                f"this crossover writes SGLang {', '.join(SUPPORTED_SGLANG)} flags; a profile for {version} "
+                "needs the flag names of that release"
+            )
+        return version
+
+    @model_validator(mode="after")
+    def _topology(self) -> Profile:
+        names = [s.name for s in self.servers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"server names must be unique, got {names}")
+        roles = sorted(s.role for s in self.servers)
+        ports = [(s.host, s.port) for s in self.servers]
+        if len(set(ports)) != len(ports):
+            raise ValueError(f"two servers listen on the same host and port: {ports}")
+        if self.topology in ("partitioned", "time-shared") and roles != ["plain", "speculative"]:
+            raise ValueError(f"topology {self.topology!r} needs one 'speculative' and one 'plain' server, got {roles}")
+        if self.topology == "time-shared":
+            if self.time_shared is None:
+                raise ValueError("topology 'time-shared' needs a [time_shared] table (mechanism, initial)")
+            if self.time_shared.initial not in names:
+                raise ValueError(f"time_shared.initial {self.time_shared.initial!r} is not a server ({names})")
+        elif self.time_shared is not None:
+            raise ValueError(f"a [time_shared] table belongs to topology 'time-shared', not {self.topology!r}")
+        if self.topology == "adaptive":
+            if len(self.servers) != 1 or self.servers[0].speculative is None:
+                raise ValueError("topology 'adaptive' has exactly one server, with role 'speculative'")
+            if not self.servers[0].speculative.adaptive:
+                raise ValueError("topology 'adaptive' needs speculative.adaptive = true on its server")
+        return self
+
+    def server(self, name: str) -> Server:
+        for server in self.servers:
+            if server.name == name:
+                return server
+        raise KeyError(name)
+
+    @property
+    def sleeps(self) -> bool:
+        return self.time_shared is not None and self.time_shared.mechanism == "sleep"
+
+    def concurrent_groups(self) -> list[list[Server]]:
+        """Sets of servers that hold their GPUs at the same time (time-shared: one at a time)."""
+        if self.topology == "time-shared":
+            return [[s] for s in self.servers]
+        return [list(self.servers)]
+
+    def warnings(self) -> list[str]:
+        notes = []
+        for server in self.servers:
+            if server.inherits_eagle_cap:
+                notes.append(
+                    f"server {server.name!r}: no max_running_requests - SGLang silently caps an EAGLE server at "
+                    f"{SGLANG_EAGLE_DEFAULT_CAP} running requests and queues the rest; set it explicitly"
+                )
+        return notes
+
+
+def shipped_profiles() -> list[str]:
+    folder = resources.files("crossover.servers").joinpath("profiles")
+    return sorted(p.name.removesuffix(PROFILE_SUFFIX) for p in folder.iterdir() if p.name.endswith(PROFILE_SUFFIX))
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """A shipped profile by name, or a TOML file by path; the profile's name is the file's stem."""
+    text_path = str(name_or_path)
+    path = Path(text_path)
+    if not (text_path.endswith(PROFILE_SUFFIX) or path.exists()):
+        shipped = resources.files("crossover.servers").joinpath("profiles", text_path + PROFILE_SUFFIX)
+        if not shipped.is_file():
+            raise ProfileError(
+                f"no profile {text_path!r}: not a file, and not a shipped profile ({', '.join(shipped_profiles())})"
+            )
+        return parse_profile(shipped.read_text(), name=text_path, source=f"shipped profile {text_path}")
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read ({exc.strerror})") from None
+    return parse_profile(text, name=path.stem, source=str(path))
+
+
+def parse_profile(text: str, *, name: str, source: str) -> Profile:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"{source}: not valid TOML ({exc})") from None
+    data.setdefault("name", name)
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(f"{source}: {_describe(exc)}") from None
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "profile"
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {message}")
+    return "; ".join(lines)
