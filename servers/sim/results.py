@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from crossover.servers.sim.fields import ProfileError
+from crossover.servers.sim.profile_file import ProfileError
 
 
 def measured_profile_data(path: Path, target: str | None) -> dict[str, Any]:

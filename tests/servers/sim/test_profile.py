@@ -177,3 +177,35 @@ def test_overrides_are_checked():
         with_overrides(profile, accept_length=9.0)
     with pytest.raises(ProfileError, match=">= 1"):
         with_overrides(profile, max_running_requests=0)
+
+
+BASE = "kind = 'parametric'\nmodel_name = 'm'\n[prefill]\n[decode]\nfixed_s = 0.01\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # A misspelt key would otherwise fall back to its default without a word.
+        (BASE + "[limits]\nmax_runing_requests = 4\nmax_total_num_tokens = 10", "unknown key 'limits.max_runing_"),
+        (BASE + "[limits]\nmax_running_requests = true\nmax_total_num_tokens = 10", "must be an integer, got True"),
+        (BASE + "[limits]\nmax_running_requests = '4'\nmax_total_num_tokens = 10", "must be an integer, got '4'"),
+        (BASE + "[limits]\nmax_running_requests = 4\nmax_total_num_tokens = 10\n[memory]\nstartup_s = nan", "finite"),
+        ("kind = 'parametric'\nmodel_name = 'm'\n[prefill]\n[decode]\nfixed_s = 0.01", "missing \\[limits\\] section"),
+    ],
+)
+def test_profile_files_are_checked_strictly(tmp_path, text, message):
+    path = tmp_path / "strict.toml"
+    path.write_text(text)
+    with pytest.raises(ProfileError, match=message) as raised:
+        load_profile(str(path))
+    assert str(raised.value).startswith(f"{path}: ")  # every message names the file
+
+
+def test_switch_costs_are_read_in_profile_seconds(tmp_path):
+    path = tmp_path / "costs.toml"
+    path.write_text(
+        BASE + "[limits]\nmax_running_requests = 4\nmax_total_num_tokens = 10\n"
+        "[memory]\nstartup_s = 300\nrelease_s = 20.5\nresume_s = 25\n"
+    )
+    memory = load_profile(str(path)).memory
+    assert (memory.startup_s, memory.release_s, memory.resume_s) == (300.0, 20.5, 25.0)
