@@ -11,8 +11,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
+
+from crossover.gateway.cli import (
+    json_string_map,
+    non_negative_float,
+    non_negative_int,
+    port,
+    positive_float,
+    positive_int,
+    positive_int_list,
+)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_INPUT_LEN = 256
@@ -30,18 +39,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     serve = sub.add_parser("serve", help="serve SGLang's HTTP API from a profile (no model runs)")
     _profile_options(serve)
-    serve.add_argument("--port", type=int, required=True)
+    serve.add_argument("--port", type=port, required=True)
     serve.add_argument("--host", default=DEFAULT_HOST)
     serve.add_argument(
         "--time-scale",
-        type=_positive_float,
+        type=positive_float,
         default=1.0,
         metavar="F",
         help="run F times faster than the profile (all of its durations divided by F)",
     )
     serve.add_argument(
         "--startup-delay",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=0.0,
         metavar="S",
         help="emulate weight loading: /health answers 503 for S (wall-clock) seconds",
@@ -50,13 +59,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--model-name", help="served model name (default: the profile's)")
     serve.add_argument(
         "--max-queued-requests",
-        type=int,
+        type=non_negative_int,
         metavar="N",
         help="reject requests beyond N waiting ones, as SGLang does (default: the profile's)",
     )
     serve.add_argument(
         "--extra-metric-labels",
-        type=_labels,
+        type=json_string_map,
         default={},
         metavar="JSON",
         help='extra labels on every metric, e.g. \'{"variant": "eagle3"}\'',
@@ -66,17 +75,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     curve = sub.add_parser("curve", help="print the profile's closed-loop curve, computed in virtual time")
     _profile_options(curve)
-    curve.add_argument("--concurrency", type=_int_list, default=[1, 2, 5, 10, 30, 70, 100, 250], metavar="C1,C2,...")
-    curve.add_argument("--input-len", type=int, default=DEFAULT_INPUT_LEN)
-    curve.add_argument("--output-len", type=int, default=DEFAULT_OUTPUT_LEN)
+    curve.add_argument(
+        "--concurrency", type=positive_int_list, default=[1, 2, 5, 10, 30, 70, 100, 250], metavar="C1,C2,..."
+    )
+    curve.add_argument("--input-len", type=positive_int, default=DEFAULT_INPUT_LEN)
+    curve.add_argument("--output-len", type=positive_int, default=DEFAULT_OUTPUT_LEN)
     curve.add_argument("--seed", type=int, default=0)
     curve.add_argument("--json", action="store_true", help="print JSON (tok/s and seconds, profile time)")
     curve.set_defaults(run=_curve)
 
     steps = sub.add_parser("steps", help="print one decode step at fixed batch sizes (no prefill, no caps)")
     _profile_options(steps)
-    steps.add_argument("--batch", type=_int_list, default=[1, 8, 32, 64, 128, 256], metavar="B1,B2,...")
-    steps.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="tokens held by each request")
+    steps.add_argument("--batch", type=positive_int_list, default=[1, 8, 32, 64, 128, 256], metavar="B1,B2,...")
+    steps.add_argument("--context", type=positive_int, default=DEFAULT_CONTEXT, help="tokens held by each request")
     steps.add_argument("--json", action="store_true")
     steps.set_defaults(run=_steps)
 
@@ -90,8 +101,10 @@ def _profile_options(parser: argparse.ArgumentParser) -> None:
         "a TOML file, or a load tester's results.json",
     )
     parser.add_argument("--target", help="which target of a results.json to replay")
-    parser.add_argument("--accept-length", type=float, help="override the speculative accept length")
-    parser.add_argument("--max-running-requests", type=int, metavar="N", help="override the running-request cap")
+    parser.add_argument("--accept-length", type=positive_float, help="override the speculative accept length")
+    parser.add_argument(
+        "--max-running-requests", type=positive_int, metavar="N", help="override the running-request cap"
+    )
 
 
 def _load(args: argparse.Namespace):
@@ -203,37 +216,3 @@ def _steps(args: argparse.Namespace) -> int:
             f"{p.per_request_throughput:>18.1f}"
         )
     return 0
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _labels(text: str) -> dict[str, str]:
-    try:
-        labels = json.loads(text)
-    except json.JSONDecodeError:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}") from None
-    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-        raise argparse.ArgumentTypeError('expected a JSON object of strings, e.g. {"variant": "eagle3"}')
-    return labels

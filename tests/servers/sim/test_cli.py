@@ -51,7 +51,7 @@ def test_curve_table_and_steps():
         (["sim", "curve", "--profile", "k25-plain", "--accept-length", "2"], "not speculative"),
         (["sim", "curve", "--profile", "k25-plain", "--output-len", "1"], "output_len >= 2"),
         (["sim", "curve", "--profile", "k25-plain", "--concurrency", "0,2"], "positive integers"),
-        (["sim", "serve", "--profile", "k25-plain", "--port", "1", "--time-scale", "0"], "must be > 0"),
+        (["sim", "serve", "--profile", "k25-plain", "--port", "1", "--time-scale", "0"], "must be a finite number > 0"),
         (["sim", "serve", "--profile", "k25-plain", "--port", "1", "--extra-metric-labels", "[1]"], "JSON object"),
     ],
 )
