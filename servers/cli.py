@@ -1,9 +1,310 @@
-"""`crossover servers`: placeholder while the subcommands are written."""
+"""`crossover servers`: the SGLang servers of a deployment profile.
+
+    crossover servers plan kimi-k25-time-shared [--json]     # exact argv + env; does it fit this box?
+    crossover servers up standin-partitioned [--foreground]  # start, wait for a generation, return
+    crossover servers status standin-partitioned [--json]
+    crossover servers down standin-partitioned               # stop every process group, verify
+    crossover servers adaptive-config runs/k25/results.json -o k25-adaptive.json
+    crossover servers agent standin-time-shared --port 8100  # HTTP API for restart switches (token needed)
+
+Exit codes: 0 done, 1 the operation failed (a server did not start or survived `down`, the profile does not
+fit), 2 bad input (unknown profile, invalid file).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from crossover.gateway.cli import port
+
+TOKEN_ENV = "CROSSOVER_AGENT_TOKEN"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    subparsers.add_parser("servers", help="SGLang deployment profiles: plan, up, down, status, agent")
+    servers = subparsers.add_parser(
+        "servers",
+        help="SGLang deployment profiles: plan, up, down, status, adaptive-config, agent",
+        description="Start, check and stop the SGLang servers of a deployment profile (servers/profiles/*.toml).",
+    )
+    sub = servers.add_subparsers(dest="servers_command", required=True, metavar="SUBCOMMAND")
+
+    plan = sub.add_parser("plan", help="print every server's argv and environment; check the profile fits")
+    _profile_arg(plan)
+    plan.add_argument("--json", action="store_true", help='a list of {"name", "role", "argv", "env"}')
+    plan.set_defaults(run=_plan)
+
+    up = sub.add_parser("up", help="start the servers; return once each answered a 1-token generation")
+    _profile_arg(up)
+    _state_arg(up)
+    up.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C stops the servers")
+    up.set_defaults(run=_up)
+
+    down = sub.add_parser("down", help="stop every server's process group (SIGTERM, deadline, SIGKILL); verify")
+    _profile_arg(down)
+    _state_arg(down)
+    down.set_defaults(run=_down)
+
+    status = sub.add_parser("status", help="state, pid and URL of each server")
+    _profile_arg(status)
+    _state_arg(status)
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(run=_status)
+
+    adaptive = sub.add_parser(
+        "adaptive-config",
+        help="SGLang --speculative-adaptive-config JSON from a `crossover bench` run (speculative vs plain)",
+    )
+    adaptive.add_argument("results", type=Path, metavar="RESULTS_JSON", help="results.json or its run directory")
+    adaptive.add_argument("-o", "--output", type=Path, help="write the config here (default: stdout)")
+    adaptive.add_argument("--speculative", help="the speculative target's name (default: the run's)")
+    adaptive.add_argument("--plain", help="the plain target's name (default: the run's)")
+    adaptive.add_argument(
+        "--steps",
+        type=_steps_list,
+        metavar="S1,S2,...",
+        help="candidate draft steps below the crossover (default: 1..the measured server's num_steps, or 1,2,3)",
+    )
+    adaptive.set_defaults(run=_adaptive_config)
+
+    agent = sub.add_parser("agent", help="authenticated HTTP API over the supervisor, for restart switches")
+    _profile_arg(agent)
+    _state_arg(agent)
+    agent.add_argument("--port", type=port, required=True)
+    agent.add_argument("--host", default="127.0.0.1", help="listen address (default: loopback only)")
+    agent.add_argument("--token", help=f"bearer token clients must send (default: ${TOKEN_ENV}); required")
+    agent.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    agent.set_defaults(run=_agent)
+
+
+def _profile_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("profile", metavar="PROFILE", help="a shipped profile name or a TOML file")
+
+
+def _state_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="where pids and logs live (default: $XDG_STATE_HOME or ~/.local/state, /crossover/PROFILE)",
+    )
+
+
+def _steps_list(text: str) -> list[int]:
+    try:
+        steps = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not steps or steps[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected draft steps >= 1, got {text!r}")
+    return steps
+
+
+def _say(message: str) -> None:
+    print(f"crossover servers: {message}", file=sys.stderr, flush=True)
+
+
+def _load(args: argparse.Namespace):
+    from crossover.servers.profile import ProfileError, load_profile
+
+    try:
+        return load_profile(args.profile)
+    except ProfileError as exc:
+        _say(f"error: {exc}")
+        return None
+
+
+def _supervisor(args: argparse.Namespace, profile):
+    from crossover.servers.state import default_state_dir
+    from crossover.servers.supervisor import Supervisor
+
+    state_dir = args.state_dir or default_state_dir(profile.name)
+    return Supervisor(profile, state_dir, log=_say)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from crossover.servers.launch import launch_commands
+
+    profile = _load(args)
+    if profile is None:
+        return 2
+    commands = launch_commands(profile)
+    if args.json:
+        print(json.dumps([c.as_json() for c in commands], indent=2))
+    else:
+        print(f"profile {profile.name}: {profile.description}")
+        print(f"topology {profile.topology}, SGLang {profile.sglang_version}", end="")
+        if profile.time_shared is not None:
+            ts = profile.time_shared
+            print(f", switch by {ts.mechanism}, initial mode {ts.initial}", end="")
+        print()
+        for command in commands:
+            print(f"\n[{command.name}] role {command.role}")
+            for key, value in command.env.items():
+                print(f"  {key}={value}")
+            print("  " + " ".join(_quote(a) for a in command.argv))
+    return _report_fit(profile)
+
+
+def _report_fit(profile, *, skip_ports: set[int] = frozenset()) -> int:
+    from crossover.servers.fit import check_fit, port_is_free
+
+    report = check_fit(profile, port_free=lambda host, p: p in skip_ports or port_is_free(host, p))
+    for note in report.notes:
+        _say(f"note: {note}")
+    for problem in report.problems:
+        _say(f"does not fit: {problem}")
+    if report.problems:
+        _say(f"refusing {profile.name}: {len(report.problems)} problem(s) above")
+        return 1
+    return 0
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from crossover.servers.supervisor import SupervisorError
+
+    profile = _load(args)
+    if profile is None:
+        return 2
+    supervisor = _supervisor(args, profile)
+    # Our own servers that already run hold their ports: that is not a conflict.
+    running = {s.port for s in profile.servers if supervisor.running(s.name)}
+    if _report_fit(profile, skip_ports=running):
+        return 1
+    try:
+        asyncio.run(supervisor.up())
+    except SupervisorError as exc:
+        _say(f"error: {exc}")
+        _say("stopping what this run started")
+        asyncio.run(supervisor.down())
+        return 1
+    except KeyboardInterrupt:
+        _say("interrupted: stopping the servers")
+        asyncio.run(supervisor.down())
+        return 1
+    statuses = asyncio.run(supervisor.status())
+    for status in statuses:
+        _say(f"{status.name}: {status.state} at {status.url} (pid {status.pid})")
+    if not args.foreground:
+        _say(f"servers keep running; stop them with `crossover servers down {args.profile}`")
+        return 0
+    return asyncio.run(_stay_attached(supervisor))
+
+
+async def _stay_attached(supervisor) -> int:
+    """--foreground: wait for Ctrl-C / SIGTERM, or for a server to die, then stop them all."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    failed = None
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=1.0)
+        for server in supervisor.profile.servers:
+            record = supervisor.record(server.name)
+            if record is not None and not supervisor.running(server.name):
+                failed = server.name
+                stop.set()
+    if failed:
+        _say(f"{failed} exited; stopping the others")
+    else:
+        _say("stopping the servers")
+    return _down_report(await supervisor.down(), supervisor) or (1 if failed else 0)
+
+
+def _down(args: argparse.Namespace) -> int:
+    profile = _load(args)
+    if profile is None:
+        return 2
+    supervisor = _supervisor(args, profile)
+    return _down_report(asyncio.run(supervisor.down()), supervisor)
+
+
+def _down_report(reports, supervisor) -> int:
+    code = 0
+    for report in reports:
+        if not report.was_running:
+            _say(f"{report.name}: not running")
+        elif report.survivors:
+            _say(f"{report.name}: processes survived SIGKILL: {report.survivors}")
+            code = 1
+        else:
+            how = "SIGKILL after the SIGTERM deadline" if report.killed else "SIGTERM"
+            _say(f"{report.name}: stopped ({how}); no process of its group is left")
+    holders = supervisor.gpu_holders()
+    if holders:
+        for holder in holders:
+            _say(f"GPU {holder.gpu} still holds {holder.used_mib} MiB for pid {holder.pid}")
+        _say("GPU memory is still held on the profile's GPUs: kill those processes before the next start")
+        code = 1
+    return code
+
+
+def _status(args: argparse.Namespace) -> int:
+    profile = _load(args)
+    if profile is None:
+        return 2
+    statuses = asyncio.run(_supervisor(args, profile).status())
+    if args.json:
+        print(json.dumps([s.as_json() for s in statuses], indent=2))
+        return 0
+    print(f"{'server':<14} {'role':<12} {'state':<9} {'pid':>8}  {'url':<26} {'last start s':>12}  error")
+    for s in statuses:
+        last = f"{s.last_start_s:.1f}" if s.last_start_s is not None else "-"
+        print(f"{s.name:<14} {s.role:<12} {s.state:<9} {s.pid or '-':>8}  {s.url:<26} {last:>12}  {s.error or ''}")
+    return 0
+
+
+def _adaptive_config(args: argparse.Namespace) -> int:
+    from crossover.servers.adaptive import AdaptiveConfigError, adaptive_config, read_results
+
+    try:
+        results = read_results(args.results)
+        config, notes = adaptive_config(results, speculative=args.speculative, plain=args.plain, steps=args.steps)
+    except AdaptiveConfigError as exc:
+        _say(f"error: {exc}")
+        return 2
+    text = json.dumps(config, indent=2) + "\n"
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text)
+        _say(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    for note in notes:
+        _say(note)
+    return 0
+
+
+def _agent(args: argparse.Namespace) -> int:
+    token = args.token or os.environ.get(TOKEN_ENV)
+    if not token:
+        _say(f"error: the agent never runs open: give --token or set ${TOKEN_ENV}")
+        return 2
+    profile = _load(args)
+    if profile is None:
+        return 2
+    from crossover.servers.agent import AgentSettings, run
+
+    _say(f"agent for {profile.name} on http://{args.host}:{args.port} (bearer token required)")
+    run(
+        AgentSettings(
+            profile=profile, state_dir=_supervisor(args, profile).store.directory, token=token, host=args.host
+        ),
+        port=args.port,
+        log_level=args.log_level,
+    )
+    return 0

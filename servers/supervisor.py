@@ -1,0 +1,320 @@
+"""Start, verify, release and stop the servers of one profile; every step recorded in the state dir.
+
+    supervisor = Supervisor(profile, state_dir)
+    await supervisor.up()          # returns once every server answered a 1-token generation
+    await supervisor.status()      # [ServerStatus, ...]
+    await supervisor.down()        # SIGTERM, deadline, SIGKILL of each whole group; verified
+
+Each server leads its own process group (SGLang's scheduler and detokenizer workers are its children; when
+they survive a stop they keep GPU memory), logs to `<state dir>/logs/<name>.log`, and is ready only after a
+real generation - `/health` alone says the HTTP server is up, not that the model answers. Servers outlive
+the supervisor on purpose (`up` returns); the state file is how a later `down`, `status` or an agent finds
+them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import httpx
+
+from crossover.servers import fit
+from crossover.servers.launch import launch_command
+from crossover.servers.process import spawn
+from crossover.servers.profile import Profile, Server
+from crossover.servers.state import ServerRecord, StateStore, group_members, record_alive, start_ticks
+
+State = Literal["stopped", "starting", "ready", "released", "stopping", "failed"]
+
+POLL_S = 0.1
+PROBE_TIMEOUT = httpx.Timeout(connect=2.0, read=30.0, write=5.0, pool=2.0)
+STATUS_TIMEOUT = httpx.Timeout(3.0)
+RELEASE_TIMEOUT_S = 300.0
+KILL_GRACE_S = 10.0  # after SIGKILL: how long the kernel gets to take the group down
+PROBE_PROMPT = "Say OK."
+
+
+class SupervisorError(RuntimeError):
+    """A server did not start, release, resume or stop as asked; the message says which and why."""
+
+
+@dataclass
+class ServerStatus:
+    name: str
+    role: str
+    state: State
+    pid: int | None
+    url: str
+    last_start_s: float | None
+    error: str | None = None
+
+    def as_json(self) -> dict:
+        return {
+            "name": self.name,
+            "role": self.role,
+            "state": self.state,
+            "pid": self.pid,
+            "url": self.url,
+            "last_start_s": self.last_start_s,
+            "error": self.error,
+        }
+
+
+@dataclass
+class StopReport:
+    name: str
+    was_running: bool
+    killed: bool  # needed SIGKILL: something in the group ignored SIGTERM past the deadline
+    survivors: list[int]
+
+
+class Supervisor:
+    def __init__(self, profile: Profile, state_dir: Path, *, log=None):
+        self.profile = profile
+        self.store = StateStore(state_dir, profile.name)
+        self._log = log or (lambda message: None)
+        self._children: dict[str, object] = {}  # Popen of servers this process started: reaped on stop
+
+    # --- one server -------------------------------------------------------------------------------------
+
+    def record(self, name: str) -> ServerRecord | None:
+        with self.store.locked():
+            return self.store.load().get(name)
+
+    def running(self, name: str) -> bool:
+        record = self.record(name)
+        return record is not None and record_alive(record)
+
+    async def start(self, name: str) -> float:
+        """Start `name` (unless it runs already) and wait for a generation; returns the seconds it took."""
+        server = self.profile.server(name)
+        existing = self.record(name)
+        if existing is not None and record_alive(existing):
+            if existing.released:
+                return await self.resume(name)
+            self._log(f"{name}: already running (pid {existing.pid}), checking it generates")
+            await self._wait_generation(server, existing, time.monotonic() + server.ready_timeout_s)
+            return existing.ready_s or 0.0
+        if existing is not None:
+            self.store.remove(name)
+        command = launch_command(self.profile, server)
+        self.store.logs.mkdir(parents=True, exist_ok=True)
+        log_path = self.store.logs / f"{name}.log"
+        began = time.monotonic()
+        with open(log_path, "ab") as log_file:
+            log_file.write(f"\n=== crossover servers: starting {name}: {' '.join(command.argv)}\n".encode())
+            log_file.flush()
+            try:
+                proc = spawn(
+                    command.argv,
+                    die_with_parent=False,
+                    env={**os.environ, **command.env},
+                    stdout=log_file,
+                    stderr=log_file,
+                    stdin=open(os.devnull),  # noqa: SIM115 - the child owns it
+                )
+            except OSError as exc:
+                raise SupervisorError(f"{name}: cannot run {command.argv[0]!r}: {exc.strerror}") from None
+        self._children[name] = proc
+        record = ServerRecord(
+            pid=proc.pid,
+            pgid=proc.pid,
+            start_ticks=start_ticks(proc.pid),
+            started_at=time.time(),
+            log=str(log_path),
+            url=server.url,
+            argv=command.argv,
+        )
+        self.store.put(name, record)
+        self._log(f"{name}: started pid {proc.pid}, log {log_path}")
+        try:
+            await self._wait_generation(server, record, began + server.ready_timeout_s)
+        except SupervisorError:
+            await self.stop(name)
+            raise
+        took = time.monotonic() - began
+        self.store.update(name, ready_s=took)
+        self._log(f"{name}: ready at {server.url} after {took:.1f} s (answered a 1-token generation)")
+        return took
+
+    async def stop(self, name: str) -> StopReport:
+        """SIGTERM the group, wait up to the server's stop_timeout_s, SIGKILL what is left, verify."""
+        server = self.profile.server(name)
+        record = self.record(name)
+        if record is None:
+            return StopReport(name, was_running=False, killed=False, survivors=[])
+        self._signal(record.pgid, signal.SIGTERM)
+        killed = False
+        if not await self._group_gone(record.pgid, name, server.stop_timeout_s):
+            self._log(f"{name}: still running {server.stop_timeout_s:g} s after SIGTERM, sending SIGKILL")
+            self._signal(record.pgid, signal.SIGKILL)
+            killed = True
+            await self._group_gone(record.pgid, name, KILL_GRACE_S)
+        survivors = group_members(record.pgid)
+        if not survivors:
+            self.store.remove(name)
+            self._children.pop(name, None)
+        return StopReport(name, was_running=True, killed=killed, survivors=survivors)
+
+    async def release(self, name: str) -> None:
+        """Sleep: hand the GPU memory back, weights to host memory. SGLang refuses while busy."""
+        record = self._require(name)
+        await self._admin(record, "/release_memory_occupation")
+        self.store.update(name, released=True)
+        self._log(f"{name}: released (weights in host memory)")
+
+    async def resume(self, name: str) -> float:
+        server, record = self.profile.server(name), self._require(name)
+        began = time.monotonic()
+        await self._admin(record, "/resume_memory_occupation")
+        self.store.update(name, released=False)
+        # torch_memory_saver has corrupted weights after repeated cycles: verify before trusting a resume.
+        await self._wait_generation(server, record, began + server.ready_timeout_s)
+        took = time.monotonic() - began
+        self._log(f"{name}: resumed and generating after {took:.1f} s")
+        return took
+
+    async def server_status(self, name: str) -> ServerStatus:
+        server = self.profile.server(name)
+        record = self.record(name)
+        if record is None:
+            return ServerStatus(name, server.role, "stopped", None, server.url, None)
+        if not record_alive(record):
+            return ServerStatus(
+                name, server.role, "failed", None, server.url, record.ready_s, f"exited; see {record.log}"
+            )
+        if record.released:
+            return ServerStatus(name, server.role, "released", record.pid, server.url, record.ready_s)
+        healthy = False
+        async with httpx.AsyncClient(timeout=STATUS_TIMEOUT, trust_env=False) as client:
+            with contextlib.suppress(httpx.HTTPError):
+                healthy = (await client.get(f"{server.url}/health")).status_code == 200
+        if healthy:
+            return ServerStatus(name, server.role, "ready", record.pid, server.url, record.ready_s)
+        if record.ready_s is None:
+            return ServerStatus(name, server.role, "starting", record.pid, server.url, None)
+        return ServerStatus(
+            name, server.role, "failed", record.pid, server.url, record.ready_s, "running but /health is not 200"
+        )
+
+    # --- the whole profile ------------------------------------------------------------------------------
+
+    async def up(self) -> None:
+        """Partitioned/adaptive: all at once. Time-shared restart: the initial mode only. Time-shared sleep:
+        the others first, one by one, each released before the next starts (each sizes its KV cache from
+        the memory free when it starts), then the initial mode."""
+        profile = self.profile
+        if profile.time_shared is None:
+            await asyncio.gather(*(self.start(s.name) for s in profile.servers))
+            return
+        initial = profile.time_shared.initial
+        if profile.time_shared.mechanism == "sleep":
+            for server in profile.servers:
+                if server.name != initial:
+                    record = self.record(server.name)
+                    if record is not None and record.released and record_alive(record):
+                        continue
+                    await self.start(server.name)
+                    await self.release(server.name)
+        else:
+            for server in profile.servers:
+                if server.name != initial and self.running(server.name):
+                    raise SupervisorError(
+                        f"{server.name} is running on the GPU set; `down` first, or switch through the agent"
+                    )
+        await self.start(initial)
+
+    async def down(self) -> list[StopReport]:
+        reports = await asyncio.gather(*(self.stop(s.name) for s in self.profile.servers))
+        return list(reports)
+
+    async def status(self) -> list[ServerStatus]:
+        return list(await asyncio.gather(*(self.server_status(s.name) for s in self.profile.servers)))
+
+    def gpu_holders(self) -> list[fit.GpuProcess] | None:
+        """Processes still holding memory on the profile's real GPUs (None: no nvidia-smi, or stand-ins)."""
+        gpus = sorted({g for s in self.profile.servers if s.engine == "sglang" for g in s.gpus})
+        return fit.gpu_processes(gpus) if gpus else None
+
+    # --- internals --------------------------------------------------------------------------------------
+
+    def _require(self, name: str) -> ServerRecord:
+        record = self.record(name)
+        if record is None or not record_alive(record):
+            raise SupervisorError(f"{name} is not running")
+        return record
+
+    def _signal(self, pgid: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+
+    def _reap(self, name: str) -> None:
+        proc = self._children.get(name)
+        if proc is not None:
+            proc.poll()  # collects our own exited child, so it does not linger as a zombie
+
+    async def _group_gone(self, pgid: int, name: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._reap(name)
+            if not group_members(pgid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(POLL_S)
+
+    async def _wait_generation(self, server: Server, record: ServerRecord, deadline: float) -> None:
+        """Poll until the server answers a real 1-token completion; fail early if its process is gone."""
+        last = "no answer yet"
+        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT, trust_env=False) as client:
+            while time.monotonic() < deadline:
+                self._reap(server.name)
+                if not record_alive(record):
+                    raise SupervisorError(f"{server.name}: exited before it was ready; see {record.log}")
+                try:
+                    error = await _generate_once(client, server)
+                except httpx.HTTPError as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                if error is None:
+                    return
+                last = error
+                await asyncio.sleep(POLL_S)
+        raise SupervisorError(
+            f"{server.name}: no 1-token generation within {server.ready_timeout_s:g} s (last: {last}); see {record.log}"
+        )
+
+    async def _admin(self, record: ServerRecord, path: str) -> None:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(RELEASE_TIMEOUT_S, connect=5.0), trust_env=False) as c:
+            try:
+                response = await c.post(f"{record.url}{path}", json={})
+            except httpx.HTTPError as exc:
+                raise SupervisorError(f"{record.url}{path}: {type(exc).__name__}: {exc}") from None
+        if response.status_code != 200:
+            raise SupervisorError(f"{record.url}{path} answered {response.status_code}: {response.text[:300]}")
+
+
+async def _generate_once(client: httpx.AsyncClient, server: Server) -> str | None:
+    """None when the server generated one token, else why not."""
+    model = server.served_model_name
+    if model is None:
+        models = await client.get(f"{server.url}/v1/models")
+        if models.status_code != 200:
+            return f"/v1/models answered {models.status_code}"
+        model = models.json()["data"][0]["id"]
+    response = await client.post(
+        f"{server.url}/v1/completions",
+        json={"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0},
+    )
+    if response.status_code != 200:
+        return f"/v1/completions answered {response.status_code}"
+    body = response.json()
+    if not body.get("choices") or (body.get("usage") or {}).get("completion_tokens", 1) < 1:
+        return "/v1/completions answered without a token"
+    return None
