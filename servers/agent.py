@@ -1,0 +1,268 @@
+"""The GPU-host agent: an authenticated HTTP API over the supervisor, so a gateway on another machine can
+perform restart switches (stop one configuration, start the other) on this box.
+
+    crossover servers agent standin-time-shared --port 8100 --token "$TOKEN"
+
+    GET  /health                   open: {"status": "ok"}
+    GET  /metrics                  open: Prometheus text
+    GET  /servers                  {"servers": [ServerStatus, ...]}
+    GET  /servers/{name}           ServerStatus
+    POST /servers/{name}/start     202 ServerStatus (starting); ready after a real 1-token generation
+    POST /servers/{name}/stop      202 ServerStatus (stopping); stopped once no process of its group is left
+
+ServerStatus = {"name", "role", "state": stopped|starting|ready|released|stopping|failed, "pid", "url",
+"last_start_s", "error"}. Everything but /health and /metrics needs `Authorization: Bearer <token>` (401
+otherwise). One operation at a time per GPU set: a second one on overlapping GPUs gets 409, and so does a
+start while another server holds the GPUs (stop it first: that is what a restart switch is). Operations run
+as tasks on the event loop; poll GET /servers/{name} for the outcome. Servers outlive the agent: a new agent
+reads the state dir and reports them, it never starts a duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from crossover.servers.profile import Profile, Server
+from crossover.servers.supervisor import ServerStatus, Supervisor
+
+STATES = ("stopped", "starting", "ready", "released", "stopping", "failed")
+OPEN_PATHS = ("/health", "/metrics")
+
+Operation = Literal["start", "stop"]
+
+
+class AgentSettings(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+
+    profile: Profile
+    state_dir: Path
+    token: str
+    host: str = "127.0.0.1"
+
+
+def error_response(status: int, message: str, err_type: str, code: str, param: str | None = None) -> JSONResponse:
+    headers = {"www-authenticate": "Bearer"} if status == 401 else None
+    body = {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
+        self.state = Gauge(
+            "crossover_agent_server_state",
+            "1 for the server's current state, 0 for the others",
+            ["server", "role", "state"],
+            registry=registry,
+        )
+        self.operations = Counter(
+            "crossover_agent_operations_total",
+            "start/stop operations by outcome (ok, failed, conflict)",
+            ["operation", "outcome"],
+            registry=registry,
+        )
+        self.last_start = Gauge(
+            "crossover_agent_last_start_duration_seconds",
+            "How long the last start took until the server answered a 1-token generation",
+            ["server"],
+            registry=registry,
+        )
+        for operation in ("start", "stop"):
+            for outcome in ("ok", "failed", "conflict"):
+                self.operations.labels(operation, outcome)
+
+    def set_state(self, server: Server, state: str) -> None:
+        for candidate in STATES:
+            self.state.labels(server.name, server.role, candidate).set(1 if candidate == state else 0)
+
+
+@dataclass
+class _Busy:
+    operation: Operation
+    error: str | None = None
+
+
+@dataclass
+class Agent:
+    supervisor: Supervisor
+    metrics: AgentMetrics
+    busy: dict[str, _Busy] = field(default_factory=dict)  # server name -> operation under way
+    errors: dict[str, str] = field(default_factory=dict)  # the last failed operation's message per server
+    tasks: set[asyncio.Task] = field(default_factory=set)
+
+    @property
+    def profile(self) -> Profile:
+        return self.supervisor.profile
+
+    async def status(self, name: str) -> ServerStatus:
+        server = self.profile.server(name)
+        busy = self.busy.get(name)
+        if busy is not None:
+            record = self.supervisor.record(name)
+            state = "starting" if busy.operation == "start" else "stopping"
+            status = ServerStatus(name, server.role, state, record.pid if record else None, server.url, None)
+            if record is not None:
+                status.last_start_s = record.ready_s
+        else:
+            status = await self.supervisor.server_status(name)
+            if name in self.errors and status.state in ("stopped", "failed"):
+                status.state, status.error = "failed", self.errors[name]
+        self.metrics.set_state(server, status.state)
+        return status
+
+    def conflict(self, name: str, operation: Operation) -> str | None:
+        """Why `operation` on `name` cannot begin now, or None."""
+        server = self.profile.server(name)
+        for other_name, busy in self.busy.items():
+            other = self.profile.server(other_name)
+            if other_name == name or _share_gpus(server, other):
+                return (
+                    f"a {busy.operation} of {other_name!r} is under way on GPUs {_gpus(other)}; "
+                    "retry when it has finished"
+                )
+        if operation == "start":
+            for other in self.profile.servers:
+                if other.name == name or not _share_gpus(server, other):
+                    continue
+                record = self.supervisor.record(other.name)
+                if record is not None and not record.released and self.supervisor.running(other.name):
+                    return f"{other.name!r} holds GPUs {_gpus(other)}: stop it first"
+        return None
+
+    def begin(self, name: str, operation: Operation) -> None:
+        self.busy[name] = _Busy(operation)
+        self.errors.pop(name, None)
+        task = asyncio.create_task(self._run(name, operation))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run(self, name: str, operation: Operation) -> None:
+        outcome = "ok"
+        try:
+            if operation == "start":
+                took = await self.supervisor.start(name)
+                self.metrics.last_start.labels(name).set(took)
+            else:
+                report = await self.supervisor.stop(name)
+                if report.survivors:
+                    raise RuntimeError(f"processes survived SIGKILL: {report.survivors}")
+        except Exception as exc:  # any failure is the operation's outcome, reported through the status
+            outcome = "failed"
+            self.errors[name] = f"{operation} failed: {exc}"
+        finally:
+            self.busy.pop(name, None)
+            self.metrics.operations.labels(operation, outcome).inc()
+            with contextlib.suppress(Exception):
+                await self.status(name)
+
+
+def _share_gpus(a: Server, b: Server) -> bool:
+    return bool(set(a.gpus) & set(b.gpus))
+
+
+def _gpus(server: Server) -> str:
+    return ",".join(map(str, server.gpus)) or "(none)"
+
+
+def create_app(settings: AgentSettings, *, registry: CollectorRegistry | None = None) -> FastAPI:
+    token = settings.token.encode()
+    if not token:
+        raise ValueError("the agent needs a token")
+    metrics = AgentMetrics(registry or CollectorRegistry())
+    agent = Agent(Supervisor(settings.profile, settings.state_dir), metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        # Adopt what a previous agent (or `crossover servers up`) started: report it, never start a duplicate.
+        for server in settings.profile.servers:
+            await agent.status(server.name)
+        yield
+        for task in list(agent.tasks):
+            task.cancel()
+
+    app = FastAPI(title="crossover GPU-host agent", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.agent = agent
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next):
+        if request.url.path not in OPEN_PATHS:
+            scheme, _, given = (request.headers.get("authorization") or "").partition(" ")
+            valid = scheme.lower() == "bearer" and secrets.compare_digest(given.strip().encode(), token)
+            if not valid:
+                return error_response(
+                    401,
+                    "missing or invalid agent token: send 'Authorization: Bearer <token>'",
+                    "authentication_error",
+                    "invalid_agent_token",
+                )
+        return await call_next(request)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), "invalid_request_error", "not_found")
+
+    def unknown(name: str) -> JSONResponse:
+        names = ", ".join(s.name for s in settings.profile.servers)
+        return error_response(
+            404,
+            f"no server {name!r} in profile {settings.profile.name} ({names})",
+            "invalid_request_error",
+            "not_found",
+            "name",
+        )
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/servers")
+    async def list_servers() -> dict:
+        statuses = await asyncio.gather(*(agent.status(s.name) for s in settings.profile.servers))
+        return {"servers": [s.as_json() for s in statuses]}
+
+    @app.get("/servers/{name}")
+    async def get_server(name: str):
+        if name not in {s.name for s in settings.profile.servers}:
+            return unknown(name)
+        return (await agent.status(name)).as_json()
+
+    async def operate(name: str, operation: Operation):
+        if name not in {s.name for s in settings.profile.servers}:
+            return unknown(name)
+        reason = agent.conflict(name, operation)
+        if reason is not None:
+            metrics.operations.labels(operation, "conflict").inc()
+            return error_response(409, f"cannot {operation} {name!r}: {reason}", "conflict_error", "gpu_set_busy")
+        agent.begin(name, operation)
+        return JSONResponse((await agent.status(name)).as_json(), status_code=202)
+
+    @app.post("/servers/{name}/start")
+    async def start(name: str):
+        return await operate(name, "start")
+
+    @app.post("/servers/{name}/stop")
+    async def stop(name: str):
+        return await operate(name, "stop")
+
+    return app
+
+
+def run(settings: AgentSettings, *, port: int, log_level: str = "warning") -> None:
+    import uvicorn
+
+    uvicorn.run(create_app(settings), host=settings.host, port=port, log_level=log_level)
