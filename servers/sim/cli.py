@@ -91,6 +91,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     steps.add_argument("--json", action="store_true")
     steps.set_defaults(run=_steps)
 
+    # `crossover sim replay` (servers/sim/replay.py): would time-sharing pay on this traffic?
+    replay = sub.add_parser(
+        "replay", help="replay a load trace through both profiles and the switching policy, in virtual time"
+    )
+    replay.add_argument("--speculative", required=True, metavar="PROFILE", help="the speculative server's profile")
+    replay.add_argument("--plain", required=True, metavar="PROFILE", help="the plain server's profile")
+    replay.add_argument(
+        "--trace", required=True, metavar="FILE", help="CSV 'duration_s,concurrency' or a JSON list of phases"
+    )
+    replay.add_argument(
+        "--mechanism",
+        default="always-speculative,always-plain,restart,sleep,oracle",
+        metavar="M1,M2,...",
+        help="any of always-speculative, always-plain, restart, sleep, oracle (default: all)",
+    )
+    replay.add_argument("--json", action="store_true", help="print JSON, one object per mechanism")
+    replay.add_argument("--accept-length", type=positive_float, help="override the speculative accept length")
+    for name, what in (
+        ("--startup-s", "weight loading of the new server in a restart"),
+        ("--release-s", "/release_memory_occupation in a sleep switch"),
+        ("--resume-s", "/resume_memory_occupation in a sleep switch"),
+    ):
+        replay.add_argument(name, type=non_negative_float, metavar="S", help=f"{what} (default: the profiles')")
+    # Defaults for these live in replay.py (DEFAULT_*), applied when a flag is absent.
+    replay.add_argument("--stop-s", type=non_negative_float, metavar="S", help="stopping a server in a restart")
+    replay.add_argument("--drain-timeout-s", type=non_negative_float, metavar="S", help="in-flight requests' drain")
+    replay.add_argument("--threshold", type=non_negative_float, help="default: the profiles' crossover")
+    replay.add_argument("--hysteresis", type=non_negative_float, help="default: a quarter of the threshold")
+    replay.add_argument("--min-dwell-s", type=non_negative_float, metavar="S")
+    replay.add_argument("--window-s", type=positive_float, metavar="S", help="the load window (its median)")
+    replay.add_argument("--expected-phase-s", type=positive_float, metavar="S", help="default: learned")
+    replay.add_argument("--input-len", type=positive_int, default=DEFAULT_INPUT_LEN)
+    replay.add_argument("--output-len", type=positive_int, default=DEFAULT_OUTPUT_LEN)
+    replay.add_argument("--seed", type=int, default=0)
+    replay.set_defaults(run=_replay)
+
 
 def _profile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -118,6 +154,12 @@ def _load(args: argparse.Namespace):
         max_queued_requests=getattr(args, "max_queued_requests", None),
         model_name=getattr(args, "model_name", None),
     )
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from crossover.servers.sim.replay import run_command
+
+    return run_command(args)
 
 
 def _fail(message: str) -> int:

@@ -1,0 +1,247 @@
+"""`crossover sim replay`: traces, mechanisms and the JSON report, in virtual time (no servers, no sleeping)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from crossover.gateway.cli import main
+from crossover.gateway.switch_policy import PLAIN, SPECULATIVE
+from crossover.servers.sim.profile import load_profile
+from crossover.servers.sim.replay import (
+    ALWAYS_PLAIN,
+    ALWAYS_SPECULATIVE,
+    MECHANISMS,
+    ORACLE,
+    RESTART,
+    SLEEP,
+    ReplaySetup,
+    SwitchTimes,
+    TraceError,
+    TracePhase,
+    load_trace,
+    parse_trace,
+    replay,
+)
+
+# A pair with a clear crossover (~C 16-32) and short requests, so a replay of a few phases takes a fraction
+# of a second: the speculative server is ~2x faster alone and ~0.7x at a batch of 64.
+COMMON = """
+model_name = "test/model"
+[limits]
+max_running_requests = 256
+max_total_num_tokens = 1000000
+[prefill]
+fixed_s = 0.01
+per_token_s = 0.00001
+[memory]
+release_s = 1.0
+resume_s = 2.0
+"""
+SPECULATIVE_TOML = f"""
+kind = "parametric"
+{COMMON}
+[speculative]
+num_steps = 3
+accept_length = 3.0
+[decode]
+fixed_s = 0.02
+per_request_s = 0.001
+per_query_token_s = 0.001
+[draft]
+fixed_s = 0.001
+"""
+PLAIN_TOML = f"""
+kind = "parametric"
+{COMMON}
+[decode]
+fixed_s = 0.02
+per_request_s = 0.001
+"""
+LOW, HIGH = 2, 64
+SHORT = {"input_len": 32, "output_len": 64}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("profiles")
+    (folder / "spec.toml").write_text(SPECULATIVE_TOML)
+    (folder / "plain.toml").write_text(PLAIN_TOML)
+    return load_profile(str(folder / "spec.toml")), load_profile(str(folder / "plain.toml"))
+
+
+def alternating(phase_s: float, phases: int = 4) -> list[TracePhase]:
+    return [TracePhase(duration_s=phase_s, concurrency=LOW if i % 2 == 0 else HIGH) for i in range(phases)]
+
+
+def setup_for(pair, trace, **kwargs) -> ReplaySetup:
+    spec, plain = pair
+    kwargs.setdefault("times", SwitchTimes.from_profiles(spec, plain, stop_s=1.0, startup_s=10.0))
+    return ReplaySetup.from_profiles(spec, plain, trace, min_dwell_s=30, window_s=10, **SHORT, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def alternating_results(pair):
+    trace = alternating(300)
+    setup = setup_for(pair, trace)
+    return setup, {m: replay(setup, trace, m) for m in MECHANISMS}
+
+
+# --- traces ---------------------------------------------------------------------------------------------
+
+
+def test_a_csv_trace_and_a_json_trace_say_the_same(tmp_path):
+    (tmp_path / "t.csv").write_text("duration_s,concurrency\n60,1\n\n120.5, 64\n")
+    (tmp_path / "t.json").write_text('[{"duration_s": 60, "concurrency": 1}, {"duration_s": 120.5, "concurrency": 64}]')
+    expected = [TracePhase(duration_s=60, concurrency=1), TracePhase(duration_s=120.5, concurrency=64)]
+    assert load_trace(tmp_path / "t.csv") == expected
+    assert load_trace(tmp_path / "t.json") == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "json_format", "message"),
+    [
+        ("duration,clients\n60,1\n", False, "header must be 'duration_s,concurrency'"),
+        ("", False, "header must be"),
+        ("duration_s,concurrency\n", False, "no phases"),
+        ("duration_s,concurrency\n60,1\n0,4\n", False, "row 3: duration_s: Input should be greater than 0"),
+        ("duration_s,concurrency\n60,lots\n", False, "row 2: concurrency"),
+        ("duration_s,concurrency\n60,-1\n", False, "row 2: concurrency: Input should be greater than or equal"),
+        ("duration_s,concurrency\n60\n", False, "row 2: concurrency: Field required"),
+        ("duration_s,concurrency\ninf,1\n", False, "row 2: duration_s"),
+        ("[{", True, "not valid JSON"),
+        ("{}", True, "list"),
+        ("[]", True, "no phases"),
+        ('[{"duration_s": 1, "concurrency": 1, "rate": 3}]', True, "item 0: rate: Extra inputs"),
+        ('[{"duration_s": 1}]', True, "item 0: concurrency: Field required"),
+    ],
+)
+def test_a_bad_trace_says_where_and_why(text, json_format, message):
+    with pytest.raises(TraceError, match="^t: .*" + message.replace("(", r"\(")):
+        parse_trace(text, where="t", json_format=json_format)
+
+
+def test_a_missing_trace_file_is_a_trace_error(tmp_path):
+    with pytest.raises(TraceError, match="cannot read"):
+        load_trace(tmp_path / "nope.csv")
+
+
+# --- mechanisms -----------------------------------------------------------------------------------------
+
+
+def test_the_pair_crosses_between_the_two_loads(alternating_results):
+    setup, _ = alternating_results
+    assert LOW < setup.settings.threshold <= HIGH
+    assert setup.rates.throughput(SPECULATIVE, LOW) > 1.5 * setup.rates.throughput(PLAIN, LOW)
+    assert setup.rates.throughput(PLAIN, HIGH) > 1.2 * setup.rates.throughput(SPECULATIVE, HIGH)
+
+
+def test_fixed_modes_never_switch(alternating_results):
+    _, results = alternating_results
+    for mechanism in (ALWAYS_SPECULATIVE, ALWAYS_PLAIN):
+        assert results[mechanism].switches == 0
+        assert results[mechanism].switching_s == 0
+        assert results[mechanism].requests_cut == 0
+        assert results[mechanism].requests_completed > 0
+
+
+def test_the_oracle_beats_every_fixed_mode_and_switches_for_free(alternating_results):
+    _, results = alternating_results
+    oracle = results[ORACLE]
+    # Phase 1 starts speculative (the oracle's choice for it), then one switch per boundary.
+    assert (oracle.switches, oracle.switching_s) == (3, 0.0)
+    for mechanism in (ALWAYS_SPECULATIVE, ALWAYS_PLAIN):
+        assert oracle.output_tokens > results[mechanism].output_tokens
+
+
+def test_sleep_switches_each_way_and_beats_the_worse_fixed_mode(alternating_results):
+    _, results = alternating_results
+    sleep = results[SLEEP]
+    # Starts speculative: to plain in phase 2, back in phase 3, to plain in phase 4.
+    assert sleep.switches == 3
+    # Each switch: a drain, then release 1 s + resume 2 s.
+    assert sleep.switching_s >= 3 * 3.0
+    worse = min(results[ALWAYS_SPECULATIVE].output_tokens, results[ALWAYS_PLAIN].output_tokens)
+    better = max(results[ALWAYS_SPECULATIVE].output_tokens, results[ALWAYS_PLAIN].output_tokens)
+    assert sleep.output_tokens > better > worse
+    assert sleep.output_tokens <= results[ORACLE].output_tokens
+
+
+def test_a_restart_is_slower_than_sleep_and_a_costly_one_is_not_taken_for_short_phases(pair):
+    trace = alternating(60)
+    spec, plain = pair
+    slow = SwitchTimes.from_profiles(spec, plain, stop_s=5.0, startup_s=600.0)
+    setup = setup_for(pair, trace, times=slow)
+    restart = replay(setup, trace, RESTART)
+    assert restart.switches == 0
+    assert restart.output_tokens == replay(setup, trace, ALWAYS_SPECULATIVE).output_tokens
+
+
+def test_a_drain_deadline_of_zero_cuts_what_is_in_flight(pair):
+    trace = alternating(120, phases=2)
+    setup = setup_for(pair, trace, drain_timeout_s=0.0, expected_phase_s=3600)
+    result = replay(setup, trace, SLEEP)
+    assert result.switches == 1
+    assert result.requests_cut == HIGH  # the 64 clients of phase 2, all in flight when the switch starts
+
+
+def test_switch_times_come_from_the_profiles_unless_overridden(pair):
+    spec, plain = pair
+    times = SwitchTimes.from_profiles(spec, plain, stop_s=2.0)
+    assert times.seconds(SLEEP, SPECULATIVE, PLAIN) == 3.0  # release 1 + resume 2
+    assert times.seconds(RESTART, SPECULATIVE, PLAIN) == 2.0 + getattr(plain.memory, "startup_s", 0.0)
+    times = SwitchTimes.from_profiles(spec, plain, stop_s=2.0, startup_s=300.0, release_s=0.5, resume_s=0.25)
+    assert times.seconds(RESTART, PLAIN, SPECULATIVE) == 302.0
+    assert times.seconds(SLEEP, PLAIN, SPECULATIVE) == 0.75
+    assert times.seconds(ORACLE, PLAIN, SPECULATIVE) == 0.0
+
+
+def test_an_unknown_mechanism_is_refused(alternating_results):
+    setup, _ = alternating_results
+    with pytest.raises(ValueError, match="mechanism must be one of"):
+        replay(setup, alternating(10), "teleport")
+
+
+# --- the command ----------------------------------------------------------------------------------------
+
+
+def test_the_command_prints_one_json_object_per_mechanism(pair, tmp_path, capsys):
+    spec, plain = pair
+    trace = tmp_path / "trace.csv"
+    trace.write_text(f"duration_s,concurrency\n120,{LOW}\n120,{HIGH}\n")
+    argv = ["sim", "replay", "--speculative", spec.source, "--plain", plain.source, "--trace", str(trace)]
+    argv += ["--input-len", "32", "--output-len", "64", "--window-s", "10", "--min-dwell-s", "0", "--json"]
+    assert main([*argv, "--mechanism", "sleep,oracle", "--release-s", "0.5"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [entry["mechanism"] for entry in report] == ["sleep", "oracle"]
+    for entry in report:
+        assert set(entry) == {
+            "mechanism",
+            "output_tokens",
+            "requests_completed",
+            "switches",
+            "switching_s",
+            "ttft_p50_s",
+            "ttft_p99_s",
+        }
+        assert isinstance(entry["output_tokens"], int) and entry["output_tokens"] > 0
+        assert entry["ttft_p50_s"] <= entry["ttft_p99_s"]
+
+
+def test_the_command_table_and_its_errors(pair, tmp_path, capsys):
+    spec, plain = pair
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps([{"duration_s": 60, "concurrency": LOW}]))
+    argv = ["sim", "replay", "--speculative", spec.source, "--plain", plain.source, "--trace", str(trace)]
+    assert main([*argv, "--input-len", "32", "--output-len", "64"]) == 0
+    out = capsys.readouterr().out
+    for mechanism in MECHANISMS:
+        assert f"\n{mechanism} " in out
+    assert main([*argv, "--mechanism", "sleep,warp"]) == 2
+    assert "--mechanism" in capsys.readouterr().err
+    trace.write_text("[]")
+    assert main(argv) == 2
+    assert "no phases" in capsys.readouterr().err
+    assert main([*argv[:3], "no-such-profile", *argv[4:]]) == 2
+    assert "no profile named" in capsys.readouterr().err
