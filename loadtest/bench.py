@@ -12,16 +12,15 @@ import contextlib
 import os
 import platform
 import sys
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
 
 from crossover.loadtest import plots, results
 from crossover.loadtest.apply import ApplyError, apply_threshold
-from crossover.loadtest.config import LoadSettings, Target
+from crossover.loadtest.models import Crossover, Level, Metadata, Results, TargetInfo
+from crossover.loadtest.plan import BenchPlan, Target
 from crossover.loadtest.runner import probe, run_sweep
 from crossover.loadtest.workload import Workload
 
@@ -52,24 +51,6 @@ SERVER_INFO_FIELDS = (
 
 class BenchError(Exception):
     """A run that cannot go on (unreachable target, failed probe, no model); the message says why."""
-
-
-@dataclass(frozen=True)
-class BenchPlan:
-    targets: list[Target]
-    concurrencies: list[int]
-    workload_model: str | None
-    output_len: int
-    input_len: int
-    ignore_eos: bool
-    extra_body: dict
-    load: LoadSettings
-    speculative: str
-    plain: str
-    out_dir: Path
-    plots: bool
-    apply_url: str | None
-    admin_token: str | None
 
 
 def _event_loop_runner() -> asyncio.Runner:
@@ -104,34 +85,34 @@ async def server_info(target: Target, headers: dict[str, str]) -> dict | None:
     return None
 
 
-def metadata(plan: BenchPlan, workload: Workload, infos: dict[str, dict | None], started: datetime) -> dict:
+def metadata(plan: BenchPlan, workload: Workload, infos: dict[str, dict | None], started: datetime) -> Metadata:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         tool = f"crossover {version('crossover')}"
     except PackageNotFoundError:
         tool = "crossover"
-    return {
-        "tool": tool,
-        "started_at": started.isoformat(),
-        "finished_at": datetime.now(UTC).isoformat(),
-        "command": sys.argv,
-        "targets": {t.name: {"url": t.url, "server_info": infos[t.name]} for t in plan.targets},
-        "model": workload.model,
-        "concurrency": plan.concurrencies,
-        "output_len": workload.output_len,
-        "input_len": workload.input_len,
-        "ignore_eos": workload.ignore_eos,
-        "requests_per_level": plan.load.requests,
-        "duration_per_level_s": plan.load.duration_s,
-        "warmup_rounds": plan.load.warmup_rounds,
-        "lockstep": plan.load.lockstep,
-        "extra_body": workload.extra_body,
-        "host": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
-    }
+    return Metadata(
+        tool=tool,
+        started_at=started.isoformat(),
+        finished_at=datetime.now(UTC).isoformat(),
+        command=sys.argv,
+        targets={t.name: TargetInfo(url=t.url, server_info=infos[t.name]) for t in plan.targets},
+        model=workload.model,
+        concurrency=plan.concurrencies,
+        output_len=workload.output_len,
+        input_len=workload.input_len,
+        ignore_eos=workload.ignore_eos,
+        requests_per_level=plan.load.requests,
+        duration_per_level_s=plan.load.duration_s,
+        warmup_rounds=plan.load.warmup_rounds,
+        lockstep=plan.load.lockstep,
+        extra_body=workload.extra_body,
+        host={"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
+    )
 
 
-async def _collect(plan: BenchPlan, display: SweepDisplay) -> dict:
+async def _collect(plan: BenchPlan, display: SweepDisplay) -> Results:
     started = datetime.now(UTC)
     headers = plan.load.headers
     model = plan.workload_model or await discover_model(plan.targets[0], headers)
@@ -152,9 +133,9 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> dict:
         check = await probe(target, workload, plan.load)
         if not check.success:
             raise BenchError(f"probe request to {target.name} ({target.chat_url}) failed: {check.error}")
-    levels: list[dict] = []
+    levels: list[Level] = []
 
-    def level_done(level: dict) -> None:
+    def level_done(level: Level) -> None:
         # Rewritten after every level, so an interrupted sweep keeps what it measured.
         levels.append(level)
         display.level_done(level)
@@ -193,25 +174,25 @@ def run(plan: BenchPlan) -> int:
     written = results.write_results(plan.out_dir, run_results)
     if plan.plots:
         series, markers = plots.series_of(run_results)
-        meta = run_results["metadata"]
-        title = f"{meta['model']}: {meta['input_len']} in / {meta['output_len']} out tokens"
+        meta = run_results.metadata
+        title = f"{meta.model}: {meta.input_len} in / {meta.output_len} out tokens"
         written += plots.draw(plan.out_dir, series, markers, title=title)
     console = display.out
-    print_summary(console, run_results["levels"])
-    print_crossover(console, run_results["crossover"], run_results["queueing"])
+    print_summary(console, run_results.levels)
+    print_crossover(console, run_results.crossover, run_results.queueing)
     console.print("wrote " + ", ".join(str(p) for p in written))
-    return apply_recommendation(console, run_results["crossover"], plan.apply_url, plan.admin_token)
+    return apply_recommendation(console, run_results.crossover, plan.apply_url, plan.admin_token)
 
 
-def apply_recommendation(console: Console, crossover: dict, url: str | None, token: str | None) -> int:
+def apply_recommendation(console: Console, crossover: Crossover, url: str | None, token: str | None) -> int:
     if url is None:
         return 0
-    recommended = crossover.get("recommended_threshold")
-    if not recommended:
+    recommended = crossover.recommended_threshold
+    if recommended is None:
         print("crossover bench: --apply: no recommendation to apply (crossover not computed)", file=sys.stderr)
         return 1
     try:
-        applied = apply_threshold(url, token or "", recommended)
+        applied = apply_threshold(url, token or "", recommended.model_dump())
     except ApplyError as exc:
         print(f"crossover bench: --apply: {exc}", file=sys.stderr)
         return 1

@@ -3,20 +3,41 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from datetime import datetime
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING
 
-DEFAULT_CONCURRENCY = "1,2,5,10,30,70,100,250"  # the levels the Kimi-K2.5 deployment measured
-DEFAULT_OUTPUT_LEN = 512
-DEFAULT_INPUT_LEN = 256
+from crossover.gateway.cli import non_negative_int, positive_float, positive_int, positive_int_list
+from crossover.loadtest.config import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_INPUT_LEN,
+    DEFAULT_OUTPUT_LEN,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    DEFAULT_WARMUP_ROUNDS,
+)
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from crossover.loadtest.plan import Target
+
+# Plan fields -> the flag a user would fix.
+FLAGS = {
+    "targets": "--target",
+    "concurrencies": "--concurrency",
+    "output_len": "--output-len",
+    "input_len": "--input-len",
+    "extra_body": "--extra-body",
+    "requests": "--requests-per-level",
+    "duration_s": "--duration-per-level",
+    "warmup_rounds": "--warmup-rounds",
+    "request_timeout_s": "--request-timeout",
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from crossover.loadtest.config import DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_WARMUP_ROUNDS
 
     bench = subparsers.add_parser(
         "bench",
@@ -34,25 +55,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     bench.add_argument(
         "--concurrency",
-        default=DEFAULT_CONCURRENCY,
+        type=positive_int_list,
+        default=list(DEFAULT_CONCURRENCY),
         metavar="C,C,...",
-        help=f"levels, run in ascending order (default {DEFAULT_CONCURRENCY})",
+        help=f"levels, run in ascending order (default {','.join(map(str, DEFAULT_CONCURRENCY))})",
     )
-    bench.add_argument("--output-len", type=int, default=DEFAULT_OUTPUT_LEN, help="max_tokens per request")
-    bench.add_argument("--input-len", type=int, default=DEFAULT_INPUT_LEN, help="approximate prompt tokens")
+    bench.add_argument("--output-len", type=positive_int, default=DEFAULT_OUTPUT_LEN, help="max_tokens per request")
+    bench.add_argument("--input-len", type=positive_int, default=DEFAULT_INPUT_LEN, help="approximate prompt tokens")
     amount = bench.add_mutually_exclusive_group()
     amount.add_argument(
         "--requests-per-level",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="measured requests per target and level (default 3 x C, at least 16)",
     )
     amount.add_argument(
-        "--duration-per-level", type=float, metavar="S", help="measure each target and level for S seconds instead"
+        "--duration-per-level",
+        type=positive_float,
+        metavar="S",
+        help="measure each target and level for S seconds instead",
     )
     bench.add_argument(
         "--warmup-rounds",
-        type=int,
+        type=non_negative_int,
         default=DEFAULT_WARMUP_ROUNDS,
         metavar="R",
         help=f"unmeasured requests per level, in rounds of C (default {DEFAULT_WARMUP_ROUNDS})",
@@ -79,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     bench.add_argument(
         "--request-timeout",
-        type=float,
+        type=positive_float,
         default=DEFAULT_REQUEST_TIMEOUT_S,
         metavar="S",
         help="limit on one whole request",
@@ -112,37 +137,33 @@ class UsageError(Exception):
     pass
 
 
-def parse_targets(values: list[str]):
-    from crossover.loadtest.config import Target
+def parse_targets(values: list[str]) -> list[Target]:
+    """`NAME=URL` flags -> targets (the URL itself is checked by the model)."""
+    from pydantic import ValidationError
 
-    if not values:
-        raise UsageError("give at least one --target NAME=URL")
+    from crossover.loadtest.plan import Target
+
     targets = []
     for value in values:
         name, sep, url = value.partition("=")
-        parts = urlsplit(url)
-        if not sep or not name or parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UsageError(f"--target {value!r}: expected NAME=http(s)://HOST:PORT")
-        targets.append(Target(name=name, url=url))
-    names = [t.name for t in targets]
-    if len(set(names)) != len(names):
-        raise UsageError(f"--target names must be unique, got {names}")
+        try:
+            if not sep:
+                raise ValueError
+            targets.append(Target(name=name, url=url))
+        except (ValueError, ValidationError):
+            raise UsageError(f"--target {value!r}: expected NAME=http(s)://HOST:PORT") from None
+    if not targets:
+        raise UsageError("give at least one --target NAME=URL")
     return targets
 
 
-def parse_concurrency(value: str) -> list[int]:
-    try:
-        levels = sorted({int(part) for part in value.split(",") if part.strip()})
-    except ValueError:
-        raise UsageError(f"--concurrency {value!r}: expected positive integers like 1,2,5,10") from None
-    if not levels or levels[0] < 1:
-        raise UsageError(f"--concurrency {value!r}: expected positive integers like 1,2,5,10")
-    return levels
-
-
-def _positive(name: str, value: float | None) -> None:
-    if value is not None and value <= 0:
-        raise UsageError(f"{name} must be positive, got {value}")
+def plan_error(exc: ValidationError) -> UsageError:
+    """The first problem of a plan, named by the flag that sets it."""
+    error = exc.errors()[0]
+    fields = [part for part in error["loc"] if isinstance(part, str)]
+    flag = next((FLAGS[part] for part in reversed(fields) if part in FLAGS), None)
+    message = error["msg"].removeprefix("Value error, ")
+    return UsageError(f"{flag}: {message}" if flag else message)
 
 
 def _admin_token(args: argparse.Namespace) -> str | None:
@@ -158,58 +179,42 @@ def _fail(exc: Exception, code: int) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from crossover.loadtest.bench import BenchPlan, run
-    from crossover.loadtest.config import LoadSettings
-    from crossover.loadtest.extras import MissingExtra
+    from pydantic import ValidationError
 
-    try:
-        targets = parse_targets(args.target)
-        concurrencies = parse_concurrency(args.concurrency)
-        for name, value in (
-            ("--output-len", args.output_len),
-            ("--input-len", args.input_len),
-            ("--requests-per-level", args.requests_per_level),
-            ("--duration-per-level", args.duration_per_level),
-            ("--request-timeout", args.request_timeout),
-        ):
-            _positive(name, value)
-        if args.warmup_rounds < 0:
-            raise UsageError(f"--warmup-rounds must be 0 or more, got {args.warmup_rounds}")
-        try:
-            extra_body = json.loads(args.extra_body)
-        except ValueError as exc:
-            raise UsageError(f"--extra-body is not JSON: {exc}") from None
-        if not isinstance(extra_body, dict):
-            raise UsageError("--extra-body must be a JSON object")
-        token = _admin_token(args)
-    except UsageError as exc:
-        return _fail(exc, 2)
+    from crossover.loadtest.bench import run
+    from crossover.loadtest.extras import MissingExtra
+    from crossover.loadtest.plan import BenchPlan, LoadSettings
 
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
-    plan = BenchPlan(
-        targets=targets,
-        concurrencies=concurrencies,
-        workload_model=args.model,
-        output_len=args.output_len,
-        input_len=args.input_len,
-        ignore_eos=args.ignore_eos,
-        extra_body=extra_body,
-        load=LoadSettings(
-            requests=args.requests_per_level,
-            duration_s=args.duration_per_level,
-            warmup_rounds=args.warmup_rounds,
-            lockstep=args.lockstep,
-            request_timeout_s=args.request_timeout,
-            headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
-            seed=args.seed,
-        ),
-        speculative=args.speculative,
-        plain=args.plain,
-        out_dir=args.out or Path(f"crossover-bench-{datetime.now():%Y%m%d-%H%M%S}"),
-        plots=args.plots,
-        apply_url=args.apply,
-        admin_token=token,
-    )
+    try:
+        plan = BenchPlan(
+            targets=parse_targets(args.target),
+            concurrencies=args.concurrency,
+            workload_model=args.model,
+            output_len=args.output_len,
+            input_len=args.input_len,
+            ignore_eos=args.ignore_eos,
+            extra_body=args.extra_body,
+            load=LoadSettings(
+                requests=args.requests_per_level,
+                duration_s=args.duration_per_level,
+                warmup_rounds=args.warmup_rounds,
+                lockstep=args.lockstep,
+                request_timeout_s=args.request_timeout,
+                headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+                seed=args.seed,
+            ),
+            speculative=args.speculative,
+            plain=args.plain,
+            out_dir=args.out or Path(f"crossover-bench-{datetime.now():%Y%m%d-%H%M%S}"),
+            plots=args.plots,
+            apply_url=args.apply,
+            admin_token=args.admin_token or os.environ.get("CROSSOVER_ADMIN_TOKEN"),
+        )
+    except UsageError as exc:
+        return _fail(exc, 2)
+    except ValidationError as exc:
+        return _fail(plan_error(exc), 2)
     try:
         return run(plan)
     except MissingExtra as exc:

@@ -26,45 +26,54 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from crossover.loadtest.models import Crossover, CrossoverStatus, Evidence, Level, RecommendedThreshold
 
 Curve = Mapping[int, float]
+
+
+@dataclass
+class Found:
+    """Where two curves cross: the concurrency (None if they do not), its bracketing levels, the evidence."""
+
+    concurrency: float | None = None
+    bracket: tuple[int, int] | None = None
+    status: CrossoverStatus = "no_common_levels"
+    evidence: list[Evidence] = field(default_factory=list)
 
 
 def common_levels(speculative: Curve, plain: Curve) -> list[int]:
     return sorted(set(speculative) & set(plain))
 
 
-def find_crossover(speculative: Curve, plain: Curve) -> dict:
+def find_crossover(speculative: Curve, plain: Curve) -> Found:
     """Crossover concurrency (or None), its bracketing grid levels and the per-level evidence."""
     levels = common_levels(speculative, plain)
     evidence = [
-        {
-            "concurrency": c,
-            "speculative_output_throughput": speculative[c],
-            "plain_output_throughput": plain[c],
-            "plain_over_speculative": plain[c] / speculative[c] if speculative[c] > 0 else None,
-        }
+        Evidence(
+            concurrency=c,
+            speculative_output_throughput=speculative[c],
+            plain_output_throughput=plain[c],
+            plain_over_speculative=plain[c] / speculative[c] if speculative[c] > 0 else None,
+        )
         for c in levels
     ]
-    result: dict = {"concurrency": None, "bracket": None, "status": "no_common_levels", "evidence": evidence}
     if not levels:
-        return result
-    result["status"] = "not_reached"
+        return Found(evidence=evidence)
     for i, c in enumerate(levels):
         d_hi = plain[c] - speculative[c]
         if d_hi < 0:
             continue
         if i == 0:
-            result.update(concurrency=float(c), bracket=[c, c], status="at_or_below_lowest_level")
-            return result
+            return Found(float(c), (c, c), "at_or_below_lowest_level", evidence)
         lo = levels[i - 1]
         d_lo = plain[lo] - speculative[lo]
         fraction = -d_lo / (d_hi - d_lo)  # d_lo < 0 <= d_hi, so 0 < fraction <= 1
         crossing = math.exp(math.log(lo) + fraction * (math.log(c) - math.log(lo)))
-        result.update(concurrency=crossing, bracket=[lo, c], status="crossed")
-        return result
-    return result
+        return Found(crossing, (lo, c), "crossed", evidence)
+    return Found(status="not_reached", evidence=evidence)
 
 
 def switch_threshold(crossover: float | None, levels: list[int]) -> int:
@@ -110,29 +119,28 @@ def spillover_threshold(speculative: Curve, plain: Curve) -> tuple[int, float | 
     return ranked, efficiency(ranked)[0]
 
 
-def analyse(levels: list[dict], speculative: str, plain: str) -> dict:
+def analyse(levels: Sequence[Level], speculative: str, plain: str) -> Crossover:
     """The `crossover` object of results.json from the `levels` entries of two named targets."""
     curves = {
-        name: {lv["concurrency"]: lv["output_throughput"] for lv in levels if lv["target"] == name}
+        name: {lv.concurrency: lv.output_throughput for lv in levels if lv.target == name}
         for name in (speculative, plain)
     }
     found = find_crossover(curves[speculative], curves[plain])
     spill, efficiency = spillover_threshold(curves[speculative], curves[plain])
     measured = common_levels(curves[speculative], curves[plain])
-    failed = {(lv["target"], lv["concurrency"]): lv["failed"] for lv in levels}
-    for row in found["evidence"]:
-        row["speculative_failed"] = failed[speculative, row["concurrency"]]
-        row["plain_failed"] = failed[plain, row["concurrency"]]
-    return {
-        "concurrency": found["concurrency"],
-        "recommended_threshold": {
-            "switch": switch_threshold(found["concurrency"], measured),
-            "spillover": spill,
-        },
-        "speculative": speculative,
-        "plain": plain,
-        "status": found["status"],
-        "bracket": found["bracket"],
-        "spillover_worst_case_efficiency": efficiency,
-        "evidence": found["evidence"],
-    }
+    failed = {(lv.target, lv.concurrency): lv.failed for lv in levels}
+    for row in found.evidence:
+        row.speculative_failed = failed[speculative, row.concurrency]
+        row.plain_failed = failed[plain, row.concurrency]
+    return Crossover(
+        concurrency=found.concurrency,
+        recommended_threshold=RecommendedThreshold(
+            switch=switch_threshold(found.concurrency, measured), spillover=spill
+        ),
+        speculative=speculative,
+        plain=plain,
+        status=found.status,
+        bracket=found.bracket,
+        spillover_worst_case_efficiency=efficiency,
+        evidence=found.evidence,
+    )

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Self
 
 from crossover.loadtest.client import RequestResult
-from crossover.loadtest.config import Target
 from crossover.loadtest.extras import require
+from crossover.loadtest.models import Crossover, Level, Queueing
+from crossover.loadtest.plan import Target
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -73,15 +74,15 @@ class SweepDisplay:
 
         return on_result
 
-    def level_done(self, level: dict) -> None:
+    def level_done(self, level: Level) -> None:
         self.progress.console.print(
-            f"{level['target']:>12} C={level['concurrency']:<4} {level['completed']} ok {level['failed']} failed  "
-            f"{level['output_throughput']:,.1f} tok/s  TTFT p50 {_fmt(level['median_ttft_ms'])} ms  "
-            f"measured C {level['measured_concurrency']:.1f}"
+            f"{level.target:>12} C={level.concurrency:<4} {level.completed} ok {level.failed} failed  "
+            f"{level.output_throughput:,.1f} tok/s  TTFT p50 {_fmt(level.median_ttft_ms)} ms  "
+            f"measured C {level.measured_concurrency:.1f}"
         )
 
 
-def print_summary(console: Console, levels: list[dict], title: str = "crossover bench") -> None:
+def print_summary(console: Console, levels: list[Level], title: str = "crossover bench") -> None:
     table = require("rich.table", "the summary table").Table(title=title)
     columns = [
         ("target", "target", None),
@@ -101,57 +102,58 @@ def print_summary(console: Console, levels: list[dict], title: str = "crossover 
     ]
     for header, *_ in columns:
         table.add_column(header, justify="left" if header == "target" else "right")
-    for level in sorted(levels, key=lambda lv: (lv["target"], lv["concurrency"])):
-        table.add_row(
-            *(str(level[key]) if digits is None else _fmt(level.get(key), digits) for _, key, digits in columns)
-        )
+    for level in sorted(levels, key=lambda lv: (lv.target, lv.concurrency)):
+        values = [(getattr(level, key), digits) for _, key, digits in columns]
+        table.add_row(*(str(value) if digits is None else _fmt(value, digits) for value, digits in values))
     console.print(table)
 
 
-def print_crossover(console: Console, crossover: dict, queueing: list[dict]) -> None:
+def print_crossover(console: Console, crossover: Crossover, queueing: list[Queueing]) -> None:
     """The evidence behind the crossover and the thresholds, as a reader would check it."""
     for q in queueing:
         console.print(
-            f"queueing: {q['target']} C={q['from_concurrency']}->{q['to_concurrency']}: throughput x"
-            f"{q['throughput_gain']:.2f} while median TTFT x{q['ttft_growth']:.1f} "
+            f"queueing: {q.target} C={q.from_concurrency}->{q.to_concurrency}: throughput x"
+            f"{q.throughput_gain:.2f} while median TTFT x{q.ttft_growth:.1f} "
             "(requests wait for a running slot: check --max-running-requests)"
         )
-    if crossover["status"] == "not_computed":
+    if crossover.status == "not_computed":
         console.print(
             "crossover: not computed (name a speculative and a plain target: --target speculative=URL "
             "--target plain=URL, or --speculative NAME --plain NAME)"
         )
         return
     table = require("rich.table", "the crossover table").Table(
-        title=f"crossover evidence: {crossover['plain']} vs {crossover['speculative']}"
+        title=f"crossover evidence: {crossover.plain} vs {crossover.speculative}"
     )
-    for header in ("C", f"{crossover['speculative']} tok/s", f"{crossover['plain']} tok/s", "plain/spec", ""):
+    for header in ("C", f"{crossover.speculative} tok/s", f"{crossover.plain} tok/s", "plain/spec", ""):
         table.add_column(header, justify="right")
-    bracket = crossover["bracket"] or []
-    for row in crossover["evidence"]:
-        failures = row.get("speculative_failed", 0) + row.get("plain_failed", 0)
-        note = "<- bracket" if row["concurrency"] in bracket else ""
+    bracket = crossover.bracket or ()
+    for row in crossover.evidence:
+        failures = row.speculative_failed + row.plain_failed
+        note = "<- bracket" if row.concurrency in bracket else ""
         if failures:
             note += f" ({failures} failed)"
         table.add_row(
-            str(row["concurrency"]),
-            _fmt(row["speculative_output_throughput"]),
-            _fmt(row["plain_output_throughput"]),
-            _fmt(row["plain_over_speculative"], 3),
+            str(row.concurrency),
+            _fmt(row.speculative_output_throughput),
+            _fmt(row.plain_output_throughput),
+            _fmt(row.plain_over_speculative, 3),
             note,
         )
     console.print(table)
-    c, status = crossover["concurrency"], crossover["status"]
+    c, status = crossover.concurrency, crossover.status
     if status == "crossed":
         console.print(f"crossover: C = {c:.2f} (between levels {bracket[0]} and {bracket[1]}, interpolated in log C)")
     elif status == "at_or_below_lowest_level":
         console.print(f"crossover: at or below the lowest level, C = {c:g}: plain already meets speculative there")
     else:
         console.print("crossover: not reached: speculative delivers more at every level measured")
-    rec = crossover["recommended_threshold"]
-    efficiency = crossover.get("spillover_worst_case_efficiency")
+    rec = crossover.recommended_threshold
+    if rec is None:
+        return
+    efficiency = crossover.spillover_worst_case_efficiency
     console.print(
-        f"recommended threshold: switch = {rec['switch']} (speculative while total in-flight < {rec['switch']}); "
-        f"spillover = {rec['spillover']} (speculative pool holds up to {rec['spillover']}; predicted worst-case "
+        f"recommended threshold: switch = {rec.switch} (speculative while total in-flight < {rec.switch}); "
+        f"spillover = {rec.spillover} (speculative pool holds up to {rec.spillover}; predicted worst-case "
         f"{_fmt(None if efficiency is None else 100 * efficiency)}% of the best split)"
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crossover.loadtest.extras import require
+from crossover.loadtest.models import Level, Results
 
 THROUGHPUT_PNG = "throughput.png"
 LATENCY_PNG = "latency.png"
@@ -18,7 +19,7 @@ FIGURE_DPI = 120
 @dataclass(frozen=True)
 class Series:
     label: str
-    levels: list[dict]  # `levels[]` entries of one target, any order
+    levels: list[Level]  # one target's, any order
 
 
 @dataclass(frozen=True)
@@ -32,20 +33,21 @@ def require_matplotlib() -> None:
     require("matplotlib.figure", "drawing plots")
 
 
-def series_of(results: dict, prefix: str = "") -> tuple[list[Series], list[Marker]]:
+def series_of(results: Results, prefix: str = "") -> tuple[list[Series], list[Marker]]:
     """One series per target of a results file, and its crossover marker (if any)."""
-    names = list(dict.fromkeys(lv["target"] for lv in results["levels"]))
-    series = [Series(prefix + name, [lv for lv in results["levels"] if lv["target"] == name]) for name in names]
-    crossing = results["crossover"].get("concurrency")
+    names = list(dict.fromkeys(lv.target for lv in results.levels))
+    series = [Series(prefix + name, [lv for lv in results.levels if lv.target == name]) for name in names]
+    crossing = results.crossover.concurrency
     markers = [Marker(f"{prefix}crossover C={crossing:.3g}", crossing)] if crossing is not None else []
     return series, markers
 
 
 def _plot(ax, series: list[Series], field: str, markers: list[Marker], ylabel: str, log_y: bool = False) -> None:
     ticker = require("matplotlib.ticker", "drawing plots")
-    levels = sorted({lv["concurrency"] for s in series for lv in s.levels})
+    levels = sorted({lv.concurrency for s in series for lv in s.levels})
     for s in series:
-        points = sorted((lv["concurrency"], lv[field]) for lv in s.levels if lv.get(field) is not None)
+        values = ((lv.concurrency, getattr(lv, field)) for lv in s.levels)
+        points = sorted((c, v) for c, v in values if v is not None)
         if points:
             ax.plot([c for c, _ in points], [v for _, v in points], "o-", label=s.label)
     for i, m in enumerate(markers):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from crossover.loadtest import plots
 from crossover.loadtest.bench import apply_recommendation
+from crossover.loadtest.models import Results
 from crossover.loadtest.results import ResultsError, crossover_section, load_results
 
 if TYPE_CHECKING:
@@ -52,17 +53,18 @@ def run_report(
             return 1
         if speculative or plain:
             # Re-analysed with other names; the file on disk is left as it was measured.
-            run["crossover"] = crossover_section(
-                run["levels"],
-                speculative or run["crossover"].get("speculative") or "speculative",
-                plain or run["crossover"].get("plain") or "plain",
+            run.crossover = crossover_section(
+                run.levels,
+                speculative or run.crossover.speculative or "speculative",
+                plain or run.crossover.plain or "plain",
+                run.metadata.targets,
             )
         runs.append(run)
 
     labels = _labels(dirs)
     for label, run in zip(labels, runs, strict=False):
-        print_summary(console, run["levels"], title=f"{label}: {run['metadata'].get('model', '')}")
-        print_crossover(console, run["crossover"], run.get("queueing", []))
+        print_summary(console, run.levels, title=f"{label}: {run.metadata.model}")
+        print_crossover(console, run.crossover, run.queueing)
     if len(runs) > 1:
         _compare(console, labels, runs)
 
@@ -75,29 +77,29 @@ def run_report(
             markers += m
         written = plots.draw(target_dir, series, markers, title=" vs ".join(labels))
         console.print("wrote " + ", ".join(str(p) for p in written))
-    return apply_recommendation(console, runs[0]["crossover"], apply_url, admin_token)
+    return apply_recommendation(console, runs[0].crossover, apply_url, admin_token)
 
 
-def _compare(console: Console, labels: list[str], runs: list[dict]) -> None:
+def _compare(console: Console, labels: list[str], runs: list[Results]) -> None:
     from crossover.loadtest.extras import require
 
     table = require("rich.table", "bench report").Table(title="runs compared")
     for header in ("run", "model", "in/out tokens", "crossover C", "switch", "spillover", "max tok/s per target"):
         table.add_column(header)
     for label, run in zip(labels, runs, strict=False):
-        meta, cross = run["metadata"], run["crossover"]
-        rec = cross.get("recommended_threshold") or {}
+        meta, cross = run.metadata, run.crossover
+        rec = cross.recommended_threshold
         peaks: dict[str, float] = {}
-        for lv in run["levels"]:
-            peaks[lv["target"]] = max(peaks.get(lv["target"], 0.0), lv["output_throughput"])
-        c = cross.get("concurrency")
+        for lv in run.levels:
+            peaks[lv.target] = max(peaks.get(lv.target, 0.0), lv.output_throughput)
+        c = cross.concurrency
         table.add_row(
             label,
-            str(meta.get("model", "")),
-            f"{meta.get('input_len', '?')}/{meta.get('output_len', '?')}",
+            meta.model,
+            f"{meta.input_len}/{meta.output_len}",
             "-" if c is None else f"{c:.2f}",
-            str(rec.get("switch", "-")),
-            str(rec.get("spillover", "-")),
+            "-" if rec is None else str(rec.switch),
+            "-" if rec is None else str(rec.spillover),
             ", ".join(f"{name} {peak:,.0f}" for name, peak in peaks.items()),
         )
     console.print(table)

@@ -32,7 +32,8 @@ import certifi
 import httpx
 
 from crossover.loadtest.client import RequestResult, run_request
-from crossover.loadtest.config import LoadSettings, Target
+from crossover.loadtest.models import Level
+from crossover.loadtest.plan import LoadSettings, Target
 from crossover.loadtest.stats import summarize
 from crossover.loadtest.workload import Workload, make_prompt, request_body
 
@@ -74,7 +75,7 @@ async def run_level(
     workload: Workload,
     load: LoadSettings,
     on_result: ProgressHook | None = None,
-) -> dict:
+) -> Level:
     """Drive one target at one concurrency; returns its `levels[]` entry. `on_result` sees every finish."""
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
@@ -182,14 +183,14 @@ async def run_sweep(
     workload: Workload,
     load: LoadSettings,
     on_level_start: Callable[[Target, int, int | None], ProgressHook | None] | None = None,
-    on_level_done: Callable[[dict], None] | None = None,
-) -> list[dict]:
+    on_level_done: Callable[[Level], None] | None = None,
+) -> list[Level]:
     """Every target at every level, interleaved by level; returns the `levels[]` entries in run order.
 
     `on_level_start(target, C, requests)` - `requests` counts warm-up and measured requests, None for a
     timed window - may return a per-request hook (for a progress display).
     """
-    levels: list[dict] = []
+    levels: list[Level] = []
     for concurrency in concurrencies:
         for target in targets:
             planned = load.planned(concurrency)

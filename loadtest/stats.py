@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from crossover.loadtest.client import RequestResult
+from crossover.loadtest.models import Level
 
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "token_itl_ms", "e2e_latency_ms")
 MAX_ERROR_KINDS = 10  # distinct failure reasons kept per level
@@ -87,7 +88,7 @@ def summarize(
     ended: Sequence[RequestResult],
     t0: float,
     t1: float,
-) -> dict:
+) -> Level:
     """One `levels[]` entry of results.json.
 
     `results`: every request the level started; `ended`: those that finished inside the window [t0, t1].
@@ -140,4 +141,4 @@ def summarize(
     for name in LATENCY_METRICS:
         level.update(describe(name, samples[name]))
     level["errors"] = dict(Counter(r.error for r in ended if not r.success).most_common(MAX_ERROR_KINDS))
-    return level
+    return Level.model_validate(level)

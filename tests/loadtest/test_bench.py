@@ -145,13 +145,13 @@ def check_crossover(run: dict, grid: list[int], output_len: int, input_len: int)
         virtual_curve("k25-plain", fine, output_len, input_len),
     )
     measured = run["crossover"]
-    print(f"crossover: measured {measured['concurrency']} ({measured['status']}), virtual {virtual['concurrency']}")
-    assert virtual["concurrency"] is not None, "the stand-ins' curves should cross inside the grid"
+    print(f"crossover: measured {measured['concurrency']} ({measured['status']}), virtual {virtual.concurrency}")
+    assert virtual.concurrency is not None, "the stand-ins' curves should cross inside the grid"
     assert measured["concurrency"] is not None, measured["evidence"]
-    steps = abs(grid_position(grid, measured["concurrency"]) - grid_position(grid, virtual["concurrency"]))
+    steps = abs(grid_position(grid, measured["concurrency"]) - grid_position(grid, virtual.concurrency))
     assert steps <= 1.0, (
         f"measured crossover {measured['concurrency']:.2f} is {steps:.2f} grid steps from "
-        f"the virtual {virtual['concurrency']:.2f}"
+        f"the virtual {virtual.concurrency:.2f}"
     )
 
 

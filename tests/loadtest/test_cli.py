@@ -13,9 +13,13 @@ from crossover.loadtest.results import load_schema
 
 
 def crossover(*argv: str) -> int:
+    """The exit status `crossover ARGV` would have (argparse's own errors exit 2 too)."""
     parser = argparse.ArgumentParser(prog="crossover")
     cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(list(argv))
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as exit_:
+        return exit_.code
     return args.run(args)
 
 
@@ -26,10 +30,13 @@ def crossover(*argv: str) -> int:
         (["--target", "nourl"], "expected NAME=http(s)://HOST:PORT"),
         (["--target", "a=ftp://x"], "expected NAME=http(s)://HOST:PORT"),
         (["--target", "a=http://x", "--target", "a=http://y"], "names must be unique"),
-        (["--target", "a=http://x", "--concurrency", "1,zero"], "expected positive integers"),
+        (["--target", "a=http://x", "--concurrency", "1,zero"], "expected comma-separated integers"),
         (["--target", "a=http://x", "--concurrency", "0,2"], "expected positive integers"),
-        (["--target", "a=http://x", "--output-len", "0"], "--output-len must be positive"),
-        (["--target", "a=http://x", "--extra-body", "[1]"], "must be a JSON object"),
+        (["--target", "a=http://x", "--output-len", "0"], "argument --output-len: must be > 0"),
+        (["--target", "a=http://x", "--request-timeout", "inf"], "argument --request-timeout: must be a finite"),
+        (["--target", "a=http://x", "--warmup-rounds", "-1"], "argument --warmup-rounds: must be >= 0"),
+        (["--target", "a=http://x", "--extra-body", "[1]"], "--extra-body: must be a JSON object"),
+        (["--target", "a=http://x", "--extra-body", "{"], "--extra-body: not JSON"),
         (["--target", "a=http://x", "--apply", "http://gw"], "--apply needs --admin-token"),
     ],
 )
@@ -40,9 +47,7 @@ def test_bad_arguments_exit_2_with_a_message(argv, message, capsys, monkeypatch)
 
 
 def test_requests_and_duration_per_level_exclude_each_other(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        crossover("bench", "--target", "a=http://x", "--requests-per-level", "2", "--duration-per-level", "1")
-    assert exit_.value.code == 2
+    assert crossover("bench", "--target", "a=http://x", "--requests-per-level", "2", "--duration-per-level", "1") == 2
     assert "not allowed with argument" in capsys.readouterr().err
 
 

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from crossover.loadtest.crossover import analyse, find_crossover, interpolate, spillover_threshold, switch_threshold
+from tests.loadtest.levels import make_level
 
 SPEC = {1: 96.0, 2: 180.0, 5: 300.0, 10: 330.0, 30: 340.0}
 PLAIN = {1: 92.0, 2: 176.0, 5: 400.0, 10: 600.0, 30: 900.0}
@@ -14,36 +15,36 @@ PLAIN = {1: 92.0, 2: 176.0, 5: 400.0, 10: 600.0, 30: 900.0}
 
 def test_crossover_is_interpolated_in_log_concurrency_between_the_bracketing_levels():
     found = find_crossover(SPEC, PLAIN)
-    assert found["status"] == "crossed"
-    assert found["bracket"] == [2, 5]
+    assert found.status == "crossed"
+    assert found.bracket == (2, 5)
     # d(2) = -4, d(5) = +100: the zero sits 4/104 of the way from log 2 to log 5.
     expected = math.exp(math.log(2) + 4 / 104 * (math.log(5) - math.log(2)))
-    assert found["concurrency"] == pytest.approx(expected)
-    assert [row["concurrency"] for row in found["evidence"]] == [1, 2, 5, 10, 30]
-    assert found["evidence"][2]["plain_over_speculative"] == pytest.approx(400 / 300)
+    assert found.concurrency == pytest.approx(expected)
+    assert [row.concurrency for row in found.evidence] == [1, 2, 5, 10, 30]
+    assert found.evidence[2].plain_over_speculative == pytest.approx(400 / 300)
 
 
 def test_equal_throughput_at_a_level_is_the_crossover_itself():
     found = find_crossover({1: 100.0, 4: 200.0}, {1: 50.0, 4: 200.0})
-    assert found["concurrency"] == pytest.approx(4.0)
+    assert found.concurrency == pytest.approx(4.0)
 
 
 def test_plain_never_catching_up_gives_no_crossover_and_speculation_everywhere():
     found = find_crossover(SPEC, {c: v / 2 for c, v in SPEC.items()})
-    assert found["concurrency"] is None and found["status"] == "not_reached"
+    assert found.concurrency is None and found.status == "not_reached"
     assert switch_threshold(None, [1, 2, 5, 10, 30]) == 30
 
 
 def test_plain_ahead_at_the_lowest_level_is_reported_at_that_level():
     found = find_crossover({1: 90.0, 2: 170.0}, {1: 95.0, 2: 190.0})
-    assert (found["status"], found["concurrency"]) == ("at_or_below_lowest_level", 1.0)
-    assert switch_threshold(found["concurrency"], [1, 2]) == 0  # never speculative
+    assert (found.status, found.concurrency) == ("at_or_below_lowest_level", 1.0)
+    assert switch_threshold(found.concurrency, [1, 2]) == 0  # never speculative
 
 
 def test_only_common_levels_count():
     found = find_crossover({1: 10.0, 2: 20.0, 3: 30.0}, {2: 10.0, 3: 40.0, 4: 50.0})
-    assert [row["concurrency"] for row in found["evidence"]] == [2, 3]
-    assert found["bracket"] == [2, 3]
+    assert [row.concurrency for row in found.evidence] == [2, 3]
+    assert found.bracket == (2, 3)
 
 
 @pytest.mark.parametrize(("crossing", "threshold"), [(3.01, 3), (3.5, 3), (4.0, 3), (4.2, 4), (1.0, 0)])
@@ -78,12 +79,12 @@ def test_spillover_gives_everything_to_speculation_when_it_wins_everywhere():
 
 def test_analyse_reports_thresholds_and_failures_per_level():
     levels = [
-        {"target": name, "concurrency": c, "output_throughput": v, "failed": 1 if (name, c) == ("plain", 5) else 0}
+        make_level(name, c, v, failed=1 if (name, c) == ("plain", 5) else 0)
         for name, curve in (("speculative", SPEC), ("plain", PLAIN))
         for c, v in curve.items()
     ]
     section = analyse(levels, "speculative", "plain")
-    assert section["recommended_threshold"]["switch"] == 2
-    assert section["bracket"] == [2, 5]
-    row = next(r for r in section["evidence"] if r["concurrency"] == 5)
-    assert (row["speculative_failed"], row["plain_failed"]) == (0, 1)
+    assert section.recommended_threshold.switch == 2
+    assert section.bracket == (2, 5)
+    row = next(r for r in section.evidence if r.concurrency == 5)
+    assert (row.speculative_failed, row.plain_failed) == (0, 1)

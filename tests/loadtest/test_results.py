@@ -9,22 +9,23 @@ import jsonschema
 import pytest
 
 from crossover.loadtest.client import RequestResult
+from crossover.loadtest.models import Level, Metadata
 from crossover.loadtest.results import CSV_FIELDS, ResultsError, build_results, load_results, load_schema, write_results
 from crossover.loadtest.stats import summarize
 
-METADATA = {
-    "tool": "crossover test",
-    "started_at": "2025-01-01T00:00:00+00:00",
-    "finished_at": "2025-01-01T00:01:00+00:00",
-    "targets": {"speculative": {"url": "http://a", "server_info": None}, "plain": {"url": "http://b"}},
-    "model": "m",
-    "concurrency": [1, 4],
-    "output_len": 16,
-    "input_len": 8,
-}
+METADATA = Metadata(
+    tool="crossover test",
+    started_at="2025-01-01T00:00:00+00:00",
+    finished_at="2025-01-01T00:01:00+00:00",
+    targets={"speculative": {"url": "http://a", "server_info": None}, "plain": {"url": "http://b"}},
+    model="m",
+    concurrency=[1, 4],
+    output_len=16,
+    input_len=8,
+)
 
 
-def level(target: str, concurrency: int, tok_s: float, failures: int = 0) -> dict:
+def level(target: str, concurrency: int, tok_s: float, failures: int = 0) -> Level:
     """`concurrency` requests of `tok_s` tokens in five chunks each, over a window of `concurrency` seconds."""
     results = [
         RequestResult(
@@ -52,30 +53,35 @@ def run():
     return build_results(METADATA, levels, "speculative", "plain")
 
 
+def as_json(run) -> dict:
+    return json.loads(run.model_dump_json())
+
+
 def test_results_validate_against_the_packaged_schema(run):
     jsonschema.Draft202012Validator.check_schema(load_schema())
-    jsonschema.validate(run, load_schema())
-    assert run["crossover"]["status"] == "crossed"
-    assert run["crossover"]["recommended_threshold"]["switch"] >= 1
+    jsonschema.validate(as_json(run), load_schema())
+    assert run.crossover.status == "crossed"
+    assert run.crossover.recommended_threshold.switch >= 1
 
 
 def test_schema_rejects_a_level_without_its_statistics(run):
-    del run["levels"][0]["p99_ttft_ms"]
+    data = as_json(run)
+    del data["levels"][0]["p99_ttft_ms"]
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(run, load_schema())
+        jsonschema.validate(data, load_schema())
 
 
 def test_a_run_without_both_named_targets_says_the_crossover_was_not_computed():
     run = build_results(METADATA, [level("gateway", 1, 100)], "speculative", "plain")
-    jsonschema.validate(run, load_schema())
-    assert run["crossover"]["status"] == "not_computed"
-    assert run["crossover"]["recommended_threshold"] is None
+    jsonschema.validate(as_json(run), load_schema())
+    assert run.crossover.status == "not_computed"
+    assert run.crossover.recommended_threshold is None
 
 
 def test_write_and_load_round_trip_with_a_csv_row_per_level(tmp_path, run):
     written = write_results(tmp_path / "out", run)
     assert [p.name for p in written] == ["results.json", "results.csv"]
-    assert load_results(tmp_path / "out") == json.loads(json.dumps(run))
+    assert load_results(tmp_path / "out") == run
     with (tmp_path / "out" / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == CSV_FIELDS
@@ -95,6 +101,7 @@ def test_write_and_load_round_trip_with_a_csv_row_per_level(tmp_path, run):
         ("{not json", "not readable as JSON"),
         ('{"schema_version": 2}', "schema_version 1"),
         ('{"schema_version": 1, "levels": []}', "missing 'metadata'"),
+        ('{"schema_version": 1, "metadata": {}, "levels": [], "crossover": {}}', "metadata.tool: Field required"),
     ],
 )
 def test_loading_a_bad_file_names_the_problem(tmp_path, content, message):

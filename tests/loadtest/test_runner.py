@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from crossover.loadtest.config import LoadSettings, Target, default_requests
+from crossover.loadtest.config import default_requests
+from crossover.loadtest.plan import LoadSettings, Target
 from crossover.loadtest.runner import run_level, run_sweep
 from crossover.loadtest.workload import Workload
 from tests.loadtest.scripted_backend import CHUNKS, TOKENS_PER_CHUNK
@@ -22,39 +23,39 @@ def workload(model: str) -> Workload:
 def test_level_keeps_exactly_c_requests_in_flight_and_measures_the_planned_number(scripted, concurrency):
     url, app = scripted
     seen = []
-    level = asyncio.run(run_level(Target("t", url), concurrency, workload("paced"), LOAD, seen.append))
+    level = asyncio.run(run_level(Target(name="t", url=url), concurrency, workload("paced"), LOAD, seen.append))
     planned = default_requests(concurrency)
-    assert (level["completed"], level["failed"]) == (planned, 0)
+    assert (level.completed, level.failed) == (planned, 0)
     assert len(seen) == concurrency + planned  # one warm-up round, then the measured requests
     # At most C - 1 requests were still running when the window closed; they were cancelled.
     assert concurrency + planned <= app.requests <= planned + 2 * concurrency - 1
     assert app.peak == concurrency  # never more than C, and the loop did reach C
-    assert 0.9 * concurrency < level["measured_concurrency"] <= concurrency
-    tokens = level["total_output_tokens"]
+    assert 0.9 * concurrency < level.measured_concurrency <= concurrency
+    tokens = level.total_output_tokens
     assert planned * CHUNKS * TOKENS_PER_CHUNK <= tokens <= (planned + concurrency) * CHUNKS * TOKENS_PER_CHUNK
 
 
 def test_duration_mode_measures_a_timed_window_after_the_warm_up(scripted):
     url, app = scripted
     load = LoadSettings(duration_s=0.3, request_timeout_s=30.0)
-    level = asyncio.run(run_level(Target("t", url), 2, workload("paced"), load))
-    assert level["completed"] >= 1 and level["failed"] == 0
+    level = asyncio.run(run_level(Target(name="t", url=url), 2, workload("paced"), load))
+    assert level.completed >= 1 and level.failed == 0
     # Two warm-up requests before the window, at most two cancelled when it closed.
-    assert level["completed"] + 2 <= app.requests <= level["completed"] + 4
-    assert level["duration_s"] >= 0.3
+    assert level.completed + 2 <= app.requests <= level.completed + 4
+    assert level.duration_s >= 0.3
 
 
 def test_mid_stream_errors_are_failures_with_no_throughput(scripted):
     url, _ = scripted
-    level = asyncio.run(run_level(Target("t", url), 3, workload("error-mid"), LoadSettings(requests=9)))
-    assert (level["completed"], level["failed"]) == (0, 9)
-    assert level["output_throughput"] == 0.0 and level["median_ttft_ms"] is None
-    assert level["errors"] == {"stream error event: 503: The request queue is full.": 9}
+    level = asyncio.run(run_level(Target(name="t", url=url), 3, workload("error-mid"), LoadSettings(requests=9)))
+    assert (level.completed, level.failed) == (0, 9)
+    assert level.output_throughput == 0.0 and level.median_ttft_ms is None
+    assert level.errors == {"stream error event: 503: The request queue is full.": 9}
 
 
 def test_sweep_interleaves_targets_level_by_level(scripted):
     url, _ = scripted
-    targets = [Target("a", url), Target("b", f"{url}/v1")]
+    targets = [Target(name="a", url=url), Target(name="b", url=f"{url}/v1")]
     order = []
     levels = asyncio.run(
         run_sweep(
@@ -67,7 +68,7 @@ def test_sweep_interleaves_targets_level_by_level(scripted):
     )
     # Planned requests include the warm-up round of C.
     assert order == [("a", 1, 3), ("b", 1, 3), ("a", 2, 4), ("b", 2, 4)]
-    assert [(lv["target"], lv["concurrency"], lv["completed"]) for lv in levels] == [
+    assert [(lv.target, lv.concurrency, lv.completed) for lv in levels] == [
         ("a", 1, 2),
         ("b", 1, 2),
         ("a", 2, 2),
@@ -82,4 +83,4 @@ def test_a_crashing_progress_hook_ends_the_level_with_its_error_instead_of_a_han
         raise RuntimeError("hook broke")
 
     with pytest.raises(RuntimeError, match="hook broke"):
-        asyncio.run(asyncio.wait_for(run_level(Target("t", url), 4, workload("paced"), LOAD, broken), 30))
+        asyncio.run(asyncio.wait_for(run_level(Target(name="t", url=url), 4, workload("paced"), LOAD, broken), 30))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from crossover.loadtest.models import Level
 from crossover.loadtest.saturation import find_queueing
+from tests.loadtest.levels import make_level
 
 
-def level(target: str, c: int, tok_s: float, ttft_ms: float | None) -> dict:
-    return {"target": target, "concurrency": c, "output_throughput": tok_s, "median_ttft_ms": ttft_ms}
+def level(target: str, c: int, tok_s: float, ttft_ms: float | None) -> Level:
+    return make_level(target, c, tok_s, median_ttft_ms=ttft_ms)
 
 
 def test_a_capped_server_is_flagged_where_ttft_grows_and_throughput_does_not():
@@ -20,8 +22,8 @@ def test_a_capped_server_is_flagged_where_ttft_grows_and_throughput_does_not():
         level("dead", 2, 0.0, None),  # no data: ignored
     ]
     found = find_queueing(levels)
-    assert [(q["target"], q["from_concurrency"], q["to_concurrency"]) for q in found] == [
+    assert [(q.target, q.from_concurrency, q.to_concurrency) for q in found] == [
         ("spec", 30, 70),
         ("spec", 70, 100),
     ]
-    assert found[0]["ttft_growth"] > 100 and found[0]["throughput_gain"] < 1.05
+    assert found[0].ttft_growth > 100 and found[0].throughput_gain < 1.05

@@ -60,24 +60,24 @@ def test_window_counts_requests_that_ended_in_it_and_tokens_that_arrived_in_it()
     ]
     results[2].cancelled = True  # cut by the load tester at the window's end: neither success nor failure
     level = summarize("t", 3, results, [results[i] for i in (1, 3, 4, 5)], t0=1.0, t1=3.0)
-    assert (level["completed"], level["failed"]) == (1, 3)
-    assert level["duration_s"] == pytest.approx(2.0)
-    assert level["total_output_tokens"] == 5 + 3
-    assert level["output_throughput"] == pytest.approx(4.0)
-    assert level["request_throughput"] == pytest.approx(0.5)
-    assert level["mean_ttft_ms"] == pytest.approx(1000.0)  # the failures are not in it
-    assert level["mean_tpot_ms"] == pytest.approx(250.0)  # (2.0 - 1.0) / (5 - 1)
-    assert level["mean_itl_ms"] == pytest.approx(500.0)
-    assert level["mean_token_itl_ms"] == pytest.approx(250.0)
-    assert level["mean_tokens_per_chunk"] == pytest.approx(8 / 5)
+    assert (level.completed, level.failed) == (1, 3)
+    assert level.duration_s == pytest.approx(2.0)
+    assert level.total_output_tokens == 5 + 3
+    assert level.output_throughput == pytest.approx(4.0)
+    assert level.request_throughput == pytest.approx(0.5)
+    assert level.mean_ttft_ms == pytest.approx(1000.0)  # the failures are not in it
+    assert level.mean_tpot_ms == pytest.approx(250.0)  # (2.0 - 1.0) / (5 - 1)
+    assert level.mean_itl_ms == pytest.approx(500.0)
+    assert level.mean_token_itl_ms == pytest.approx(250.0)
+    assert level.mean_tokens_per_chunk == pytest.approx(8 / 5)
     # In flight inside [1, 3]: 1.5 + 2.0 + 0.001 + 0.002 + 1.6 seconds.
-    assert level["measured_concurrency"] == pytest.approx(5.103 / 2.0)
-    assert level["errors"] == {"HTTP 503: busy": 2, "stream error event: 503: queue full": 1}
+    assert level.measured_concurrency == pytest.approx(5.103 / 2.0)
+    assert level.errors == {"HTTP 503: busy": 2, "stream error event: 503: queue full": 1}
 
 
 def test_a_window_where_everything_failed_has_no_latencies_and_no_throughput():
     results = [failed(0, 0.01 * i, "boom") for i in range(1, 5)]
     level = summarize("t", 2, results, results, t0=0.0, t1=0.04)
-    assert (level["completed"], level["failed"], level["output_throughput"]) == (0, 4, 0.0)
+    assert (level.completed, level.failed, level.output_throughput) == (0, 4, 0.0)
     for name in LATENCY_METRICS:
-        assert level[f"median_{name}"] is None
+        assert getattr(level, f"median_{name}") is None
