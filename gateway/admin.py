@@ -2,6 +2,7 @@
 
     curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8000/admin/threshold
     curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"threshold": 24}' http://127.0.0.1:8000/admin/threshold
+    curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"mode": "plain"}' http://127.0.0.1:8000/admin/mode
 
 With no admin token configured the API answers 403: it is never open.
 """
@@ -70,6 +71,33 @@ def parse_update(body: bytes) -> dict:
     return payload
 
 
+def parse_mode(body: bytes) -> str:
+    """`{"mode": "speculative" | "plain"}`."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(payload, dict):
+        raise InvalidRequest('the request body must be a JSON object like {"mode": "plain"}', code="invalid_json")
+    unknown = sorted(set(payload) - {"mode"})
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) {unknown}; expected ['mode']", param=unknown[0])
+    if "mode" not in payload:
+        raise InvalidRequest('send {"mode": "speculative"} or {"mode": "plain"}', param="mode")
+    if payload["mode"] not in POOL_NAMES:
+        raise InvalidRequest(f"'mode' must be one of {list(POOL_NAMES)}, got {payload['mode']!r}", param="mode")
+    return payload["mode"]
+
+
+async def read_admin_body(request: Request) -> bytes:
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_ADMIN_BODY_BYTES:
+            raise BodyTooLarge(f"an admin request body is at most {MAX_ADMIN_BODY_BYTES} bytes")
+    return body
+
+
 def admin_routes(state: GatewayState) -> list[Route]:
     token = state.settings.admin_token
 
@@ -79,12 +107,7 @@ def admin_routes(state: GatewayState) -> list[Route]:
 
     async def put_threshold(request: Request) -> JSONResponse:
         authorize(request, token)
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_ADMIN_BODY_BYTES:
-                raise BodyTooLarge(f"an admin request body is at most {MAX_ADMIN_BODY_BYTES} bytes")
-        update = parse_update(body)
+        update = parse_update(await read_admin_body(request))
         try:
             state.routing.update(update.get("threshold"), update.get("hysteresis"), update.get("policy"))
         except ValueError as exc:
@@ -95,10 +118,31 @@ def admin_routes(state: GatewayState) -> list[Route]:
 
     async def get_state(request: Request) -> JSONResponse:
         authorize(request, token)
-        return JSONResponse(state.snapshot())
+        snapshot = state.snapshot()
+        snapshot["topology"] = state.settings.topology
+        if state.switching is not None:
+            snapshot.update(state.switching.view())
+        return JSONResponse(snapshot)
+
+    async def get_mode(request: Request) -> JSONResponse:
+        authorize(request, token)
+        if state.switching is None:
+            raise InvalidRequest("mode switching needs topology = 'time-shared'", code="not_time_shared")
+        return JSONResponse(state.switching.view())
+
+    async def put_mode(request: Request) -> JSONResponse:
+        """Force a mode now (the policy is bypassed): 202 while the switch runs, 200 if it already serves."""
+        authorize(request, token)
+        mode = parse_mode(await read_admin_body(request))
+        if state.switching is None:
+            raise InvalidRequest("mode switching needs topology = 'time-shared'", code="not_time_shared")
+        started = state.switching.request_switch(mode)
+        return JSONResponse(state.switching.view(), status_code=202 if started else 200)
 
     return [
         Route("/admin/threshold", get_threshold, methods=["GET"]),
         Route("/admin/threshold", put_threshold, methods=["PUT"]),
         Route("/admin/state", get_state, methods=["GET"]),
+        Route("/admin/mode", get_mode, methods=["GET"]),
+        Route("/admin/mode", put_mode, methods=["PUT"]),
     ]

@@ -28,6 +28,7 @@ from crossover.gateway.pools import Pools
 from crossover.gateway.proxy import ProxyEndpoint
 from crossover.gateway.routing import Routing
 from crossover.gateway.state import GatewayState
+from crossover.gateway.switching import SwitchController
 from crossover.gateway.transport import backend_timeout, make_client, make_transport
 from crossover.gateway.validation import CHAT, COMPLETIONS
 
@@ -38,7 +39,10 @@ def build_state(settings: Settings, registry: CollectorRegistry | None = None) -
     metrics = Metrics(registry if registry is not None else CollectorRegistry(), pools, routing)
     limits = settings.limits
     admission = Admission(limits.max_inflight, limits.max_queued, settings.timeouts.queue)
-    return GatewayState(settings, pools, routing, metrics, admission, backend_timeout(settings.timeouts).as_dict())
+    state = GatewayState(settings, pools, routing, metrics, admission, backend_timeout(settings.timeouts).as_dict())
+    if settings.topology == "time-shared":
+        state.switching = SwitchController(settings, pools, routing, metrics, queued_elsewhere=lambda: admission.queued)
+    return state
 
 
 def create_app(
@@ -59,9 +63,13 @@ def create_app(
             # One round before serving, so /health and routing start from what the backends really say.
             await monitor.check_all()
             checks = asyncio.create_task(monitor.run())
+            if state.switching is not None:
+                await state.switching.start(client)
             try:
                 yield
             finally:
+                if state.switching is not None:
+                    await state.switching.stop()
                 checks.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await checks

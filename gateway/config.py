@@ -8,6 +8,7 @@ Every default is named here; `gateway/example.toml` documents each field.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -22,6 +23,9 @@ POOL_NAMES = (SPECULATIVE, PLAIN)
 
 Policy = Literal["switch", "spillover"]
 LoadSignal = Literal["local", "scraped", "max"]
+Topology = Literal["partitioned", "time-shared"]
+Mode = Literal["speculative", "plain"]
+Mechanism = Literal["restart", "sleep", "manual"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -53,6 +57,30 @@ DEFAULT_HEALTH_TIMEOUT_S = 5.0
 DEFAULT_FAILURE_THRESHOLD = 3
 DEFAULT_EJECT_S = 30.0
 DEFAULT_LOAD_INTERVAL_S = 1.0
+
+DEFAULT_TOPOLOGY: Topology = "partitioned"
+# Time-shared switching ([switching]). Restart figures are the reference model's (Kimi-K2.5: minutes to load).
+DEFAULT_MECHANISM: Mechanism = "sleep"
+DEFAULT_INITIAL_MODE: Mode = "speculative"
+DEFAULT_SWITCH_INTERVAL_S = 1.0
+DEFAULT_DWELL_S = 60.0
+DEFAULT_WINDOW_S = 30.0
+DEFAULT_DRAIN_DEADLINE_S = 30.0
+DEFAULT_SWITCH_QUEUE_MAX = 1024
+DEFAULT_SWITCH_QUEUE_TIMEOUT_S = 600.0
+DEFAULT_SWITCH_TIMEOUT_S = 900.0
+DEFAULT_CONTROL_TIMEOUT_S = 120.0
+DEFAULT_VERIFY_TIMEOUT_S = 60.0
+# Until a load phase has been seen to end, a phase is expected to last this long (then: the mean seen).
+DEFAULT_PRIOR_PHASE_S = 600.0
+# Without measured curves, the mode the threshold calls for is assumed this much faster than the other.
+DEFAULT_ADVANTAGE = 0.1
+# What a switch costs (seconds without service) until one has been measured.
+DEFAULT_RESTART_COST_S = 300.0
+DEFAULT_SLEEP_COST_S = 30.0
+DEFAULT_MANUAL_COST_S = 0.0
+INITIAL_COSTS_S = {"restart": DEFAULT_RESTART_COST_S, "sleep": DEFAULT_SLEEP_COST_S, "manual": DEFAULT_MANUAL_COST_S}
+DEFAULT_AGENT_TOKEN_ENV = "CROSSOVER_AGENT_TOKEN"
 
 
 class _Section(BaseModel):
@@ -124,6 +152,51 @@ class HealthSettings(_Section):
         return path
 
 
+class SwitchingSettings(_Section):
+    """How a time-shared GPU set moves between its two modes (`topology = "time-shared"`)."""
+
+    mechanism: Mechanism = DEFAULT_MECHANISM
+    initial_mode: Mode = DEFAULT_INITIAL_MODE
+    interval: float = Field(DEFAULT_SWITCH_INTERVAL_S, gt=0)
+    dwell: float = Field(DEFAULT_DWELL_S, ge=0)
+    window: float = Field(DEFAULT_WINDOW_S, gt=0)
+    drain_deadline: float = Field(DEFAULT_DRAIN_DEADLINE_S, ge=0)
+    queue_max: int = Field(DEFAULT_SWITCH_QUEUE_MAX, ge=0)
+    queue_timeout: float = Field(DEFAULT_SWITCH_QUEUE_TIMEOUT_S, gt=0)
+    switch_timeout: float = Field(DEFAULT_SWITCH_TIMEOUT_S, gt=0)
+    control_timeout: float = Field(DEFAULT_CONTROL_TIMEOUT_S, gt=0)
+    verify_timeout: float = Field(DEFAULT_VERIFY_TIMEOUT_S, gt=0)
+    # A fixed expected phase length; 0: learned from the load's phases, starting from prior_phase.
+    expected_phase: float = Field(0.0, ge=0)
+    prior_phase: float = Field(DEFAULT_PRIOR_PHASE_S, gt=0)
+    advantage: float = Field(DEFAULT_ADVANTAGE, gt=0)
+    # Seconds a switch costs before one has been measured; left out: the mechanism's prior (INITIAL_COSTS_S).
+    initial_cost: float = Field(DEFAULT_SLEEP_COST_S, ge=0)
+    agent_url: str = ""
+    agent_token: str = ""
+    agent_servers: dict[Mode, str] = {}
+
+    @field_validator("agent_url")
+    @classmethod
+    def _agent_url(cls, url: str) -> str:
+        if not url:
+            return url
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/"):
+            raise ValueError(f"{url!r} is not an agent URL like http://10.0.0.5:9000 (scheme, host, port, no path)")
+        return url.rstrip("/")
+
+    @model_validator(mode="after")
+    def _timeouts_fit(self) -> SwitchingSettings:
+        if "initial_cost" not in self.model_fields_set:
+            object.__setattr__(self, "initial_cost", INITIAL_COSTS_S[self.mechanism])
+        if self.queue_timeout < self.interval:
+            raise ValueError(
+                f"queue_timeout ({self.queue_timeout:g} s) must be at least interval ({self.interval:g} s)"
+            )
+        return self
+
+
 def fit_hysteresis(threshold: int, hysteresis: int) -> int:
     """The largest band up to `hysteresis` that fits under `threshold` (for when no hysteresis was asked for)."""
     return min(hysteresis, max(threshold - 1, 0))
@@ -152,6 +225,7 @@ class Settings(BaseSettings):
     threshold: int = Field(DEFAULT_THRESHOLD, ge=0)
     hysteresis: int = Field(DEFAULT_HYSTERESIS, ge=0)
     load_signal: LoadSignal = "local"
+    topology: Topology = DEFAULT_TOPOLOGY
     admin_token: str = ""
     served_model_names: list[str] = []
     state_file: Path | None = None
@@ -160,12 +234,44 @@ class Settings(BaseSettings):
     timeouts: TimeoutSettings = TimeoutSettings()
     limits: LimitSettings = LimitSettings()
     health: HealthSettings = HealthSettings()
+    switching: SwitchingSettings = SwitchingSettings()
 
     @model_validator(mode="after")
     def _threshold(self) -> Settings:
         if "hysteresis" not in self.model_fields_set:
             self.hysteresis = fit_hysteresis(self.threshold, self.hysteresis)
         check_threshold(self.threshold, self.hysteresis)
+        return self
+
+    @model_validator(mode="after")
+    def _time_shared(self) -> Settings:
+        if self.topology != "time-shared":
+            return self
+        for name in POOL_NAMES:
+            backends = getattr(self.pools, name).backends
+            if len(backends) != 1:
+                raise ValueError(
+                    f"topology 'time-shared' takes exactly one backend per pool (the server of that mode on the "
+                    f"shared GPU set); pools.{name} lists {len(backends)}"
+                )
+        switching = self.switching
+        if switching.mechanism == "restart":
+            token = switching.agent_token or os.environ.get(DEFAULT_AGENT_TOKEN_ENV, "")
+            missing = [name for name in POOL_NAMES if not switching.agent_servers.get(name)]
+            if not switching.agent_url:
+                raise ValueError("switching.mechanism 'restart' needs switching.agent_url (the GPU-host agent)")
+            if not token:
+                raise ValueError(
+                    f"switching.mechanism 'restart' needs switching.agent_token or ${DEFAULT_AGENT_TOKEN_ENV}"
+                )
+            if missing:
+                raise ValueError(
+                    f"switching.mechanism 'restart' needs switching.agent_servers to name the agent's server for "
+                    f"each mode; missing: {', '.join(missing)}"
+                )
+            if switching.agent_servers["speculative"] == switching.agent_servers["plain"]:
+                raise ValueError("switching.agent_servers names the same server for both modes")
+            self.switching = switching.model_copy(update={"agent_token": token})
         return self
 
     @classmethod

@@ -6,7 +6,7 @@ the live state at scrape time, so they can never drift from it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -22,6 +22,9 @@ DURATION_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 
 
 # Label value for requests that ended before a pool was chosen (bad input, overload).
 NO_POOL = "none"
+
+# Mode switches of a time-shared GPU set: a sleep/wake takes seconds, a restart of a large model minutes.
+SWITCH_BUCKETS_S = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 900, 1800)
 
 
 class Metrics:
@@ -59,7 +62,28 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        self.mode_switches = Counter(
+            "crossover_mode_switches",
+            "Mode switches of a time-shared GPU set by mechanism, target mode and outcome.",
+            ["mechanism", "to", "outcome"],
+            registry=registry,
+        )
+        self.switch_duration = Histogram(
+            "crossover_switch_duration_seconds",
+            "Decision to verified new mode (drain included), per finished switch, failed ones too.",
+            buckets=SWITCH_BUCKETS_S,
+            registry=registry,
+        )
+        self.switch_dropped = Counter(
+            "crossover_switch_dropped",
+            "Requests a mode switch did not serve: cut at the drain deadline, or refused by the switch queue.",
+            ["reason"],
+            registry=registry,
+        )
+        # Set by the switch controller (time-shared topology): () -> (active mode or None, queued requests).
+        self.switch_source: Callable[[], tuple[str | None, int]] | None = None
         registry.register(_StateCollector(pools, routing))
+        registry.register(_SwitchCollector(self))
 
 
 class _StateCollector(Collector):
@@ -96,3 +120,24 @@ class _StateCollector(Collector):
         yield healthy
         yield backend_inflight
         yield scraped
+
+
+class _SwitchCollector(Collector):
+    """The switch controller's live state; partitioned gateways report no mode and an empty queue."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        source = self.metrics.switch_source
+        mode, queued = source() if source is not None else (None, 0)
+        active = GaugeMetricFamily(
+            "crossover_active_mode", "1 for the mode a time-shared GPU set serves, else 0.", labels=["mode"]
+        )
+        if source is not None:
+            for name in POOL_NAMES:
+                active.add_metric([name], 1.0 if name == mode else 0.0)
+        yield active
+        yield GaugeMetricFamily(
+            "crossover_switch_queued_requests", "Requests held while the GPU set switches modes.", value=queued
+        )

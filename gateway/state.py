@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -12,6 +13,9 @@ from crossover.gateway.config import Settings
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
+
+if TYPE_CHECKING:
+    from crossover.gateway.switching import SwitchController
 
 
 @dataclass
@@ -28,6 +32,8 @@ class GatewayState:
     # transport carries generation requests, the client (over the same transport) health checks.
     transport: httpx.AsyncBaseTransport | None = None
     client: httpx.AsyncClient | None = None
+    # The switch controller of a time-shared GPU set (topology = "time-shared"), else None.
+    switching: SwitchController | None = None
 
     def snapshot(self) -> dict:
         return {

@@ -27,6 +27,11 @@ DOCUMENTED = {
     "crossover_backend_inflight_requests": "gauge",
     "crossover_backend_scraped_load": "gauge",
     "crossover_failovers": "counter",
+    "crossover_active_mode": "gauge",
+    "crossover_mode_switches": "counter",
+    "crossover_switch_duration_seconds": "histogram",
+    "crossover_switch_queued_requests": "gauge",
+    "crossover_switch_dropped": "counter",
 }
 
 
