@@ -44,7 +44,10 @@ class SimSettings:
     host: str = "127.0.0.1"
     port: int = 30000
     time_scale: float = 1.0
-    startup_delay_s: float = 0.0
+    # Wall-clock overrides of the profile's [memory] durations (None: the profile's, divided by time_scale).
+    startup_delay_s: float | None = None
+    release_delay_s: float | None = None
+    resume_delay_s: float | None = None
     seed: int = 0
     extra_metric_labels: dict[str, str] = field(default_factory=dict)
 
@@ -76,6 +79,8 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         time_scale=settings.time_scale,
         memory=profile.memory,
         startup_delay_s=settings.startup_delay_s,
+        release_delay_s=settings.release_delay_s,
+        resume_delay_s=settings.resume_delay_s,
     )
     spec = profile.speculative
     metrics = SimMetrics(
@@ -149,6 +154,12 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
                     "time_scale": settings.time_scale,
                     "seed": settings.seed,
                     "accept_length": spec.accept_length if spec else None,
+                    # Wall-clock seconds of weight loading, release and resume on this stand-in.
+                    "delays_s": {
+                        "startup": live.startup_delay_s,
+                        "release": live.release_delay_s,
+                        "resume": live.resume_delay_s,
+                    },
                 },
             }
         )

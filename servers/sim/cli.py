@@ -48,13 +48,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="F",
         help="run F times faster than the profile (all of its durations divided by F)",
     )
-    serve.add_argument(
-        "--startup-delay",
-        type=non_negative_float,
-        default=0.0,
-        metavar="S",
-        help="emulate weight loading: /health answers 503 for S (wall-clock) seconds",
-    )
+    for flag, what, key in (
+        ("--startup-delay", "weight loading (/health answers 503 until then)", "startup_s"),
+        ("--release-delay", "/release_memory_occupation", "release_s"),
+        ("--resume-delay", "/resume_memory_occupation", "resume_s"),
+    ):
+        serve.add_argument(
+            flag,
+            type=non_negative_float,
+            metavar="S",
+            help=f"{what} takes S wall-clock seconds (default: the profile's [memory] {key} / --time-scale)",
+        )
     serve.add_argument("--seed", type=int, default=0, help="seed of the accepted-token draws")
     serve.add_argument("--model-name", help="served model name (default: the profile's)")
     serve.add_argument(
@@ -190,6 +194,8 @@ def _serve(args: argparse.Namespace) -> int:
             port=args.port,
             time_scale=args.time_scale,
             startup_delay_s=args.startup_delay,
+            release_delay_s=args.release_delay,
+            resume_delay_s=args.resume_delay,
             seed=args.seed,
             extra_metric_labels=args.extra_metric_labels,
         ),

@@ -1,6 +1,6 @@
 """The engine in real time: one asyncio task runs the steps, sleeping each step's duration / time_scale.
 
-    live = LiveEngine(engine, time_scale=50.0, memory=profile.memory, startup_delay_s=0.0)
+    live = LiveEngine(engine, time_scale=50.0, memory=profile.memory)   # delays: the profile's, / time_scale
     await live.start()
     seq = live.submit(Sequence(input_tokens=20, max_new_tokens=64))   # may raise QueueFull
     async for new_tokens in live.stream(seq): ...                     # one item per step that fed seq
@@ -12,8 +12,11 @@ so the engine computes exactly what it computes in a virtual-time curve; only th
 Steps are scheduled against deadlines, so sleep overshoot is made up on the next step; when the machine
 cannot keep up for longer than MAX_LAG_S, the loop stops catching up and simply runs slower.
 
-Lifecycle states SGLang has and the stand-in mirrors: starting (weights loading, `--startup-delay`),
-paused (`/pause_generation`), released (`/release_memory_occupation`: no weights, no generation).
+Lifecycle states SGLang has and the stand-in mirrors: starting (weights loading), paused
+(`/pause_generation`), released (`/release_memory_occupation`: no weights, no generation). Their durations
+come from the profile's [memory] section in profile seconds, divided by the time scale like every other
+duration; the `*_delay_s` arguments (`--startup-delay`, `--release-delay`, `--resume-delay`) override them
+in wall-clock seconds.
 """
 
 from __future__ import annotations
@@ -38,13 +41,28 @@ class Busy(Exception):
 
 
 class LiveEngine:
-    def __init__(self, engine: Engine, *, time_scale: float, memory: Memory, startup_delay_s: float = 0.0):
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        time_scale: float,
+        memory: Memory,
+        startup_delay_s: float | None = None,
+        release_delay_s: float | None = None,
+        resume_delay_s: float | None = None,
+    ):
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
         self.engine = engine
         self.time_scale = time_scale
-        self._memory = memory
-        self._startup_delay_s = startup_delay_s
+
+        def wall(override: float | None, profile_s: float) -> float:
+            return profile_s / time_scale if override is None else override
+
+        # Wall-clock seconds of each lifecycle operation.
+        self.startup_delay_s = wall(startup_delay_s, memory.startup_s)
+        self.release_delay_s = wall(release_delay_s, memory.release_s)
+        self.resume_delay_s = wall(resume_delay_s, memory.resume_s)
         self._ready_at = 0.0
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -61,7 +79,7 @@ class LiveEngine:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._ready_at = loop.time() + self._startup_delay_s
+        self._ready_at = loop.time() + self.startup_delay_s
         self._anchor(loop.time(), float("inf"))
         self._samples.append((time.monotonic(), 0))
         self._task = asyncio.create_task(self._run(), name="sim-step-loop")
@@ -156,10 +174,10 @@ class LiveEngine:
                 f"{engine.num_waiting} waiting); drain the server or /pause_generation first"
             )
         self.released |= set(tags or MEMORY_TAGS)
-        await asyncio.sleep(self._memory.release_s / self.time_scale)
+        await asyncio.sleep(self.release_delay_s)
 
     async def resume_memory(self, tags: list[str] | None) -> None:
-        await asyncio.sleep(self._memory.resume_s / self.time_scale)
+        await asyncio.sleep(self.resume_delay_s)
         self.released -= set(tags or MEMORY_TAGS)
         self._wake.set()
 

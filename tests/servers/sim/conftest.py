@@ -20,7 +20,7 @@ def sim_app(serve):
         profile: str = "k25-eagle3",
         *,
         time_scale: float = FAST,
-        startup_delay_s: float = 0.0,
+        startup_delay_s: float | None = 0.0,
         registry: CollectorRegistry | None = None,
         **overrides,
     ):

@@ -196,3 +196,31 @@ def test_unknown_paths_and_methods_get_error_bodies(sim_app, client):
     assert missing.status_code == 404 and missing.json()["code"] == 404 and missing.json()["object"] == "error"
     wrong = client.get(server.url + "/v1/chat/completions")
     assert wrong.status_code == 405 and wrong.json()["type"] == "MethodNotAllowed"
+
+
+def test_switch_costs_come_from_the_profile_divided_by_the_time_scale(sim_app, client, tmp_path):
+    profile = tmp_path / "slow-start.toml"
+    profile.write_text(
+        'kind = "parametric"\nmodel_name = "m"\n[limits]\nmax_running_requests = 4\nmax_total_num_tokens = 10000\n'
+        "[prefill]\n[decode]\nfixed_s = 0.01\n[memory]\nstartup_s = 50.0\nrelease_s = 20.0\nresume_s = 30.0\n"
+    )
+    server = sim_app(str(profile), time_scale=100.0, startup_delay_s=None)
+    delays = client.get(server.url + "/server_info").json()["simulator"]["delays_s"]
+    assert delays == {"startup": 0.5, "release": 0.2, "resume": 0.3}
+    assert client.get(server.url + "/health").status_code == 503  # loading weights: 50 s / 100
+    wait_until(lambda: client.get(server.url + "/health").status_code == 200, timeout=10.0)
+
+
+def test_wall_clock_delays_override_the_profile(serve, client):
+    from crossover.servers.sim.app import SimSettings, create_app
+    from crossover.servers.sim.profile import load_profile
+
+    settings = SimSettings(
+        profile=load_profile("k25-eagle3"), time_scale=1.0, startup_delay_s=0.0, release_delay_s=0.05, resume_delay_s=0
+    )
+    server = serve(create_app(settings))
+    assert client.get(server.url + "/health").status_code == 200  # not 420 s of weight loading
+    delays = client.get(server.url + "/server_info").json()["simulator"]["delays_s"]
+    assert delays == {"startup": 0.0, "release": 0.05, "resume": 0.0}
+    assert client.post(server.url + "/release_memory_occupation").status_code == 200
+    assert client.post(server.url + "/resume_memory_occupation").status_code == 200

@@ -36,7 +36,10 @@ def test_extra_labels_reach_every_metric(serve):
 
     registry = CollectorRegistry()
     settings = SimSettings(
-        profile=load_profile("k25-plain"), time_scale=1000.0, extra_metric_labels={"variant": "base"}
+        profile=load_profile("k25-plain"),
+        time_scale=1000.0,
+        startup_delay_s=0.0,
+        extra_metric_labels={"variant": "base"},
     )
     server = serve(create_app(settings, registry=registry))
     httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10.0)

@@ -209,3 +209,6 @@ def test_switch_costs_are_read_in_profile_seconds(tmp_path):
     )
     memory = load_profile(str(path)).memory
     assert (memory.startup_s, memory.release_s, memory.resume_s) == (300.0, 20.5, 25.0)
+    for name in SHIPPED:  # every shipped profile states all three; loading weights costs more than a resume
+        shipped = load_profile(name).memory
+        assert shipped.startup_s > shipped.resume_s > 0 and shipped.release_s > 0, name
