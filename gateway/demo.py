@@ -39,6 +39,9 @@ def start_standin(profile: str, port: int, time_scale: float) -> subprocess.Pope
         str(port),
         "--time-scale",
         str(time_scale),
+        # The demo shows routing, not the minutes of weight loading the k25 profiles model.
+        "--startup-delay",
+        "0",
     ]
     # The demo starts its stand-ins before it runs any thread, so they can die with it.
     return process.spawn(argv)

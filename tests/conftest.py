@@ -52,7 +52,10 @@ def sim():
         port = port or free_port()
         # pytest runs uvicorn threads (`serve`), so no preexec_fn: the finalizer below stops every stand-in.
         proc = spawn(
-            crossover_argv("sim", "serve", "--profile", profile, "--port", str(port), *extra), die_with_parent=False
+            # No emulated weight loading unless a test asks for it (a later --startup-delay in `extra` wins):
+            # the k25 profiles' startup_s is minutes of profile time.
+            crossover_argv("sim", "serve", "--profile", profile, "--port", str(port), "--startup-delay", "0", *extra),
+            die_with_parent=False,
         )
         started.append(proc)
         url = f"http://127.0.0.1:{port}"
