@@ -38,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan = sub.add_parser("plan", help="print every server's argv and environment; check the profile fits")
     _profile_arg(plan)
     plan.add_argument("--json", action="store_true", help='a list of {"name", "role", "argv", "env"}')
+    plan.add_argument(
+        "--sglang-python",
+        metavar="PYTHON",
+        help="also check every SGLang argv with SGLang's own parser in this interpreter "
+        "(build one with `python -m crossover.servers.sglang_check build .venv-sglang`)",
+    )
     plan.set_defaults(run=_plan)
 
     up = sub.add_parser("up", help="start the servers; return once each answered a 1-token generation")
@@ -149,7 +155,23 @@ def _plan(args: argparse.Namespace) -> int:
             for key, value in command.env.items():
                 print(f"  {key}={value}")
             print("  " + " ".join(_quote(a) for a in command.argv))
+    if args.sglang_python and _check_with_sglang(args.sglang_python, profile, commands):
+        return 1
     return _report_fit(profile)
+
+
+def _check_with_sglang(python: str, profile, commands) -> int:
+    from crossover.servers.sglang_check import SGLangCheckError, parse_errors
+
+    checked = [c for c in commands if profile.server(c.name).engine == "sglang"]
+    try:
+        errors = parse_errors(python, [c.server_args for c in checked])
+    except SGLangCheckError as exc:
+        _say(f"error: SGLang's parser could not run: {exc}")
+        return 1
+    for command, error in zip(checked, errors, strict=True):
+        _say(f"{command.name}: SGLang's parser {'rejects it: ' + error if error else 'accepts it'}")
+    return 1 if any(errors) else 0
 
 
 def _report_fit(profile, *, skip_ports: set[int] = frozenset()) -> int:
