@@ -18,6 +18,7 @@ under-read a speculative server by ~10%).
   that chunk carried, one sample per token - a speculative server sends several tokens per chunk, so its
   chunk ITL overstates the time per token and its token ITL does not
 - `measured_concurrency` = time requests spent in flight within the window / `duration_s`
+- percentiles (median, p90, p99) interpolate linearly between closest ranks, as numpy does (percentile.py)
 """
 
 from __future__ import annotations
@@ -28,35 +29,21 @@ from collections.abc import Sequence
 
 from crossover.loadtest.client import RequestResult
 from crossover.loadtest.models import Level
+from crossover.loadtest.percentile import percentiles
 
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "token_itl_ms", "e2e_latency_ms")
 MAX_ERROR_KINDS = 10  # distinct failure reasons kept per level
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default, as bench_serving uses)."""
-    if len(sorted_values) == 1:
-        return sorted_values[0]
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 def describe(name: str, values_s: list[float]) -> dict[str, float | None]:
     """mean_/median_/std_/p90_/p99_<name> in milliseconds; None when there is no sample."""
     if not values_s:
         return {f"{stat}_{name}": None for stat in ("mean", "median", "std", "p90", "p99")}
-    values = sorted(v * 1000.0 for v in values_s)
+    values = [v * 1000.0 for v in values_s]
     mean = math.fsum(values) / len(values)
     std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
-    return {
-        f"mean_{name}": mean,
-        f"median_{name}": percentile(values, 50),
-        f"std_{name}": std,
-        f"p90_{name}": percentile(values, 90),
-        f"p99_{name}": percentile(values, 99),
-    }
+    median, p90, p99 = percentiles(values, (50, 90, 99))
+    return {f"mean_{name}": mean, f"median_{name}": median, f"std_{name}": std, f"p90_{name}": p90, f"p99_{name}": p99}
 
 
 def chunk_token_counts(result: RequestResult, fallback_per_chunk: float) -> list[float]:

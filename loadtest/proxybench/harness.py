@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from crossover.gateway.cli import non_negative_float, positive_float, positive_int, positive_int_list
 from crossover.loadtest.proxybench.report import CROSSOVER, DIRECT, ROUTER, Bar, check_bar, render_markdown, render_text
 from crossover.servers import process
 
@@ -259,16 +260,6 @@ def run(plan: Plan, targets: tuple[str, ...], router: Path | None) -> list[dict]
     return rows
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError("concurrencies must be >= 1")
-    return values
-
-
 def _targets(text: str) -> tuple[str, ...]:
     names = tuple(part.strip() for part in text.split(","))
     unknown = sorted(set(names) - set(TARGETS))
@@ -282,16 +273,22 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m crossover.loadtest.proxybench", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--targets", type=_targets, default=TARGETS, help="comma-separated (default: all three)")
-    parser.add_argument("--concurrency", type=_ints, default=Plan.concurrency, help="default 1,32,256")
-    parser.add_argument("--max-tokens", type=int, default=Plan.max_tokens, help="chunks per stream (default 64)")
-    parser.add_argument("--duration", type=float, default=Plan.duration, help="measured seconds per cell")
-    parser.add_argument("--warmup", type=float, default=Plan.warmup, help="unmeasured seconds before each cell")
-    parser.add_argument("--requests", type=int, help="a fixed number of requests per cell instead of a window")
+    parser.add_argument("--concurrency", type=positive_int_list, default=Plan.concurrency, help="default 1,32,256")
+    parser.add_argument(
+        "--max-tokens", type=positive_int, default=Plan.max_tokens, help="chunks per stream (default 64)"
+    )
+    parser.add_argument("--duration", type=positive_float, default=Plan.duration, help="measured seconds per cell")
+    parser.add_argument(
+        "--warmup", type=non_negative_float, default=Plan.warmup, help="unmeasured seconds before each cell"
+    )
+    parser.add_argument("--requests", type=positive_int, help="a fixed number of requests per cell instead of a window")
     parser.add_argument("--no-paced", dest="paced", action="store_false", help="skip the paced run")
-    parser.add_argument("--paced-concurrency", type=int, default=Plan.paced_concurrency)
-    parser.add_argument("--paced-delay-ms", type=float, default=Plan.paced_delay_ms, help="gap between chunks")
-    parser.add_argument("--paced-duration", type=float, default=Plan.paced_duration, help="measured seconds")
-    parser.add_argument("--timeout", type=float, default=Plan.timeout, help="per request, seconds")
+    parser.add_argument("--paced-concurrency", type=positive_int, default=Plan.paced_concurrency)
+    parser.add_argument(
+        "--paced-delay-ms", type=non_negative_float, default=Plan.paced_delay_ms, help="gap between chunks"
+    )
+    parser.add_argument("--paced-duration", type=positive_float, default=Plan.paced_duration, help="measured seconds")
+    parser.add_argument("--timeout", type=positive_float, default=Plan.timeout, help="per request, seconds")
     parser.add_argument("--router-python", type=Path, help="a python that has sglang-router (default: .venv-router)")
     parser.add_argument("--markdown", type=Path, help="also write the table and the bar as markdown here")
     parser.add_argument("--json", type=Path, help="also write every row as JSON here")
@@ -302,10 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so every server this run started is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    if min(args.max_tokens, args.paced_concurrency, args.requests or 1) < 1 or min(args.duration, args.timeout) <= 0:
-        build_parser().error("--max-tokens, --paced-concurrency, --requests, --duration and --timeout must be positive")
     plan = Plan(
-        args.concurrency,
+        tuple(args.concurrency),
         args.max_tokens,
         args.duration,
         args.warmup,

@@ -26,6 +26,9 @@ from urllib.parse import urlsplit
 import httptools
 import uvloop
 
+from crossover.gateway.cli import non_negative_float, positive_float, positive_int
+from crossover.loadtest.percentile import percentiles
+
 DEFAULT_MAX_TOKENS = 64
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
@@ -158,11 +161,11 @@ def build_request(spec: LoadSpec) -> bytes:
     return head.encode() + body
 
 
-def _percentile(values: list[float], q: float) -> float | None:
+def _p50_p99_ms(values: list[float]) -> tuple[float | None, float | None]:
     if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000.0, 3)
+        return None, None
+    p50, p99 = percentiles(values, (50, 99))
+    return round(p50 * 1000.0, 3), round(p99 * 1000.0, 3)
 
 
 async def run_load(spec: LoadSpec) -> dict:
@@ -222,8 +225,8 @@ async def run_load(spec: LoadSpec) -> dict:
         window_end = time.perf_counter()
     # Latency samples: the requests that completed inside the window.
     measured = [(t0, first, t1) for t0, first, t1 in tally.done if window_start <= t1 <= window_end]
-    latencies = [t1 - t0 for t0, _, t1 in measured]
-    ttfcs = [first - t0 for t0, first, _ in measured]
+    latency_p50, latency_p99 = _p50_p99_ms([t1 - t0 for t0, _, t1 in measured])
+    ttfc_p50, ttfc_p99 = _p50_p99_ms([first - t0 for t0, first, _ in measured])
     return {
         "url": spec.url,
         "concurrency": spec.concurrency,
@@ -232,10 +235,10 @@ async def run_load(spec: LoadSpec) -> dict:
         "window_s": round(window_end - window_start, 3),
         "completed": len(measured),
         "rps": round(tally.rate(window_start, window_end), 1),
-        "latency_p50_ms": _percentile(latencies, 0.50),
-        "latency_p99_ms": _percentile(latencies, 0.99),
-        "ttfc_p50_ms": _percentile(ttfcs, 0.50),
-        "ttfc_p99_ms": _percentile(ttfcs, 0.99),
+        "latency_p50_ms": latency_p50,
+        "latency_p99_ms": latency_p99,
+        "ttfc_p50_ms": ttfc_p50,
+        "ttfc_p99_ms": ttfc_p99,
         "sent": tally.sent,
         "ok": tally.ok,
         "errors": sum(tally.errors.values()),
@@ -249,19 +252,20 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m crossover.loadtest.proxybench.loadgen", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--concurrency", type=positive_int, default=1)
     parser.add_argument("--stream", action="store_true")
-    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="chunks per stream")
-    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds")
-    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
-    parser.add_argument("--requests", type=int, help="send exactly this many instead (no warm-up)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S, help="per request")
+    parser.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS, help="chunks per stream")
+    parser.add_argument("--duration", type=positive_float, default=5.0, help="measured seconds")
+    parser.add_argument("--warmup", type=non_negative_float, default=1.0, help="unmeasured seconds first")
+    parser.add_argument("--requests", type=positive_int, help="send exactly this many instead (no warm-up)")
+    parser.add_argument("--timeout", type=positive_float, default=DEFAULT_REQUEST_TIMEOUT_S, help="per request")
     parser.add_argument(
-        "--ramp", type=float, default=0.0, help="spread the workers' first requests evenly over this many seconds"
+        "--ramp",
+        type=non_negative_float,
+        default=0.0,
+        help="spread the workers' first requests evenly over this many seconds",
     )
     args = parser.parse_args(argv)
-    if args.concurrency < 1 or args.max_tokens < 1 or args.duration <= 0 or args.ramp < 0:
-        parser.error("--concurrency, --max-tokens and --duration must be positive, --ramp not negative")
     spec = LoadSpec(
         args.url,
         args.concurrency,

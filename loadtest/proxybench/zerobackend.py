@@ -23,6 +23,8 @@ import time
 import httptools
 import uvloop
 
+from crossover.gateway.cli import non_negative_float, port
+
 MODEL = "zero"
 DEFAULT_CHUNKS = 16
 MAX_CHUNKS = 100_000
@@ -269,11 +271,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument(
         "--port",
-        type=int,
+        type=port,
         action="append",
         help=f"listen port (default {DEFAULT_PORT}); repeat it to serve on several ports",
     )
-    parser.add_argument("--chunk-delay-ms", type=float, default=0.0, help="gap between streamed chunks")
+    parser.add_argument("--chunk-delay-ms", type=non_negative_float, default=0.0, help="gap between streamed chunks")
     args = parser.parse_args(argv)
     uvloop.run(serve(args.host, args.port or [DEFAULT_PORT], args.chunk_delay_ms))
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from crossover.loadtest.client import RequestResult
-from crossover.loadtest.stats import LATENCY_METRICS, percentile, summarize, token_gaps
+from crossover.loadtest.stats import LATENCY_METRICS, summarize, token_gaps
 
 
 def ok(start: float, times: list[float], tokens: list[int] | None, total: int | None = None) -> RequestResult:
@@ -24,12 +23,6 @@ def ok(start: float, times: list[float], tokens: list[int] | None, total: int | 
 
 def failed(start: float, end: float, error: str) -> RequestResult:
     return RequestResult(start=start, end=end, success=False, error=error)
-
-
-@pytest.mark.parametrize("q", [0, 1, 50, 90, 99, 100])
-def test_percentile_matches_numpy_linear(q):
-    values = sorted(np.random.default_rng(q).exponential(size=37).tolist())
-    assert percentile(values, q) == pytest.approx(np.percentile(values, q))
 
 
 def test_token_gaps_split_each_chunk_gap_over_its_tokens():
