@@ -1,0 +1,81 @@
+"""Fixtures for the supervisor, CLI and agent tests: stand-in profiles on free ports, a state dir per test,
+and a finalizer that SIGKILLs every process group the state dir still records - so a failing test leaves
+no server behind.
+
+    path = standin_profile("standin-partitioned", startup_delay_s=2)   # a copy with free ports
+    run_cli("up", str(path), "--state-dir", str(state_dir))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from crossover.servers.process import free_port
+from crossover.servers.profile import load_profile
+from crossover.servers.state import group_members
+from tests.conftest import crossover_argv
+
+CLI_TIMEOUT_S = 120.0
+SHIPPED = Path(__file__).resolve().parents[2] / "servers" / "profiles"
+
+
+def run_cli(*args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        crossover_argv("servers", *args), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def recorded_groups(state_dir: Path) -> dict[str, int]:
+    """server name -> process group id, as the state file has them."""
+    path = state_dir / "state.json"
+    if not path.exists():
+        return {}
+    return {name: record["pgid"] for name, record in json.loads(path.read_text())["servers"].items()}
+
+
+def kill_recorded(state_dir: Path, pgids: set[int] = frozenset()) -> None:
+    for pgid in {*recorded_groups(state_dir).values(), *pgids}:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+@pytest.fixture
+def state_dir(tmp_path):
+    directory = tmp_path / "state"
+    seen: set[int] = set()
+    yield directory
+    seen |= set(recorded_groups(directory).values())
+    kill_recorded(directory, seen)
+    assert not [g for g in seen if group_members(g)], "a process group survived the test's cleanup"
+
+
+@pytest.fixture
+def standin_profile(tmp_path):
+    """Copy a shipped stand-in profile with free ports and optional changes to every server."""
+
+    def make(name: str, *, mechanism: str | None = None, **server_changes) -> Path:
+        text = (SHIPPED / f"{name}.toml").read_text()
+        text = re.sub(r"^port = \d+", lambda _: f"port = {free_port()}", text, flags=re.MULTILINE)
+        if mechanism is not None:
+            text = re.sub(r'^mechanism = "\w+"', f'mechanism = "{mechanism}"', text, flags=re.MULTILINE)
+        for key, value in server_changes.items():
+            rendered = json.dumps(value)
+            pattern = rf"^{key} = .*$"
+            if re.search(pattern, text, flags=re.MULTILINE):
+                text = re.sub(pattern, lambda _, r=rendered, k=key: f"{k} = {r}", text, flags=re.MULTILINE)
+            else:
+                raise KeyError(f"{key} is not a field of {name}.toml")
+        path = tmp_path / f"{name}.toml"
+        path.write_text(text)
+        load_profile(path)  # fail here, not in a subprocess, if the edit broke it
+        return path
+
+    return make

@@ -1,0 +1,169 @@
+"""`crossover servers up / status / down` with the stand-in profiles, run as an operator would (the CLI in
+a subprocess): every server ready by a real generation, then no process left in any of their groups - also
+when a server ignores SIGTERM, and when the supervisor that started them was SIGKILLed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import httpx
+import pytest
+
+from crossover.servers.process import spawn
+from crossover.servers.profile import load_profile
+from crossover.servers.state import group_members
+from tests.conftest import crossover_argv
+from tests.servers.conftest import recorded_groups, run_cli
+from tests.waiting import wait_until
+
+READY_WAIT_S = 60.0
+
+
+def statuses(profile, state_dir) -> dict[str, dict]:
+    result = run_cli("status", str(profile), "--state-dir", str(state_dir), "--json")
+    assert result.returncode == 0, result.stderr
+    return {s["name"]: s for s in json.loads(result.stdout)}
+
+
+def generate(url: str) -> None:
+    response = httpx.post(
+        f"{url}/v1/completions", json={"model": "kimi-k2.5", "prompt": "hi", "max_tokens": 1}, timeout=10
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 1
+
+
+def assert_down(profile, state_dir, groups: dict[str, int]) -> str:
+    result = run_cli("down", str(profile), "--state-dir", str(state_dir))
+    assert result.returncode == 0, result.stderr
+    for name, pgid in groups.items():
+        assert group_members(pgid) == [], f"{name}: processes of group {pgid} survived down"
+    assert recorded_groups(state_dir) == {}
+    assert all(s["state"] == "stopped" for s in statuses(profile, state_dir).values())
+    return result.stderr
+
+
+def test_partitioned_up_status_down(standin_profile, state_dir):
+    profile = standin_profile("standin-partitioned")
+    result = run_cli("up", str(profile), "--state-dir", str(state_dir))
+    assert result.returncode == 0, result.stderr
+    assert "answered a 1-token generation" in result.stderr
+
+    status = statuses(profile, state_dir)
+    assert {name: s["state"] for name, s in status.items()} == {"speculative": "ready", "plain": "ready"}
+    assert {s["role"] for s in status.values()} == {"speculative", "plain"}
+    for s in status.values():
+        assert s["pid"] and s["last_start_s"] > 0
+        generate(s["url"])
+    assert (state_dir / "logs" / "speculative.log").exists()
+
+    groups = recorded_groups(state_dir)
+    assert len(set(groups.values())) == 2, "each server leads its own process group"
+    again = run_cli("up", str(profile), "--state-dir", str(state_dir))
+    assert again.returncode == 0, again.stderr
+    assert recorded_groups(state_dir) == groups, "a second up adopts the running servers, never duplicates them"
+
+    assert "no process of its group is left" in assert_down(profile, state_dir, groups)
+
+
+@pytest.mark.parametrize("mechanism", ["restart", "sleep"])
+def test_time_shared_up_starts_the_initial_mode(standin_profile, state_dir, mechanism):
+    profile = standin_profile("standin-time-shared", mechanism=mechanism)
+    result = run_cli("up", str(profile), "--state-dir", str(state_dir))
+    assert result.returncode == 0, result.stderr
+
+    status = statuses(profile, state_dir)
+    assert status["speculative"]["state"] == "ready"
+    generate(status["speculative"]["url"])
+    if mechanism == "restart":
+        assert status["plain"]["state"] == "stopped"
+    else:
+        # Both started; the second one holds no GPU memory and refuses to generate until resumed.
+        assert status["plain"]["state"] == "released"
+        refused = httpx.post(
+            f"{status['plain']['url']}/v1/completions", json={"model": "kimi-k2.5", "prompt": "hi", "max_tokens": 1}
+        )
+        assert refused.status_code == 503
+    assert_down(profile, state_dir, recorded_groups(state_dir))
+
+
+def test_down_kills_a_server_that_ignores_sigterm(standin_profile, state_dir):
+    # The launcher ignores SIGTERM and leaves a child that ignores it too, as SGLang's surviving workers do.
+    launcher = ["bash", "-c", "trap '' TERM; \"$@\"; exec sleep 600", "ignore-term"]
+    profile = standin_profile("standin-partitioned", launcher=launcher, stop_timeout_s=1.0)
+    result = run_cli("up", str(profile), "--state-dir", str(state_dir))
+    assert result.returncode == 0, result.stderr
+    groups = recorded_groups(state_dir)
+
+    stderr = assert_down(profile, state_dir, groups)
+    assert "SIGKILL after the SIGTERM deadline" in stderr
+
+
+def test_down_after_the_supervisor_was_sigkilled(standin_profile, state_dir):
+    profile = standin_profile("standin-partitioned")
+    supervisor = spawn(
+        crossover_argv("servers", "up", str(profile), "--state-dir", str(state_dir), "--foreground"),
+        die_with_parent=False,
+    )
+    try:
+        wait_until(
+            lambda: (
+                supervisor.poll() is None and all(s["state"] == "ready" for s in statuses(profile, state_dir).values())
+            ),
+            timeout=READY_WAIT_S,
+            what="both stand-ins ready under a foreground supervisor",
+        )
+        os.kill(supervisor.pid, signal.SIGKILL)
+        supervisor.wait(10)
+        groups = recorded_groups(state_dir)
+        assert all(group_members(pgid) for pgid in groups.values()), "the servers outlive a killed supervisor"
+        assert_down(profile, state_dir, groups)
+    finally:
+        if supervisor.poll() is None:
+            os.killpg(supervisor.pid, signal.SIGKILL)
+            supervisor.wait(10)
+
+
+def test_foreground_stops_the_servers_on_sigint(standin_profile, state_dir):
+    profile = standin_profile("standin-partitioned")
+    supervisor = spawn(
+        crossover_argv("servers", "up", str(profile), "--state-dir", str(state_dir), "--foreground"),
+        die_with_parent=False,
+    )
+    try:
+        wait_until(
+            lambda: all(s["state"] == "ready" for s in statuses(profile, state_dir).values()),
+            timeout=READY_WAIT_S,
+            what="both stand-ins ready",
+        )
+        groups = recorded_groups(state_dir)
+        supervisor.send_signal(signal.SIGINT)
+        assert supervisor.wait(30) == 0
+        assert not any(group_members(pgid) for pgid in groups.values())
+    finally:
+        if supervisor.poll() is None:
+            os.killpg(supervisor.pid, signal.SIGKILL)
+            supervisor.wait(10)
+
+
+def test_up_refuses_a_profile_whose_port_is_taken(standin_profile, state_dir):
+    import socket
+
+    profile = standin_profile("standin-partitioned")
+    with socket.socket() as sock:
+        port = load_profile(profile).servers[0].port
+        sock.bind(("127.0.0.1", port))
+        result = run_cli("up", str(profile), "--state-dir", str(state_dir))
+    assert result.returncode == 1
+    assert f"port 127.0.0.1:{port} is in use" in result.stderr
+    assert recorded_groups(state_dir) == {}, "nothing starts when the profile does not fit"
+
+
+def test_a_server_that_exits_fails_up_and_leaves_nothing(standin_profile, state_dir):
+    profile = standin_profile("standin-partitioned", launcher=["false"])
+    result = run_cli("up", str(profile), "--state-dir", str(state_dir))
+    assert result.returncode == 1
+    assert "exited before it was ready" in result.stderr
+    assert recorded_groups(state_dir) == {}
