@@ -9,6 +9,7 @@ Generation lives in generation.py; this module holds health, info, load, metrics
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from contextlib import asynccontextmanager
@@ -140,6 +141,7 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         return json_response(
             {
                 **server_args(settings),
+                "memory": memory_report(live),
                 "max_total_num_tokens": profile.limits.max_total_num_tokens,
                 "max_req_input_len": profile.limits.context_length - 1,
                 "internal_states": [internal_state(live, profile)],
@@ -208,7 +210,9 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def flush_cache() -> Response:
-        idle = live.engine.idle
+        # SGLang: is_fully_idle(ignore_waiting=paused) - retracted requests waiting in a paused engine are fine.
+        engine = live.engine
+        idle = not engine.num_running and (engine.paused or not engine.num_waiting)
         return PlainTextResponse(
             "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
             "requests, the operation will not be performed.)\n",
@@ -332,6 +336,11 @@ def internal_state(live: LiveEngine, profile: Profile) -> dict[str, Any]:
     }
 
 
+def memory_report(live: LiveEngine) -> dict[str, Any]:
+    """Released tags and every release/resume call (a switch controller must never release a busy server)."""
+    return {"released": sorted(live.released), **dataclasses.asdict(live.memory_stats)}
+
+
 def model_card(profile: Profile) -> dict[str, Any]:
     return {
         "id": profile.model_name,
@@ -373,7 +382,7 @@ def load_report(live: LiveEngine, profile: Profile, include: set[str]) -> dict[s
         report["queues"] = {
             "waiting": engine.num_waiting,
             "grammar": 0,
-            "paused": engine.num_waiting if engine.paused else 0,
+            "paused": live.num_held,  # held before the engine while generation is paused
             "retracted": 0,
         }
     return report

@@ -56,6 +56,8 @@ class Sequence:
     first_token_at: float | None = None
     finished_at: float | None = None
     ready_at: float = 0.0
+    # Why the server ended it early, for the client (e.g. the queue was full when a paused server went on).
+    error: str | None = None
     # Set by live.py: woken whenever this sequence gains tokens or ends.
     listener: Any = field(default=None, repr=False)
 

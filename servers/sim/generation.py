@@ -6,6 +6,8 @@ Failure modes, as SGLang shows them to a client:
   waiting queue full, not streaming        -> 503 {"object": "error", "message": "The request queue is full.", ...}
   waiting queue full, streaming            -> 200, `data: {"error": {... "code": 503}}`, `data: [DONE]`
   aborted by /pause_generation (abort)     -> finish_reason "abort"
+  held while paused, then the queue is full or memory is still released at /continue_generation
+                                           -> 503 (not streaming) or an error event (streaming), as above
   client disconnect                        -> the request is aborted inside the engine at once
 """
 
@@ -89,6 +91,9 @@ def register(app: FastAPI, live: LiveEngine, metrics: SimMetrics, profile: Profi
             return json_response(error_body(str(exc), status=503, err_type="503"), 503)
         if not await _wait(request, seq):
             return Response(status_code=499)  # nobody is listening any more
+        if seq.error is not None:
+            metrics.aborted.inc()
+            return json_response(error_body(seq.error, status=503, err_type="503"), 503)
         if seq.first_token_at is not None:
             _observe_first_token(seq, first_token_s=(seq.first_token_at - seq.arrival) / live.time_scale)
         if seq.state is State.FINISHED:
@@ -125,6 +130,11 @@ def register(app: FastAPI, live: LiveEngine, metrics: SimMetrics, profile: Profi
                     chunk = enc.tokens(sent, n)
                 sent, last = sent + n, now
                 yield chunk
+            if seq.error is not None:  # SGLang reports a failure after HTTP 200 inside the stream
+                metrics.aborted.inc()
+                yield stream_error(seq.error, status=503, err_type="SERVICE_UNAVAILABLE")
+                yield DONE
+                return
             if sent == 0 and seq.state is State.FINISHED:  # max_tokens = 0
                 _observe_first_token(seq, first_token_s=loop.time() - arrived)
                 yield enc.first(0)

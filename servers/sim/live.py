@@ -12,8 +12,10 @@ so the engine computes exactly what it computes in a virtual-time curve; only th
 Steps are scheduled against deadlines, so sleep overshoot is made up on the next step; when the machine
 cannot keep up for longer than MAX_LAG_S, the loop stops catching up and simply runs slower.
 
-Lifecycle states SGLang has and the stand-in mirrors: starting (weights loading), paused
-(`/pause_generation`), released (`/release_memory_occupation`: no weights, no generation). Their durations
+Lifecycle states SGLang has and the stand-in mirrors (0.5.23: tokenizer_manager.py, scheduler.py,
+scheduler_components/weight_updater.py): starting (weights loading); paused (`/pause_generation`: new requests
+are held outside the engine until `/continue_generation`, as SGLang's tokenizer manager holds them); released
+(`/release_memory_occupation`: refused while busy, where SGLang's scheduler asserts; no generation). Their durations
 come from the profile's [memory] section in profile seconds, divided by the time scale like every other
 duration; the `*_delay_s` arguments (`--startup-delay`, `--release-delay`, `--resume-delay`) override them
 in wall-clock seconds.
@@ -23,12 +25,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
-from crossover.servers.sim.engine import Engine, PauseMode, Sequence, Step
+from crossover.servers.sim.engine import QUEUE_FULL_MESSAGE, Engine, PauseMode, QueueFull, Sequence, State, Step
 from crossover.servers.sim.profile import Memory
+
+logger = logging.getLogger(__name__)
 
 MAX_LAG_S = 0.25
 THROUGHPUT_WINDOW_S = 5.0
@@ -38,6 +44,16 @@ MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 
 class Busy(Exception):
     """An operation that needs an idle engine (SGLang asserts it) found requests in flight."""
+
+
+@dataclass
+class MemoryStats:
+    """Every /release_memory_occupation and /resume_memory_occupation call, as `/server_info` reports them."""
+
+    release_total: int = 0  # releases done
+    release_refused_total: int = 0  # refused: requests in flight (SGLang 0.5.23 would crash on its assertion)
+    resume_total: int = 0  # resumes done
+    resume_not_released_total: int = 0  # resumes of memory that was not released (SGLang: KeyError, crash)
 
 
 class LiveEngine:
@@ -73,6 +89,10 @@ class LiveEngine:
         self._anchor_limit = 0.0
         self._samples: deque[tuple[float, int]] = deque()
         self.released: set[str] = set()
+        self.memory_stats = MemoryStats()
+        # Requests that arrived while generation was paused: SGLang's tokenizer manager holds them before the
+        # scheduler (no queue limit, not in the scheduler's counts) until /continue_generation.
+        self._held: list[Sequence] = []
         self.failure: str | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------------
@@ -89,6 +109,9 @@ class LiveEngine:
         """Shutting down: every request ends now (streams close with finish_reason "abort")."""
         for seq in self.engine.pause("abort"):
             _wake(seq)
+        held, self._held = self._held, []
+        for seq in held:
+            self._end(seq, None)
 
     async def stop(self) -> None:
         self.abort_all()
@@ -127,15 +150,33 @@ class LiveEngine:
         elapsed = (asyncio.get_running_loop().time() - self._anchor_real) * self.time_scale
         return self._anchor_clock + min(elapsed, self._anchor_limit)
 
+    @property
+    def num_held(self) -> int:
+        return len(self._held)
+
     def submit(self, seq: Sequence) -> Sequence:
+        """Queue `seq` in the engine (QueueFull if its waiting queue is full), or hold it while paused."""
+        if self.engine.paused:
+            seq.arrival = self.now()
+            self._held.append(seq)
+            return seq
         self.engine.submit(seq, self.now())
         self._wake.set()
         return seq
 
     def abort(self, seq: Sequence) -> None:
-        if self.engine.abort(seq):
+        if seq.state is State.NEW and seq in self._held:
+            self._held.remove(seq)
+            self._end(seq, None)
+        elif self.engine.abort(seq):
             _wake(seq)
             self._wake.set()  # a queued request may now fit
+
+    def _end(self, seq: Sequence, error: str | None) -> None:
+        """End a request that is not (or no longer) in the engine: aborted, with `error` for its client."""
+        seq.state, seq.error = State.ABORTED, error
+        self.engine.aborted_total += 1
+        _wake(seq)
 
     async def stream(self, seq: Sequence) -> AsyncIterator[int]:
         """New-token counts for `seq` as steps produce them; ends when it finishes or is aborted."""
@@ -163,22 +204,58 @@ class LiveEngine:
             _wake(seq)
 
     def resume_generation(self) -> None:
-        self.engine.resume()
+        """/continue_generation: the engine steps again and the held requests enter it.
+
+        With memory still released SGLang would run them on freed GPU memory; here they end at once with an
+        error that says so (the requests in the engine too), rather than hang or pretend."""
+        engine, now = self.engine, self.now()
+        engine.resume()
+        held, self._held = self._held, []
+        if self.released:
+            reason = self.refusal() or "memory released"
+            for seq in engine.pause("abort"):
+                seq.error = reason
+                _wake(seq)
+            engine.resume()
+            for seq in held:
+                self._end(seq, reason)
+            return
+        for seq in held:
+            try:
+                engine.submit(seq, now)
+            except QueueFull:
+                self._end(seq, QUEUE_FULL_MESSAGE)
         self._wake.set()
 
     async def release_memory(self, tags: list[str] | None) -> None:
+        """SGLang asserts the scheduler is idle (waiting requests allowed while paused); 0.5.23 raises that
+        assertion in the scheduler process, which takes the server down. The stand-in refuses (Busy) and counts."""
         engine = self.engine
         if engine.num_running or (engine.num_waiting and not engine.paused):
+            self.memory_stats.release_refused_total += 1
             raise Busy(
                 f"cannot release memory with requests in flight ({engine.num_running} running, "
-                f"{engine.num_waiting} waiting); drain the server or /pause_generation first"
+                f"{engine.num_waiting} waiting); drain the server or /pause_generation first "
+                "(SGLang asserts: release_memory_occupation should be called only when server is idle)"
             )
         self.released |= set(tags or MEMORY_TAGS)
+        self.memory_stats.release_total += 1
         await asyncio.sleep(self.release_delay_s)
 
     async def resume_memory(self, tags: list[str] | None) -> None:
+        wanted = set(tags or MEMORY_TAGS)
+        if not wanted <= self.released:
+            # SGLang 0.5.23 removes each tag from its set of released ones (KeyError if absent: the scheduler
+            # dies). The stand-in carries on, but says so: a switch that does this would crash a real server.
+            self.memory_stats.resume_not_released_total += 1
+            logger.warning(
+                "resume_memory_occupation of %s, which is not released (released: %s): SGLang 0.5.23 would crash",
+                sorted(wanted - self.released),
+                sorted(self.released) or "none",
+            )
         await asyncio.sleep(self.resume_delay_s)
-        self.released -= set(tags or MEMORY_TAGS)
+        self.released -= wanted
+        self.memory_stats.resume_total += 1
         self._wake.set()
 
     # --- load -----------------------------------------------------------------------------------------

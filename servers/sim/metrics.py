@@ -6,6 +6,7 @@
 Scheduler gauges are computed at scrape time from the engine (labels model_name, engine_type, tp_rank,
 pp_rank, moe_ep_rank); request histograms and counters are observed by the HTTP layer in real seconds
 (label model_name), as SGLang's tokenizer manager does. Extra labels (`--extra-metric-labels`) go on all.
+The stand-in's own account of itself (no SGLang counterpart) is named `crossover_sim_*`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from crossover.servers.sim.live import LiveEngine
@@ -159,6 +160,8 @@ class SimMetrics:
             )
         )
 
+        registry.register(_StandInMetrics(live, labels))
+
     def observe_chunk(self, interval_s: float, tokens: int) -> None:
         """A chunk of `tokens` tokens after `interval_s`: each token gets the per-token share (as SGLang)."""
         per_token = interval_s / tokens
@@ -200,3 +203,19 @@ class _SchedulerGauges(Collector):
             family = GaugeMetricFamily(f"sglang:{name}", doc, labels=names)
             family.add_metric(label_values, float(value))
             yield family
+
+
+class _StandInMetrics(Collector):
+    """What the stand-in says about itself, read from the live engine at scrape time."""
+
+    def __init__(self, live: LiveEngine, labels: dict[str, str]):
+        self._live, self._names, self._values = live, list(labels), list(labels.values())
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        refused = CounterMetricFamily(
+            "crossover_sim_release_refused",
+            "Calls of /release_memory_occupation refused because requests were in flight (SGLang would crash).",
+            labels=self._names,
+        )
+        refused.add_metric(self._values, float(self._live.memory_stats.release_refused_total))
+        yield refused

@@ -224,3 +224,92 @@ def test_wall_clock_delays_override_the_profile(serve, client):
     assert delays == {"startup": 0.0, "release": 0.05, "resume": 0.0}
     assert client.post(server.url + "/release_memory_occupation").status_code == 200
     assert client.post(server.url + "/resume_memory_occupation").status_code == 200
+
+
+def memory(client, url):
+    return client.get(url + "/server_info").json()["memory"]
+
+
+def test_every_release_attempt_is_counted(sim_app, client):
+    server = sim_app(time_scale=100.0)
+    assert memory(client, server.url) == {
+        "released": [],
+        "release_total": 0,
+        "release_refused_total": 0,
+        "resume_total": 0,
+        "resume_not_released_total": 0,
+    }
+    (stream,) = hold(client, server.url)
+    try:
+        for _ in range(2):
+            assert client.post(server.url + "/release_memory_occupation").status_code == 400
+    finally:
+        stream.close()
+    wait_until(lambda: client.get(server.url + "/v1/loads").json()["loads"][0]["num_running_reqs"] == 0)
+    assert client.post(server.url + "/release_memory_occupation", json={"tags": ["weights"]}).status_code == 200
+    report = memory(client, server.url)
+    assert report["released"] == ["weights"]
+    assert (report["release_total"], report["release_refused_total"], report["resume_total"]) == (1, 2, 0)
+    assert (
+        'crossover_sim_release_refused_total{model_name="moonshotai/Kimi-K2.5"} 2.0'
+        in client.get(server.url + "/metrics").text
+    )
+    assert client.post(server.url + "/resume_memory_occupation", json={"tags": ["weights"]}).status_code == 200
+    # Resuming what is not released: SGLang 0.5.23 dies of it (KeyError); the stand-in goes on and counts it.
+    assert client.post(server.url + "/resume_memory_occupation").status_code == 200
+    report = memory(client, server.url)
+    assert report["released"] == [] and report["resume_total"] == 2 and report["resume_not_released_total"] == 1
+
+
+def test_requests_sent_while_paused_wait_before_the_engine(sim_app, client):
+    # SGLang's tokenizer manager holds them (no queue limit, not in the scheduler's counts) until continue.
+    server = sim_app(time_scale=100.0)
+    client.post(server.url + "/pause_generation", json={"mode": "in_place"}).raise_for_status()
+    with httpx.Client(timeout=TIMEOUT) as other:
+        request = other.build_request("POST", server.url + "/v1/chat/completions", json={**CHAT, "stream": True})
+        stream = other.send(request, stream=True)
+        try:
+            loads = lambda: client.get(server.url + "/v1/loads").json()["loads"][0]  # noqa: E731
+            wait_until(lambda: loads()["queues"]["paused"] == 1)
+            assert loads()["num_waiting_reqs"] == 0 and loads()["num_running_reqs"] == 0
+            assert client.get(server.url + "/ready").status_code == 503
+            client.post(server.url + "/continue_generation").raise_for_status()
+            lines = [line for line in stream.iter_lines() if line]
+            assert '"finish_reason":"length"' in lines[-2] and lines[-1] == "data: [DONE]"
+        finally:
+            stream.close()
+
+
+def test_continue_while_released_fails_the_held_requests_clearly(sim_app, client):
+    server = sim_app(time_scale=1000.0)
+    client.post(server.url + "/pause_generation", json={"mode": "retract"}).raise_for_status()
+    with httpx.Client(timeout=TIMEOUT) as other:
+        streaming = other.send(
+            other.build_request("POST", server.url + "/v1/chat/completions", json={**CHAT, "stream": True}),
+            stream=True,
+        )
+        try:
+            wait_until(lambda: client.get(server.url + "/v1/loads").json()["loads"][0]["queues"]["paused"] == 1)
+            # Held requests are not in the scheduler, so SGLang's idle check passes and the release goes ahead.
+            assert client.post(server.url + "/release_memory_occupation").status_code == 200
+            assert client.get(server.url + "/health").status_code == 503
+            client.post(server.url + "/continue_generation").raise_for_status()
+            lines = [line for line in streaming.iter_lines() if line]
+            assert '"code":503' in lines[0] and "resume_memory_occupation" in lines[0]
+            assert lines[-1] == "data: [DONE]"
+        finally:
+            streaming.close()
+    refused = client.post(server.url + "/v1/chat/completions", json=CHAT)
+    assert refused.status_code == 503 and "released" in refused.json()["message"]
+
+
+def test_flush_cache_while_paused_with_retracted_requests(sim_app, client):
+    server = sim_app(time_scale=100.0)
+    (stream,) = hold(client, server.url)
+    try:
+        assert client.post(server.url + "/pause_generation", json={"mode": "in_place"}).status_code == 200
+        assert client.post(server.url + "/flush_cache").status_code == 400  # in place: still running
+        assert client.post(server.url + "/pause_generation", json={"mode": "retract"}).status_code == 200
+        assert client.post(server.url + "/flush_cache").status_code == 200  # only waiting, and paused
+    finally:
+        stream.close()
