@@ -20,11 +20,14 @@ import pytest
 
 from crossover.servers.process import free_port
 from crossover.servers.profile import load_profile
+from crossover.servers.sglang_check import is_built, venv_python
 from crossover.servers.state import group_members
 from tests.conftest import crossover_argv
 
 CLI_TIMEOUT_S = 120.0
-SHIPPED = Path(__file__).resolve().parents[2] / "servers" / "profiles"
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "servers" / "profiles"
+SGLANG_VENV = Path(os.environ.get("CROSSOVER_SGLANG_VENV", ROOT / ".venv-sglang"))
 
 
 def run_cli(*args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
@@ -45,6 +48,18 @@ def kill_recorded(state_dir: Path, pgids: set[int] = frozenset()) -> None:
     for pgid in {*recorded_groups(state_dir).values(), *pgids}:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def sglang_python() -> Path:
+    """The interpreter of the CPU-only SGLang 0.5.23 venv (.ci/run builds it). A check that silently does
+    not run proves nothing, so without the venv this fails in CI (CI=true) and skips elsewhere."""
+    if not is_built(SGLANG_VENV):
+        message = f"no SGLang venv at {SGLANG_VENV}: run `python servers/sglang_check.py build {SGLANG_VENV}`"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return venv_python(SGLANG_VENV)
 
 
 @pytest.fixture
