@@ -48,6 +48,10 @@ class SwitchFailed(Exception):
         self.message = message
 
 
+class AgentBusy(SwitchFailed):
+    """The agent answered 409: another operation on the same GPU set is under way."""
+
+
 class ServerStatus(BaseModel):
     """One server as the GPU-host agent reports it (the agent contract's ServerStatus)."""
 
@@ -191,19 +195,24 @@ class SleepMechanism(Mechanism):
         if old is not None:
             await self._wait_idle(old)
             await self._post(old, "/release_memory_occupation", {"tags": None}, "release")
+        else:
+            await self._release_if_idle(_other(new))  # from no serving mode: whatever the other holds
         await self._post(new, "/resume_memory_occupation", {"tags": None}, "resume")
         await self._post(new, "/continue_generation", {}, "continue")
 
     async def restore(self, mode: str, failed: str | None) -> None:
         if failed is not None and failed != mode:
-            # Whatever the failed mode holds must leave the GPUs first; it serves nothing yet, so it is idle.
-            try:
-                if not self.gateway_inflight(failed) and not await self.server_load(failed):
-                    await self._post(failed, "/release_memory_occupation", {"tags": None}, "release")
-            except SwitchFailed:
-                pass  # a dead server holds no memory; a live busy one is reported by the resume below
+            # Whatever the failed mode holds must leave the GPUs first; it has served nothing yet.
+            await self._release_if_idle(failed)
         await self._post(mode, "/resume_memory_occupation", {"tags": None}, "resume")
         await self._post(mode, "/continue_generation", {}, "continue")
+
+    async def _release_if_idle(self, mode: str) -> None:
+        try:
+            if not self.gateway_inflight(mode) and not await self.server_load(mode):
+                await self._post(mode, "/release_memory_occupation", {"tags": None}, "release")
+        except SwitchFailed:
+            pass  # a dead server holds no memory; a live busy one is reported by the resume that follows
 
 
 class RestartMechanism(Mechanism):
@@ -225,6 +234,8 @@ class RestartMechanism(Mechanism):
             raise SwitchFailed(step, f"the agent did not answer {method} {path} within {timeout:g} s") from None
         except httpx.HTTPError as exc:
             raise SwitchFailed(step, f"the agent at {self.settings.agent_url} failed: {exc!r}") from None
+        if response.status_code == 409:
+            raise AgentBusy(step, f"the agent refused {method} {path}: {_error_message(response)}")
         if response.status_code not in (200, 202):
             raise SwitchFailed(
                 step, f"the agent answered {method} {path} with HTTP {response.status_code}: {_error_message(response)}"
@@ -253,12 +264,19 @@ class RestartMechanism(Mechanism):
 
     async def stop(self, mode: str) -> None:
         status = await self.status(mode)
-        if status.state in ("stopped", "failed"):
+        if status.state == "stopped":
             return
         if status.state != "stopping":
-            await self._call("POST", f"/servers/{self.settings.agent_servers[mode]}/stop", "stop")
-        # A server that failed while stopping has exited too: either way its GPUs are free.
-        await self._until(mode, {"stopped", "failed"}, "stop", self.settings.control_timeout)
+            path = f"/servers/{self.settings.agent_servers[mode]}/stop"
+            try:
+                await self._call("POST", path, "stop")
+            except AgentBusy:
+                # A start of it is under way (the agent takes one operation at a time): let it end, then stop.
+                await self._until(mode, {"ready", "stopped", "failed"}, "stop", self.settings.switch_timeout)
+                if (await self.status(mode)).state == "stopped":
+                    return
+                await self._call("POST", path, "stop")
+        await self._until(mode, {"stopped"}, "stop", self.settings.control_timeout)
 
     async def start(self, mode: str) -> None:
         status = await self.status(mode)
@@ -269,14 +287,18 @@ class RestartMechanism(Mechanism):
         await self._until(mode, {"ready"}, "start", self.settings.switch_timeout)
 
     async def hand_over(self, old: str | None, new: str) -> None:
-        if old is not None:
-            await self.stop(old)
+        # From no serving mode (old None) the other server may still hold the GPUs: stop it all the same.
+        await self.stop(old if old is not None else _other(new))
         await self.start(new)
 
     async def restore(self, mode: str, failed: str | None) -> None:
         if failed is not None and failed != mode:
             await self.stop(failed)  # one GPU set: the agent refuses (409) to start while the other runs
         await self.start(mode)
+
+
+def _other(mode: str) -> str:
+    return "plain" if mode == "speculative" else "speculative"
 
 
 def make_mechanism(

@@ -7,6 +7,8 @@ a test sees a switch within seconds; stand-ins run fast (--time-scale).
 
 from __future__ import annotations
 
+import logging
+
 import httpx
 import pytest
 
@@ -94,3 +96,39 @@ def test_an_operator_switch_by_sleep_moves_the_gpu_set_and_says_so(sleep_pair, t
     assert gw.metric("crossover_active_mode", mode="speculative") == 0
     assert gw.metric("crossover_switch_duration_seconds_count") == 1
     assert put_mode(gw, "plain").status_code == 200  # already there: nothing to do
+
+
+def test_the_new_server_dying_mid_switch_brings_the_old_mode_back(sleep_pair, time_shared, caplog):
+    speculative, plain = sleep_pair
+    gw = time_shared(speculative.url, plain.url, dwell=3600.0)
+    wait_phase(gw, "active", "speculative")
+    caplog.set_level(logging.WARNING, logger="crossover.switching")
+    assert put_mode(gw, "plain").status_code == 202
+    wait_until(lambda: admin_state(gw)["phase"] != "draining", what="the drain to end")
+    plain.kill()  # while the speculative server releases its memory, or the plain one resumes
+    state = wait_phase(gw, "active", "speculative")
+    last = state["last_switch"]
+    assert (last["outcome"], last["mode_after"]) == ("failed", "speculative")
+    assert last["failed_step"] in ("resume", "continue", "verify"), last
+    assert released(speculative.url) == []  # resumed again
+    assert gw.metric("crossover_mode_switches_total", mechanism="sleep", to="plain", outcome="failed") == 1
+    assert gw.metric("crossover_active_mode", mode="speculative") == 1
+    assert any("switch speculative -> plain (sleep) failed" in r.getMessage() for r in caplog.records)
+
+
+def test_with_no_mode_left_the_gateway_says_so_and_recovers_when_one_comes_back(sim, time_shared, caplog):
+    speculative, plain = sim("k25-eagle3", *SCALE), sim("k25-plain", *SCALE)
+    release(plain.url)
+    gw = time_shared(speculative.url, plain.url, dwell=3600.0)
+    wait_phase(gw, "active", "speculative")
+    caplog.set_level(logging.WARNING, logger="crossover.switching")
+    plain.kill()
+    speculative.kill()
+    assert put_mode(gw, "plain").status_code == 202
+    state = wait_phase(gw, "unavailable")
+    assert state["mode"] is None
+    assert state["last_switch"]["outcome"] == "unavailable"
+    assert gw.metric("crossover_mode_switches_total", mechanism="sleep", to="plain", outcome="unavailable") == 1
+    assert gw.metric("crossover_active_mode", mode="speculative") == 0
+    assert gw.metric("crossover_active_mode", mode="plain") == 0
+    assert any("no mode serves" in r.getMessage() for r in caplog.records)
