@@ -19,9 +19,10 @@ import httpx
 
 from crossover.loadtest import plots, results
 from crossover.loadtest.apply import ApplyError, apply_threshold
-from crossover.loadtest.models import Crossover, Level, Metadata, Results, TargetInfo
+from crossover.loadtest.models import Crossover, Level, Metadata, Results, Simulation, TargetInfo
 from crossover.loadtest.plan import BenchPlan, Target
 from crossover.loadtest.runner import probe, run_sweep
+from crossover.loadtest.standin import read_simulation, record_level
 from crossover.loadtest.workload import Workload
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ SERVER_INFO_FIELDS = (
     "speculative_num_draft_tokens",
     "cuda_graph_max_bs",
     "mem_fraction_static",
+    "simulated",
     "simulator",
     "profile",
 )
@@ -75,17 +77,28 @@ async def discover_model(target: Target, headers: dict[str, str]) -> str:
 
 
 async def server_info(target: Target, headers: dict[str, str]) -> dict | None:
-    """Selected fields of SGLang's /server_info (or the older /get_server_info); None if neither answers."""
+    """SGLang's /server_info (or the older /get_server_info), whole; None if neither answers."""
     async with httpx.AsyncClient(timeout=DISCOVERY_TIMEOUT_S) as client:
         for path in ("/server_info", "/get_server_info"):
             with contextlib.suppress(httpx.HTTPError, ValueError):
                 response = await client.get(f"{target.base_url}{path}", headers=headers)
                 if response.status_code == 200 and isinstance(info := response.json(), dict):
-                    return {k: info[k] for k in SERVER_INFO_FIELDS if k in info}
+                    return info
     return None
 
 
-def metadata(plan: BenchPlan, workload: Workload, infos: dict[str, dict | None], started: datetime) -> Metadata:
+def selected(info: dict | None) -> dict | None:
+    """The /server_info fields worth keeping with a run."""
+    return None if info is None else {k: info[k] for k in SERVER_INFO_FIELDS if k in info}
+
+
+def metadata(
+    plan: BenchPlan,
+    workload: Workload,
+    infos: dict[str, dict | None],
+    simulations: dict[str, Simulation | None],
+    started: datetime,
+) -> Metadata:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -97,7 +110,10 @@ def metadata(plan: BenchPlan, workload: Workload, infos: dict[str, dict | None],
         started_at=started.isoformat(),
         finished_at=datetime.now(UTC).isoformat(),
         command=sys.argv,
-        targets={t.name: TargetInfo(url=t.url, server_info=infos[t.name]) for t in plan.targets},
+        targets={
+            t.name: TargetInfo(url=t.url, server_info=infos[t.name], simulation=simulations[t.name])
+            for t in plan.targets
+        },
         model=workload.model,
         concurrency=plan.concurrencies,
         output_len=workload.output_len,
@@ -123,24 +139,35 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> Results:
         ignore_eos=plan.ignore_eos,
         extra_body=plan.extra_body,
     )
-    infos = {t.name: await server_info(t, headers) for t in plan.targets}
+    full = {t.name: await server_info(t, headers) for t in plan.targets}
+    infos = {name: selected(info) for name, info in full.items()}
+    simulations = {name: read_simulation(info) for name, info in full.items()}
     display.out.print(
         f"crossover bench: {model}, {plan.input_len} in / {plan.output_len} out tokens, "
         f"C = {','.join(map(str, plan.concurrencies))}, targets {', '.join(t.name for t in plan.targets)} "
         f"-> {plan.out_dir}"
     )
+    for name, simulation in simulations.items():
+        if simulation is not None:
+            display.simulated(name, simulation)
     for target in plan.targets:
         check = await probe(target, workload, plan.load)
         if not check.success:
             raise BenchError(f"probe request to {target.name} ({target.chat_url}) failed: {check.error}")
     levels: list[Level] = []
+    by_name = {t.name: t for t in plan.targets}
 
-    def level_done(level: Level) -> None:
-        # Rewritten after every level, so an interrupted sweep keeps what it measured.
+    async def level_done(level: Level) -> None:
         levels.append(level)
-        display.level_done(level)
-        partial = results.build_results(metadata(plan, workload, infos, started), levels, plan.speculative, plan.plain)
-        results.write_results(plan.out_dir, partial)
+        schedule = None
+        if (simulation := simulations[level.target]) is not None:
+            # Right after the level, so the stand-in's recent window is this level's.
+            info = await server_info(by_name[level.target], headers)
+            schedule = record_level(simulation, level.concurrency, info)
+        display.level_done(level, schedule)
+        # Rewritten after every level, so an interrupted sweep keeps what it measured.
+        meta = metadata(plan, workload, infos, simulations, started)
+        results.write_results(plan.out_dir, results.build_results(meta, levels, plan.speculative, plan.plain))
 
     await run_sweep(
         plan.targets,
@@ -150,7 +177,8 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> Results:
         on_level_start=display.level_started,
         on_level_done=level_done,
     )
-    return results.build_results(metadata(plan, workload, infos, started), levels, plan.speculative, plan.plain)
+    meta = metadata(plan, workload, infos, simulations, started)
+    return results.build_results(meta, levels, plan.speculative, plan.plain)
 
 
 def run(plan: BenchPlan) -> int:
@@ -181,7 +209,9 @@ def run(plan: BenchPlan) -> int:
     print_summary(console, run_results.levels)
     print_crossover(console, run_results.crossover, run_results.queueing)
     console.print("wrote " + ", ".join(str(p) for p in written))
-    return apply_recommendation(console, run_results.crossover, plan.apply_url, plan.admin_token)
+    applied = apply_recommendation(console, run_results.crossover, plan.apply_url, plan.admin_token)
+    # A refused crossover is a failed run for a script that wanted one: the results are kept, not trusted.
+    return max(applied, 1 if run_results.crossover.status == "refused" else 0)
 
 
 def apply_recommendation(console: Console, crossover: Crossover, url: str | None, token: str | None) -> int:
@@ -189,7 +219,8 @@ def apply_recommendation(console: Console, crossover: Crossover, url: str | None
         return 0
     recommended = crossover.recommended_threshold
     if recommended is None:
-        print("crossover bench: --apply: no recommendation to apply (crossover not computed)", file=sys.stderr)
+        why = crossover.reason or f"crossover {crossover.status.replace('_', ' ')}"
+        print(f"crossover bench: --apply: no recommendation to apply ({why})", file=sys.stderr)
         return 1
     try:
         applied = apply_threshold(url, token or "", recommended.model_dump())

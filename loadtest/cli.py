@@ -45,6 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Sweep each --target with closed-loop streaming chat completions at every concurrency, "
         "write results.json/results.csv/throughput.png/latency.png, find where the plain target's "
         "throughput meets the speculative one's and recommend a gateway threshold.",
+        epilog="Exit status: 0 done; 1 the run failed, --apply failed, or the crossover was refused because a "
+        "simulated target fell behind its schedule (results are still written); 2 bad arguments.",
     )
     bench.add_argument(
         "--target",

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Self
 
 from crossover.loadtest.client import RequestResult
 from crossover.loadtest.extras import require
-from crossover.loadtest.models import Crossover, Level, Queueing
+from crossover.loadtest.models import Crossover, Level, LevelSchedule, Queueing, Simulation
 from crossover.loadtest.plan import Target
+from crossover.loadtest.standin import describe_lag
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -74,12 +75,30 @@ class SweepDisplay:
 
         return on_result
 
-    def level_done(self, level: Level) -> None:
+    def level_done(self, level: Level, schedule: LevelSchedule | None = None) -> None:
+        """One line per level; for a stand-in, whether it kept up with its schedule during it."""
+        if schedule is None:
+            kept = ""
+        elif schedule.lagging:
+            kept = f"  LAGGING stand-in ({describe_lag(schedule)})"
+        elif schedule.lagging is None:
+            kept = "  stand-in lag unknown"
+        else:
+            kept = "  stand-in kept up"
         self.progress.console.print(
             f"{level.target:>12} C={level.concurrency:<4} {level.completed} ok {level.failed} failed  "
             f"{level.output_throughput:,.1f} tok/s  TTFT p50 {_fmt(level.median_ttft_ms)} ms  "
-            f"measured C {level.measured_concurrency:.1f}"
+            f"measured C {level.measured_concurrency:.1f}{kept}"
         )
+
+    def simulated(self, name: str, simulation: Simulation) -> None:
+        scale = "an unknown time scale" if simulation.time_scale is None else f"time scale {simulation.time_scale:g}"
+        check = (
+            "its schedule lag is read after every level"
+            if simulation.schedule is not None
+            else "it reports no schedule, so whether it keeps up is unknown"
+        )
+        self.out.print(f"{name}: a simulated server at {scale}; {check}")
 
 
 def print_summary(console: Console, levels: list[Level], title: str = "crossover bench") -> None:
@@ -146,6 +165,8 @@ def print_crossover(console: Console, crossover: Crossover, queueing: list[Queue
         console.print(f"crossover: C = {c:.2f} (between levels {bracket[0]} and {bracket[1]}, interpolated in log C)")
     elif status == "at_or_below_lowest_level":
         console.print(f"crossover: at or below the lowest level, C = {c:g}: plain already meets speculative there")
+    elif status == "refused":
+        console.print(f"crossover: refused: {crossover.reason}")
     else:
         console.print("crossover: not reached: speculative delivers more at every level measured")
     rec = crossover.recommended_threshold

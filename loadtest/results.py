@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from crossover.loadtest.crossover import analyse
 from crossover.loadtest.models import SCHEMA_VERSION, Crossover, Level, Metadata, Results, TargetInfo
 from crossover.loadtest.saturation import find_queueing
+from crossover.loadtest.standin import refusal
 from crossover.loadtest.stats import LATENCY_METRICS
 
 RESULTS_JSON = "results.json"
@@ -52,10 +53,23 @@ def load_schema() -> dict:
 def crossover_section(
     levels: Sequence[Level], speculative: str, plain: str, targets: Mapping[str, TargetInfo] | None = None
 ) -> Crossover:
-    """`analyse` when both targets were benchmarked, else an explicit 'not computed' record."""
+    """`analyse` when both targets were benchmarked, else an explicit 'not computed' record; 'refused' (with
+    the evidence, without a crossover or thresholds) when a stand-in of the pair lagged during a level."""
     names = {lv.target for lv in levels}
     if speculative in names and plain in names:
-        return analyse(levels, speculative, plain)
+        found = analyse(levels, speculative, plain)
+        reason = refusal(targets or {}, speculative, plain)
+        if reason is None:
+            return found
+        return Crossover(
+            concurrency=None,
+            recommended_threshold=None,
+            speculative=speculative,
+            plain=plain,
+            status="refused",
+            evidence=found.evidence,
+            reason=reason,
+        )
     return Crossover(
         concurrency=None,
         recommended_threshold=None,

@@ -26,7 +26,7 @@ import json
 import random
 import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import certifi
 import httpx
@@ -183,12 +183,13 @@ async def run_sweep(
     workload: Workload,
     load: LoadSettings,
     on_level_start: Callable[[Target, int, int | None], ProgressHook | None] | None = None,
-    on_level_done: Callable[[Level], None] | None = None,
+    on_level_done: Callable[[Level], Awaitable[None]] | None = None,
 ) -> list[Level]:
     """Every target at every level, interleaved by level; returns the `levels[]` entries in run order.
 
     `on_level_start(target, C, requests)` - `requests` counts warm-up and measured requests, None for a
-    timed window - may return a per-request hook (for a progress display).
+    timed window - may return a per-request hook (for a progress display). `on_level_done(level)` is awaited
+    before the next level starts (bench reads a stand-in's schedule lag there).
     """
     levels: list[Level] = []
     for concurrency in concurrencies:
@@ -199,5 +200,5 @@ async def run_sweep(
             level = await run_level(target, concurrency, workload, load, hook)
             levels.append(level)
             if on_level_done is not None:
-                on_level_done(level)
+                await on_level_done(level)
     return levels

@@ -13,12 +13,16 @@ The requested `model` picks the behaviour, so one server answers every case:
     paced         as ok, PACE_S between chunks (requests overlap, so the closed loop can be checked)
     flaky         the n-th request (from 0) asking for more than 8 tokens behaves as ok, http-503, error-mid
                   for n % 3 = 0, 1, 2; shorter ones (the load tester's probe) as ok
+
+`/server_info` answers `server_info(n)` on its n-th read (from 0) when a `server_info` function is given
+(so a test can play a stand-in that starts lagging mid-sweep), else 404 like a server without one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 PACE_S = 0.005
 CHUNKS = 8
@@ -74,11 +78,13 @@ def _script(model: str) -> tuple[int, list[bytes]]:
 class ScriptedBackend:
     """The ASGI app; counts chat requests in flight (and the peak) so tests can check the closed loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, server_info: Callable[[int], dict] | None = None) -> None:
         self.inflight = 0
         self.peak = 0
         self.requests = 0
         self.flaky = 0
+        self.server_info = server_info
+        self.server_info_reads = 0
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -89,12 +95,18 @@ class ScriptedBackend:
         body = b""
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the load tester cancelled the request before its body arrived
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
         if scope["path"] == "/v1/models":
             models = {"object": "list", "data": [{"id": "ok", "object": "model"}]}
             await self._send(send, 200, b"application/json", [json.dumps(models).encode()])
+        elif scope["path"] == "/server_info" and self.server_info is not None:
+            info = self.server_info(self.server_info_reads)
+            self.server_info_reads += 1
+            await self._send(send, 200, b"application/json", [json.dumps(info).encode()])
         elif scope["path"] != "/v1/chat/completions":
             await self._send(send, 404, b"application/json", [b'{"detail": "Not Found"}'])
         else:

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import jsonschema
 import pytest
 
-from crossover.loadtest import cli
 from crossover.loadtest.results import load_schema
-
-
-def crossover(*argv: str) -> int:
-    """The exit status `crossover ARGV` would have (argparse's own errors exit 2 too)."""
-    parser = argparse.ArgumentParser(prog="crossover")
-    cli.register(parser.add_subparsers(dest="command", required=True))
-    try:
-        args = parser.parse_args(list(argv))
-    except SystemExit as exit_:
-        return exit_.code
-    return args.run(args)
+from tests.loadtest.run_cli import crossover
 
 
 @pytest.mark.parametrize(

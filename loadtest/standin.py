@@ -1,0 +1,99 @@
+"""Targets that are a simulated SGLang server (crossover's stand-in): their time scale and whether they kept up.
+
+At a high `--time-scale` on a busy machine the stand-in falls behind its own schedule, and what it delivers is
+then the machine's speed, not the profile's (a sweep at 100x on two cores measured 47-65% of the profile's
+throughput): enough to move or hide a crossover. The stand-in says so in `/server_info`:
+
+    {"simulated": true, "simulator": {"time_scale": 100.0, ...},
+     "schedule": {"time_scale": 100.0, "lag_s": 2.3, "max_lag_s": 4.1, "speed_ratio": 0.55, "lagging": true}}
+
+`crossover bench` reads it before the sweep and right after each level of a simulated target, records it in
+results.json (`metadata.targets[NAME].simulation`) and names no crossover from a pair that lagged. Read
+tolerantly: a field that is absent or not of its type is unknown (null), never guessed; unknown is not lagging.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from crossover.loadtest.models import LevelSchedule, Schedule, Simulation, TargetInfo
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def read_schedule(raw: Any) -> Schedule | None:
+    """The `schedule` block of /server_info; None if there is none."""
+    if not isinstance(raw, dict):
+        return None
+    lagging = raw.get("lagging")
+    return Schedule(
+        time_scale=_number(raw.get("time_scale")),
+        lag_s=_number(raw.get("lag_s")),
+        max_lag_s=_number(raw.get("max_lag_s")),
+        speed_ratio=_number(raw.get("speed_ratio")),
+        lagging=lagging if isinstance(lagging, bool) else None,
+    )
+
+
+def read_simulation(info: Any) -> Simulation | None:
+    """A target's Simulation record if its /server_info says `"simulated": true`, else None."""
+    if not isinstance(info, dict) or info.get("simulated") is not True:
+        return None
+    schedule = read_schedule(info.get("schedule"))
+    simulator = info.get("simulator") if isinstance(info.get("simulator"), dict) else {}
+    time_scale = schedule.time_scale if schedule is not None else None
+    if time_scale is None:
+        time_scale = _number(simulator.get("time_scale"))
+    return Simulation(time_scale=time_scale, schedule=schedule)
+
+
+def record_level(simulation: Simulation, concurrency: int, info: Any) -> LevelSchedule:
+    """Add what /server_info said right after a level (None: it did not answer) to `simulation`."""
+    schedule = read_schedule(info.get("schedule")) if isinstance(info, dict) else None
+    entry = LevelSchedule(concurrency=concurrency, **(schedule.model_dump() if schedule else {}))
+    simulation.levels.append(entry)
+    if schedule is not None:
+        simulation.schedule = schedule
+        if schedule.time_scale is not None:
+            simulation.time_scale = schedule.time_scale
+    return entry
+
+
+def describe_lag(entry: Schedule) -> str:
+    """`lag 2.3 s, speed 0.55 x` from what is known."""
+    parts = []
+    if entry.lag_s is not None:
+        parts.append(f"lag {entry.lag_s:.2f} s")
+    if entry.speed_ratio is not None:
+        parts.append(f"speed {entry.speed_ratio:.2f} x its time scale")
+    return ", ".join(parts) or "no figures given"
+
+
+def refusal(targets: Mapping[str, TargetInfo], speculative: str, plain: str) -> str | None:
+    """Why no crossover may be named between the pair (a stand-in of it lagged during a level), or None."""
+    reasons = []
+    for name in (speculative, plain):
+        info = targets.get(name)
+        simulation = info.simulation if info is not None else None
+        if simulation is None:
+            continue
+        lagging = [entry for entry in simulation.levels if entry.lagging]
+        if not lagging:
+            continue
+        scale = f" at time scale {simulation.time_scale:g}" if simulation.time_scale is not None else ""
+        levels = ", ".join(str(entry.concurrency) for entry in lagging)
+        worst = max(lagging, key=lambda entry: entry.lag_s or 0.0)
+        reasons.append(f"{name} (a stand-in{scale}) fell behind its schedule at C = {levels} ({describe_lag(worst)})")
+    if not reasons:
+        return None
+    return (
+        "; ".join(reasons)
+        + ": its throughput there is this machine's, not its profile's. Re-run with a lower --time-scale, "
+        "fewer or lower levels, or more CPU for the stand-ins."
+    )

@@ -1,0 +1,153 @@
+"""A stand-in that falls behind its schedule: bench records its time scale and lag per level and names no
+crossover from it. Against real servers: a scripted backend on uvicorn playing a stand-in's `/server_info`,
+and the real stand-in at an absurd time scale (once it reports its schedule)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import pytest
+
+from crossover.loadtest.models import Schedule, Simulation, TargetInfo
+from crossover.loadtest.results import load_results, load_schema
+from crossover.loadtest.standin import read_simulation, record_level, refusal
+from tests.loadtest.run_cli import crossover
+from tests.loadtest.scripted_backend import ScriptedBackend
+
+TIME_SCALE = 100.0
+KEEPING_UP = {"time_scale": TIME_SCALE, "lag_s": 0.01, "max_lag_s": 0.02, "speed_ratio": 1.0, "lagging": False}
+LAGGING = {"time_scale": TIME_SCALE, "lag_s": 2.5, "max_lag_s": 2.5, "speed_ratio": 0.5, "lagging": True}
+
+
+def stand_in_info(schedule: dict | None) -> dict:
+    info = {"version": "0.5.23", "simulated": True, "simulator": {"profile": "fake", "time_scale": TIME_SCALE}}
+    return info if schedule is None else {**info, "schedule": schedule}
+
+
+def bench(out, speculative: str, plain: str, *extra: str) -> int:
+    return crossover(
+        "bench",
+        "--target",
+        f"speculative={speculative}",
+        "--target",
+        f"plain={plain}",
+        "--model",
+        "ok",
+        "--concurrency",
+        "1,2,4",
+        "--requests-per-level",
+        "4",
+        "--out",
+        str(out),
+        "--no-plots",
+        *extra,
+    )
+
+
+def test_server_info_is_read_tolerantly():
+    assert read_simulation({"version": "0.5.23"}) is None  # a real SGLang server
+    assert read_simulation({"simulated": "yes"}) is None
+    old = read_simulation(stand_in_info(None))  # a stand-in from before the schedule block
+    assert old == Simulation(time_scale=TIME_SCALE, schedule=None)
+    odd = read_simulation(stand_in_info({"lag_s": "a lot", "lagging": 1, "speed_ratio": 0.9}))
+    assert odd.schedule == Schedule(speed_ratio=0.9)  # wrong types are unknown, never guessed
+    entry = record_level(odd, 4, None)  # /server_info did not answer after the level
+    assert (entry.concurrency, entry.lagging, entry.lag_s) == (4, None, None)
+
+
+def test_only_a_lagging_level_of_the_pair_refuses_the_crossover():
+    simulation = read_simulation(stand_in_info(KEEPING_UP))
+    record_level(simulation, 1, stand_in_info(KEEPING_UP))
+    targets = {"plain": TargetInfo(url="http://p", simulation=simulation), "other": TargetInfo(url="http://o")}
+    assert refusal(targets, "speculative", "plain") is None
+    record_level(simulation, 8, stand_in_info(LAGGING))
+    reason = refusal(targets, "speculative", "plain")
+    assert reason.startswith("plain (a stand-in at time scale 100) fell behind its schedule at C = 8")
+    assert "lag 2.50 s" in reason and "speed 0.50" in reason
+    assert refusal(targets, "speculative", "other") is None
+
+
+@pytest.fixture
+def stand_ins(serve):
+    """Two scripted backends playing stand-ins: speculative keeps up; plain lags from its 3rd read on (the
+    reads are: before the sweep, then after each of its levels - so from level C=2)."""
+    speculative = serve(ScriptedBackend(lambda n: stand_in_info(KEEPING_UP))).url
+    plain = serve(ScriptedBackend(lambda n: stand_in_info(LAGGING if n >= 2 else KEEPING_UP))).url
+    return speculative, plain
+
+
+def test_a_lagging_stand_in_is_recorded_and_no_crossover_is_named(stand_ins, tmp_path, capsys):
+    speculative, plain = stand_ins
+    assert bench(tmp_path / "run", speculative, plain) == 1  # results written, but not to be trusted
+    printed, progress = capsys.readouterr()
+    data = json.loads((tmp_path / "run" / "results.json").read_text())
+    jsonschema.validate(data, load_schema())
+    run = load_results(tmp_path / "run")
+
+    plain_sim = run.metadata.targets["plain"].simulation
+    assert plain_sim.time_scale == TIME_SCALE
+    assert [(lv.concurrency, lv.lagging, lv.lag_s) for lv in plain_sim.levels] == [
+        (1, False, 0.01),
+        (2, True, 2.5),
+        (4, True, 2.5),
+    ]
+    assert plain_sim.schedule.lagging is True
+    assert [lv.lagging for lv in run.metadata.targets["speculative"].simulation.levels] == [False] * 3
+
+    crossing = run.crossover
+    assert crossing.status == "refused"
+    assert crossing.concurrency is None and crossing.recommended_threshold is None
+    assert "plain (a stand-in at time scale 100) fell behind its schedule at C = 2, 4" in crossing.reason
+    assert [row.concurrency for row in crossing.evidence] == [1, 2, 4]  # the evidence is kept
+    assert "crossover: refused: plain (a stand-in" in printed
+    assert "LAGGING stand-in (lag 2.50 s" in progress
+
+    # Re-analysed later, the same file still refuses, and --apply has nothing to send.
+    assert crossover("bench", "report", str(tmp_path / "run"), "--no-plots") == 0
+    assert "crossover: refused" in capsys.readouterr().out
+    code = crossover(
+        "bench", "report", str(tmp_path / "run"), "--no-plots", "--apply", "http://127.0.0.1:1", "--admin-token", "t"
+    )
+    assert code == 1
+    assert "no recommendation to apply (plain (a stand-in" in capsys.readouterr().err
+
+
+def test_stand_ins_that_keep_up_get_their_crossover(serve, tmp_path):
+    speculative = serve(ScriptedBackend(lambda n: stand_in_info(KEEPING_UP))).url
+    plain = serve(ScriptedBackend(lambda n: stand_in_info(None))).url  # lag unknown: said, not refused
+    assert bench(tmp_path / "run", speculative, plain) == 0
+    run = load_results(tmp_path / "run")
+    assert run.crossover.status != "refused" and run.crossover.recommended_threshold is not None
+    assert [lv.lagging for lv in run.metadata.targets["plain"].simulation.levels] == [None] * 3
+
+
+def test_the_real_stand_in_at_an_absurd_time_scale_is_refused(sim, tmp_path, capsys):
+    fast = "1000000"  # no machine keeps a million profile seconds per wall second
+    speculative = sim("k25-eagle3", "--time-scale", fast, "--log-level", "warning")
+    plain = sim("k25-plain", "--time-scale", fast, "--log-level", "warning")
+    info = httpx.get(f"{plain.url}/server_info", timeout=10).json()
+    if "schedule" not in info:
+        pytest.skip("this stand-in does not report its schedule yet (servers/sim)")
+    code = crossover(
+        "bench",
+        "--target",
+        f"speculative={speculative.url}",
+        "--target",
+        f"plain={plain.url}",
+        "--concurrency",
+        "4,16",
+        "--output-len",
+        "64",
+        "--input-len",
+        "16",
+        "--out",
+        str(tmp_path / "run"),
+        "--no-plots",
+    )
+    run = load_results(tmp_path / "run")
+    lagging = {name: t.simulation.lagging_levels() for name, t in run.metadata.targets.items()}
+    assert any(lagging.values()), lagging
+    assert run.crossover.status == "refused" and code == 1
+    assert "fell behind its schedule" in capsys.readouterr().out
