@@ -10,9 +10,11 @@ read, not one per HTTP chunk.
 It keeps a keep-alive pool per (scheme, host, port) under one connection limit, with a bounded wait; never
 reuses a connection idle past the expiry (and closes those as traffic passes); speaks http and https; sends
 a body whole (a streamed one is read first); reads content-length, chunked and close-delimited responses,
-with backpressure; applies `request.extensions["timeout"]` and raises httpx's exceptions. A request on a
-reused connection that the server had already closed is retried once on a new connection. A body not read
-to the end closes its connection, so the backend sees the disconnect (SGLang aborts the request).
+with backpressure and a bounded response head; applies `request.extensions["timeout"]` and raises httpx's
+exceptions. A request written on a reused connection that closed with zero response bytes - the server
+closed it idle as we reused it, so the request provably never started - is sent once more, on a new
+connection, and counted (`on_resend`); nothing else is ever resent. A body not read to the end closes its
+connection, so the backend sees the disconnect (SGLang aborts the request).
 It does no HTTP/2, proxies, redirects, cookies, auth, decompression, 1xx or Upgrade: a proxy needs none.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
+from collections.abc import Callable
 
 import httptools
 import httpx
@@ -29,6 +32,7 @@ import httpx
 DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0)
 DEFAULT_TIMEOUT = 5.0  # seconds, for any timeout a request leaves out: no socket wait is unbounded
 HIGH_WATER = 256 * 1024  # buffered response bytes above which the socket is not read until the consumer catches up
+MAX_HEAD_BYTES = 64 * 1024  # a response's status line and headers; more is not a backend we should trust
 DEFAULT_PORTS = {"http": 80, "https": 443}
 _FRAMING = (b"content-length", b"transfer-encoding")
 _VERSIONS = {"1.1": b"HTTP/1.1", "1.0": b"HTTP/1.0"}
@@ -39,7 +43,14 @@ Key = tuple[str, str, int]
 class Http1Transport(httpx.AsyncBaseTransport):
     """A keep-alive HTTP/1.1 connection pool; `limits` mean what they mean to httpx.AsyncHTTPTransport."""
 
-    def __init__(self, limits: httpx.Limits = DEFAULT_LIMITS, *, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        limits: httpx.Limits = DEFAULT_LIMITS,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        on_resend: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._on_resend = on_resend
         self._max = limits.max_connections if limits.max_connections is not None else float("inf")
         self._max_idle = limits.max_keepalive_connections if limits.max_keepalive_connections is not None else self._max
         self._expiry = limits.keepalive_expiry if limits.keepalive_expiry is not None else float("inf")
@@ -78,6 +89,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
                 self._release(conn)
                 if stale:
                     fresh = True
+                    self._on_resend()
                     continue
                 raise
             except BaseException:  # cancelled: the caller is gone, so the request must go too
@@ -215,6 +227,7 @@ class _Connection(asyncio.Protocol):
         self.head_done = self.complete = self.received = self.framed = self.reading_paused = False
         self.error: tuple[type[httpx.TransportError], str] | None = None
         self.headers: list[tuple[bytes, bytes]] = []
+        self.head_bytes = 0
         self.reason = b""
         self.chunks: list[bytes] = []
         self.buffered = 0
@@ -307,6 +320,9 @@ class _Connection(asyncio.Protocol):
         self.reason += status
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_bytes += len(name) + len(value)
+        if self.head_bytes > MAX_HEAD_BYTES:
+            raise ValueError(f"a response head over {MAX_HEAD_BYTES} bytes")  # the parser fails the response
         self.headers.append((name, value))
         self.framed = self.framed or name.lower() in _FRAMING
 

@@ -9,28 +9,76 @@ With no admin token configured the API answers 403: it is never open.
 
 from __future__ import annotations
 
-import json
-import secrets
+import asyncio
+from typing import Annotated, TypeVar
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from crossover.gateway.config import POOL_NAMES
-from crossover.gateway.errors import AdminDisabled, AuthenticationFailed, BodyTooLarge, GatewayError, InvalidRequest
-from crossover.gateway.routing import POLICIES
+from crossover.gateway.auth import authorize_admin
+from crossover.gateway.config import MAX_THRESHOLD, POOL_NAMES, Mode, Policy, ThresholdError
+from crossover.gateway.errors import BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
 from crossover.gateway.state import GatewayState
 
 MAX_ADMIN_BODY_BYTES = 64 * 1024
-_FIELDS = ("threshold", "hysteresis", "policy")
+# An admin body is a few bytes: one that trickles in is not an operator.
+ADMIN_BODY_TIMEOUT_S = 10.0
+
+_Count = Annotated[int, Field(strict=True, ge=0, le=MAX_THRESHOLD)]
+_Body = TypeVar("_Body", bound=BaseModel)
 
 
-def authorize(request: Request, token: str) -> None:
-    if not token:
-        raise AdminDisabled("the admin API is disabled: configure admin_token to enable it")
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), token.encode()):
-        raise AuthenticationFailed("missing or wrong admin token: send 'Authorization: Bearer <admin_token>'")
+class ThresholdUpdate(BaseModel):
+    """PUT /admin/threshold: any of the three, at least one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Absent means "keep"; an explicit null is refused (defaults are not validated, values are).
+    threshold: _Count = None  # type: ignore[assignment]
+    hysteresis: _Count = None  # type: ignore[assignment]
+    policy: Policy = None  # type: ignore[assignment]
+
+    @model_validator(mode="after")
+    def _something(self) -> ThresholdUpdate:
+        if not self.model_fields_set:
+            raise PydanticCustomError("empty_update", "send at least one of threshold, hysteresis, policy")
+        return self
+
+
+class ModeUpdate(BaseModel):
+    """PUT /admin/mode."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Mode
+
+
+def parse_body(model: type[_Body], body: bytes) -> _Body:
+    """The admin body as `model`, or InvalidRequest naming the first field at fault."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in error["loc"]) or None
+        code = "invalid_json" if error["type"] in ("json_invalid", "model_type") else "invalid_value"
+        message = f"'{field}': {error['msg']}" if field else error["msg"]
+        raise InvalidRequest(message, param=field, code=code) from None
+
+
+async def read_admin_body(request: Request) -> bytes:
+    body = b""
+    try:
+        async with asyncio.timeout(ADMIN_BODY_TIMEOUT_S):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_ADMIN_BODY_BYTES:
+                    raise BodyTooLarge(f"an admin request body is at most {MAX_ADMIN_BODY_BYTES} bytes")
+    except TimeoutError:
+        raise RequestTimeout(f"the admin request body did not arrive within {ADMIN_BODY_TIMEOUT_S:g} s") from None
+    return body
 
 
 def threshold_view(state: GatewayState) -> dict:
@@ -42,82 +90,26 @@ def threshold_view(state: GatewayState) -> dict:
     }
 
 
-def parse_update(body: bytes) -> dict:
-    """`{"threshold": int, "hysteresis": int, "policy": str}`, each optional but at least one present."""
-    try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(payload, dict):
-        raise InvalidRequest('the request body must be a JSON object like {"threshold": 32}', code="invalid_json")
-    unknown = sorted(set(payload) - set(_FIELDS))
-    if unknown:
-        raise InvalidRequest(f"unknown field(s) {unknown}; expected {list(_FIELDS)}", param=unknown[0])
-    if not payload:
-        raise InvalidRequest("send at least one of threshold, hysteresis, policy", param="threshold")
-    for name in ("threshold", "hysteresis"):
-        if name in payload:
-            value = payload[name]
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise InvalidRequest(
-                    f"'{name}' must be a non-negative integer, got {value!r}", param=name, code="invalid_type"
-                )
-            if value < 0:
-                raise InvalidRequest(
-                    f"'{name}' must be a non-negative integer, got {value}", param=name, code="invalid_value"
-                )
-    if "policy" in payload and payload["policy"] not in POLICIES:
-        raise InvalidRequest(f"'policy' must be one of {list(POLICIES)}, got {payload['policy']!r}", param="policy")
-    return payload
-
-
-def parse_mode(body: bytes) -> str:
-    """`{"mode": "speculative" | "plain"}`."""
-    try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(payload, dict):
-        raise InvalidRequest('the request body must be a JSON object like {"mode": "plain"}', code="invalid_json")
-    unknown = sorted(set(payload) - {"mode"})
-    if unknown:
-        raise InvalidRequest(f"unknown field(s) {unknown}; expected ['mode']", param=unknown[0])
-    if "mode" not in payload:
-        raise InvalidRequest('send {"mode": "speculative"} or {"mode": "plain"}', param="mode")
-    if payload["mode"] not in POOL_NAMES:
-        raise InvalidRequest(f"'mode' must be one of {list(POOL_NAMES)}, got {payload['mode']!r}", param="mode")
-    return payload["mode"]
-
-
-async def read_admin_body(request: Request) -> bytes:
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_ADMIN_BODY_BYTES:
-            raise BodyTooLarge(f"an admin request body is at most {MAX_ADMIN_BODY_BYTES} bytes")
-    return body
-
-
 def admin_routes(state: GatewayState) -> list[Route]:
     token = state.settings.admin_token
 
     async def get_threshold(request: Request) -> JSONResponse:
-        authorize(request, token)
+        authorize_admin(request.headers.get("authorization"), token)
         return JSONResponse(threshold_view(state))
 
     async def put_threshold(request: Request) -> JSONResponse:
-        authorize(request, token)
-        update = parse_update(await read_admin_body(request))
+        authorize_admin(request.headers.get("authorization"), token)
+        update = parse_body(ThresholdUpdate, await read_admin_body(request))
         try:
-            state.routing.update(update.get("threshold"), update.get("hysteresis"), update.get("policy"))
-        except ValueError as exc:
-            raise InvalidRequest(str(exc), param="hysteresis" if "hysteresis" in str(exc) else "threshold") from None
+            state.routing.update(update.threshold, update.hysteresis, update.policy)
+        except ThresholdError as exc:
+            raise InvalidRequest(str(exc), param=exc.field, code="invalid_value") from None
         except OSError as exc:
             raise GatewayError(f"the change is live but could not be saved to the state file: {exc}") from None
         return JSONResponse(threshold_view(state))
 
     async def get_state(request: Request) -> JSONResponse:
-        authorize(request, token)
+        authorize_admin(request.headers.get("authorization"), token)
         snapshot = state.snapshot()
         snapshot["topology"] = state.settings.topology
         if state.switching is not None:
@@ -125,15 +117,15 @@ def admin_routes(state: GatewayState) -> list[Route]:
         return JSONResponse(snapshot)
 
     async def get_mode(request: Request) -> JSONResponse:
-        authorize(request, token)
+        authorize_admin(request.headers.get("authorization"), token)
         if state.switching is None:
             raise InvalidRequest("mode switching needs topology = 'time-shared'", code="not_time_shared")
         return JSONResponse(state.switching.view())
 
     async def put_mode(request: Request) -> JSONResponse:
         """Force a mode now (the policy is bypassed): 202 while the switch runs, 200 if it already serves."""
-        authorize(request, token)
-        mode = parse_mode(await read_admin_body(request))
+        authorize_admin(request.headers.get("authorization"), token)
+        mode = parse_body(ModeUpdate, await read_admin_body(request)).mode
         if state.switching is None:
             raise InvalidRequest("mode switching needs topology = 'time-shared'", code="not_time_shared")
         started = state.switching.request_switch(mode)

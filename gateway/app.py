@@ -3,6 +3,7 @@
 app = create_app(settings)                                      # what `crossover serve` runs
 app = create_app(settings, registry=CollectorRegistry())        # tests read metrics from `registry`
 app.state                                                       # the live GatewayState
+app.live                                                        # the requests in progress
 """
 
 from __future__ import annotations
@@ -18,28 +19,37 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from crossover.gateway import metrics as labels
 from crossover.gateway.admin import admin_routes
 from crossover.gateway.admission import Admission
 from crossover.gateway.config import Settings
 from crossover.gateway.errors import EXCEPTION_HANDLERS, ModelNotFound
-from crossover.gateway.health import HealthMonitor
+from crossover.gateway.failover import Failover
+from crossover.gateway.headers import RequestIdMiddleware
+from crossover.gateway.health import Breaker, HealthMonitor
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.pools import Pools
-from crossover.gateway.proxy import ProxyEndpoint
+from crossover.gateway.proxy import Live, ProxyEndpoint
 from crossover.gateway.routing import Routing
 from crossover.gateway.state import GatewayState
 from crossover.gateway.switching import SwitchController
-from crossover.gateway.transport import backend_timeout, make_client, make_transport
+from crossover.gateway.transport import make_client, make_transport
 from crossover.gateway.validation import CHAT, COMPLETIONS
 
 
 def build_state(settings: Settings, registry: CollectorRegistry | None = None) -> GatewayState:
     pools = Pools.from_settings(settings)
     routing = Routing.from_settings(settings)
-    metrics = Metrics(registry if registry is not None else CollectorRegistry(), pools, routing)
     limits = settings.limits
     admission = Admission(limits.max_inflight, limits.max_queued, settings.timeouts.queue)
-    state = GatewayState(settings, pools, routing, metrics, admission, backend_timeout(settings.timeouts).as_dict())
+    metrics = Metrics(registry if registry is not None else CollectorRegistry(), pools, routing, admission)
+    breaker = Breaker(
+        pools,
+        settings.health,
+        on_eject=lambda backend, source: metrics.ejections.labels(backend.pool, backend.url, source).inc(),
+    )
+    failover = Failover(pools, breaker, metrics, limits.max_failovers)
+    state = GatewayState(settings, pools, routing, metrics, admission, breaker, failover)
     if settings.topology == "time-shared":
         state.switching = SwitchController(settings, pools, routing, metrics, queued_elsewhere=lambda: admission.queued)
     return state
@@ -56,10 +66,16 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state.transport = make_transport(settings, transport)
-        async with make_client(settings, state.transport) as client:
+        backend_transport = make_transport(
+            settings, transport, on_resend=lambda: state.metrics.resends.labels(labels.STALE_CONNECTION).inc()
+        )
+        state.failover.transport = backend_transport
+        async with make_client(settings, backend_transport) as client:
             state.client = client
-            monitor = HealthMonitor(state.pools, client, settings.health, scrape=settings.load_signal != "local")
+            monitor = HealthMonitor(
+                state.pools, state.breaker, client, settings.health, scrape=settings.load_signal != "local"
+            )
+            monitor.attach()
             # One round before serving, so /health and routing start from what the backends really say.
             await monitor.check_all()
             checks = asyncio.create_task(monitor.run())
@@ -70,6 +86,7 @@ def create_app(
             finally:
                 if state.switching is not None:
                     await state.switching.stop()
+                monitor.detach()
                 checks.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await checks
@@ -90,15 +107,19 @@ def create_app(
 
     async def health(request: Request) -> JSONResponse:
         healthy = sum(1 for backend in state.pools.all() if backend.healthy)
-        status = 200 if healthy else 503
-        return JSONResponse(
-            {"status": "ok" if healthy else "unavailable", "healthy_backends": healthy}, status_code=status
-        )
+        status = "draining" if state.draining else "ok" if healthy else "unavailable"
+        return JSONResponse({"status": status, "healthy_backends": healthy}, status_code=200 if status == "ok" else 503)
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    proxies = {path: ProxyEndpoint(state, path) for path in (CHAT, COMPLETIONS)}
+    live = Live()
+    proxies = {
+        path: ProxyEndpoint(
+            path, settings, state.pools, state.routing, state.admission, state.failover, state.metrics, live
+        )
+        for path in (CHAT, COMPLETIONS)
+    }
     routes = [
         *(Route(path, endpoint, methods=["POST"]) for path, endpoint in proxies.items()),
         Route("/v1/models", list_models, methods=["GET"]),
@@ -107,9 +128,8 @@ def create_app(
         Route("/metrics", metrics, methods=["GET"]),
         *admin_routes(state),
     ]
-    return GatewayApp(
-        state, proxies, Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
-    )
+    rest = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
+    return GatewayApp(state, proxies, live, rest)
 
 
 class GatewayApp:
@@ -119,10 +139,11 @@ class GatewayApp:
     `send` for every chunk of every stream.
     """
 
-    def __init__(self, state: GatewayState, proxies: dict[str, ProxyEndpoint], rest: Starlette) -> None:
+    def __init__(self, state: GatewayState, proxies: dict[str, ProxyEndpoint], live: Live, rest: Starlette) -> None:
         self.state = state
         self.proxies = proxies
-        self.rest = rest
+        self.live = live
+        self.rest = RequestIdMiddleware(rest)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

@@ -32,13 +32,26 @@ DEFAULT_PORT = 8000
 DEFAULT_POLICY: Policy = "spillover"
 DEFAULT_THRESHOLD = 32
 DEFAULT_HYSTERESIS = 4
+# A crossover is a concurrency: anything beyond this is a typo, and it must stay an exact float for /metrics.
+MAX_THRESHOLD = 1_000_000
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
-# Non-streaming requests get their first byte only when generation is done; queued streams wait too.
+# Until a stream's first event: a request queued in the engine waits here too.
 DEFAULT_FIRST_BYTE_TIMEOUT_S = 300.0
+# A non-streaming answer arrives whole when generation ends: at ~7 tok/s per request (the reference
+# deployment at full load) a 4,096-token answer takes ~10 min and a long reasoning answer more, so by default
+# only `total` bounds it (None).
+DEFAULT_NON_STREAM_TIMEOUT_S: float | None = None
 DEFAULT_BETWEEN_CHUNKS_TIMEOUT_S = 60.0
-DEFAULT_TOTAL_TIMEOUT_S = 1800.0
+DEFAULT_TOTAL_TIMEOUT_S = 3600.0
 DEFAULT_QUEUE_TIMEOUT_S = 30.0
+# One write to a client that does not read: its buffer stays full this long, then the stream is the client's loss.
+DEFAULT_CLIENT_WRITE_TIMEOUT_S = 60.0
+# A request head (and a body) must arrive within these: a connection that trickles holds memory and a slot.
+DEFAULT_REQUEST_HEAD_TIMEOUT_S = 10.0
+DEFAULT_REQUEST_BODY_TIMEOUT_S = 30.0
+# On SIGTERM /health answers 503 this long before the gateway stops accepting, so load balancers notice first.
+DEFAULT_SHUTDOWN_DELAY_S = 5.0
 # Below uvicorn's (and so SGLang's) 5 s idle close, so we never reuse a connection the backend is closing.
 DEFAULT_BACKEND_KEEPALIVE_S = 2.0
 # Above the 5 s keep-alive of common client pools (httpx, the OpenAI SDK) for the same reason, mirrored.
@@ -46,6 +59,8 @@ DEFAULT_CLIENT_KEEPALIVE_S = 65.0
 DEFAULT_GRACEFUL_SHUTDOWN_S = 30.0
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+# Request line and headers together; nginx's large_client_header_buffers allow 4 x 8 KiB.
+DEFAULT_MAX_HEAD_BYTES = 64 * 1024
 DEFAULT_MAX_INFLIGHT = 1024
 DEFAULT_MAX_QUEUED = 1024
 DEFAULT_MAX_FAILOVERS = 2
@@ -56,6 +71,9 @@ DEFAULT_HEALTH_INTERVAL_S = 5.0
 DEFAULT_HEALTH_TIMEOUT_S = 5.0
 DEFAULT_FAILURE_THRESHOLD = 3
 DEFAULT_EJECT_S = 30.0
+# Passive signals (failed requests) may eject at most this share of a pool, and never its last healthy backend;
+# beyond it only a failed probe ejects (Envoy's max_ejection_percent).
+DEFAULT_MAX_EJECTION_PERCENT = 50
 DEFAULT_LOAD_INTERVAL_S = 1.0
 
 DEFAULT_TOPOLOGY: Topology = "partitioned"
@@ -89,6 +107,8 @@ class _Section(BaseModel):
 
 class PoolSettings(_Section):
     backends: list[str] = Field(min_length=1)
+    # The pool's SGLang --api-key: sent on every call the gateway makes to these backends, in place of the client's.
+    api_key: str = ""
 
     @field_validator("backends")
     @classmethod
@@ -121,9 +141,14 @@ class PoolsSettings(_Section):
 class TimeoutSettings(_Section):
     connect: float = Field(DEFAULT_CONNECT_TIMEOUT_S, gt=0)
     first_byte: float = Field(DEFAULT_FIRST_BYTE_TIMEOUT_S, gt=0)
+    non_stream: float | None = Field(DEFAULT_NON_STREAM_TIMEOUT_S, gt=0)
     between_chunks: float = Field(DEFAULT_BETWEEN_CHUNKS_TIMEOUT_S, gt=0)
     total: float = Field(DEFAULT_TOTAL_TIMEOUT_S, gt=0)
     queue: float = Field(DEFAULT_QUEUE_TIMEOUT_S, gt=0)
+    client_write: float = Field(DEFAULT_CLIENT_WRITE_TIMEOUT_S, gt=0)
+    request_head: float = Field(DEFAULT_REQUEST_HEAD_TIMEOUT_S, gt=0)
+    request_body: float = Field(DEFAULT_REQUEST_BODY_TIMEOUT_S, gt=0)
+    shutdown_delay: float = Field(DEFAULT_SHUTDOWN_DELAY_S, ge=0)
     backend_keepalive: float = Field(DEFAULT_BACKEND_KEEPALIVE_S, ge=0)
     client_keepalive: float = Field(DEFAULT_CLIENT_KEEPALIVE_S, gt=0)
     graceful_shutdown: float = Field(DEFAULT_GRACEFUL_SHUTDOWN_S, ge=0)
@@ -131,6 +156,7 @@ class TimeoutSettings(_Section):
 
 class LimitSettings(_Section):
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, gt=0)
+    max_head_bytes: int = Field(DEFAULT_MAX_HEAD_BYTES, ge=1024)
     max_inflight: int = Field(DEFAULT_MAX_INFLIGHT, gt=0)
     max_queued: int = Field(DEFAULT_MAX_QUEUED, ge=0)
     max_failovers: int = Field(DEFAULT_MAX_FAILOVERS, ge=0)
@@ -142,6 +168,7 @@ class HealthSettings(_Section):
     timeout: float = Field(DEFAULT_HEALTH_TIMEOUT_S, gt=0)
     failure_threshold: int = Field(DEFAULT_FAILURE_THRESHOLD, ge=1)
     eject_seconds: float = Field(DEFAULT_EJECT_S, ge=0)
+    max_ejection_percent: int = Field(DEFAULT_MAX_EJECTION_PERCENT, ge=0, le=100)
     load_interval: float = Field(DEFAULT_LOAD_INTERVAL_S, gt=0)
 
     @field_validator("path")
@@ -202,14 +229,22 @@ def fit_hysteresis(threshold: int, hysteresis: int) -> int:
     return min(hysteresis, max(threshold - 1, 0))
 
 
+class ThresholdError(ValueError):
+    """A threshold or hysteresis that cannot route; `field` names the one at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def check_threshold(threshold: int, hysteresis: int) -> None:
     """The hysteresis band sits below the threshold; it must leave room to come back."""
-    if threshold < 0:
-        raise ValueError(f"threshold must be >= 0, got {threshold}")
-    if hysteresis < 0:
-        raise ValueError(f"hysteresis must be >= 0, got {hysteresis}")
+    if not 0 <= threshold <= MAX_THRESHOLD:
+        raise ThresholdError("threshold", f"threshold must be between 0 and {MAX_THRESHOLD}, got {threshold}")
+    if not 0 <= hysteresis <= MAX_THRESHOLD:
+        raise ThresholdError("hysteresis", f"hysteresis must be between 0 and {MAX_THRESHOLD}, got {hysteresis}")
     if hysteresis and hysteresis >= threshold:
-        raise ValueError(f"hysteresis ({hysteresis}) must be less than threshold ({threshold}), or 0")
+        raise ThresholdError("hysteresis", f"hysteresis ({hysteresis}) must be less than threshold ({threshold}), or 0")
 
 
 class Settings(BaseSettings):
@@ -222,11 +257,13 @@ class Settings(BaseSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
     policy: Policy = DEFAULT_POLICY
-    threshold: int = Field(DEFAULT_THRESHOLD, ge=0)
-    hysteresis: int = Field(DEFAULT_HYSTERESIS, ge=0)
+    threshold: int = Field(DEFAULT_THRESHOLD, ge=0, le=MAX_THRESHOLD)
+    hysteresis: int = Field(DEFAULT_HYSTERESIS, ge=0, le=MAX_THRESHOLD)
     load_signal: LoadSignal = "local"
     topology: Topology = DEFAULT_TOPOLOGY
     admin_token: str = ""
+    # Keys clients must present (`Authorization: Bearer KEY`, as the OpenAI SDK sends api_key); empty: open.
+    api_keys: list[str] = []
     served_model_names: list[str] = []
     state_file: Path | None = None
 
@@ -235,6 +272,13 @@ class Settings(BaseSettings):
     limits: LimitSettings = LimitSettings()
     health: HealthSettings = HealthSettings()
     switching: SwitchingSettings = SwitchingSettings()
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys(cls, keys: list[str]) -> list[str]:
+        if any(not key.strip() for key in keys):
+            raise ValueError("an API key must not be empty")
+        return keys
 
     @model_validator(mode="after")
     def _threshold(self) -> Settings:

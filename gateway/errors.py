@@ -2,19 +2,25 @@
 
 GatewayError
 ├── InvalidRequest ........ 400  invalid_request_error  (malformed JSON, wrong types, bad admin values)
+├── Unauthorized .......... 401  authentication_error   (api_keys configured: missing or wrong client key)
 ├── AuthenticationFailed .. 401  authentication_error   (admin API: missing or wrong bearer token)
 ├── AdminDisabled ......... 403  permission_error       (admin API: no token configured)
 ├── NotFound .............. 404  invalid_request_error  (unknown path)
 │   └── ModelNotFound ..... 404  invalid_request_error  (model not served by any pool)
 ├── MethodNotAllowed ...... 405  invalid_request_error
+├── RequestTimeout ........ 408  invalid_request_error  (the request head or body arrived too slowly)
 ├── BodyTooLarge .......... 413  invalid_request_error
+├── HeadersTooLarge ....... 431  invalid_request_error  (the request head exceeds its limit)
 ├── Overloaded ............ 429  rate_limit_error       (over max_inflight + max_queued; Retry-After)
-├── BackendFailed ......... 502  api_error              (every attempt failed: connect error, 5xx, SSE error)
-├── NoHealthyBackend ...... 503  api_error              (no pool has a usable backend)
-└── BackendTimeout ........ 504  timeout_error          (first byte or total timeout)
+├── BackendFailed ......... 502  api_error              (the backend failed the request: connection lost, ...)
+├── Unavailable ........... 503  api_error              (shutting down, or the gateway's own resources ran out)
+│   └── NoHealthyBackend .. 503  api_error              (no pool has a usable backend; Retry-After)
+└── BackendTimeout ........ 504  timeout_error          (first byte or total timeout; x-should-retry: false)
 
-After the first byte of a stream the status is already 200: a failure then becomes an SSE `error`
-event followed by `data: [DONE]` (see `sse_error`), the way SGLang reports errors mid-stream.
+Errors a backend answers itself (a 4xx, or a 500 about the request) go back with the backend's status and
+message, reshaped into this body by `backend_error_body`. After the first byte of a stream the status is
+already 200: a failure then becomes an SSE `error` event followed by `data: [DONE]` (`sse.error_event`),
+the way SGLang reports errors mid-stream.
 """
 
 from __future__ import annotations
@@ -50,6 +56,14 @@ class InvalidRequest(GatewayError):
     status, type, code = 400, "invalid_request_error", "invalid_request"
 
 
+class Unauthorized(GatewayError):
+    status, type, code = 401, "authentication_error", "invalid_api_key"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.headers["www-authenticate"] = "Bearer"
+
+
 class AuthenticationFailed(GatewayError):
     status, type, code = 401, "authentication_error", "invalid_admin_token"
 
@@ -74,8 +88,16 @@ class MethodNotAllowed(GatewayError):
     status, type, code = 405, "invalid_request_error", "method_not_allowed"
 
 
+class RequestTimeout(GatewayError):
+    status, type, code = 408, "invalid_request_error", "request_timeout"
+
+
 class BodyTooLarge(GatewayError):
     status, type, code = 413, "invalid_request_error", "request_too_large"
+
+
+class HeadersTooLarge(GatewayError):
+    status, type, code = 431, "invalid_request_error", "request_header_fields_too_large"
 
 
 class Overloaded(GatewayError):
@@ -90,12 +112,25 @@ class BackendFailed(GatewayError):
     status, type, code = 502, "api_error", "backend_unavailable"
 
 
-class NoHealthyBackend(GatewayError):
-    status, type, code = 503, "api_error", "no_healthy_backend"
+class Unavailable(GatewayError):
+    status, type, code = 503, "api_error", "gateway_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.headers["retry-after"] = str(retry_after_s)
+
+
+class NoHealthyBackend(Unavailable):
+    code = "no_healthy_backend"
 
 
 class BackendTimeout(GatewayError):
     status, type, code = 504, "timeout_error", "backend_timeout"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        # The OpenAI SDK retries 504 twice by itself: three times the wait, for the same outcome.
+        self.headers["x-should-retry"] = "false"
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | int | None = None) -> dict:
@@ -119,26 +154,38 @@ async def send_error(send, exc: GatewayError, request_id: bytes, extra: list[tup
     await send({"type": "http.response.body", "body": body})
 
 
-def sse_error(message: str, type: str = "api_error", code: str | None = None) -> bytes:
-    """The end of a stream that failed after its first byte: an error event, then [DONE]."""
-    event = json.dumps(error_body(message, type, None, code))
-    return f"data: {event}\n\ndata: [DONE]\n\n".encode()
+# OpenAI's error types by status, for backend errors that come without one (or with SGLang's "BadRequest").
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "invalid_request_error", 408: "invalid_request_error", 409: "invalid_request_error",
+          413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
 
 
-def normalize_backend_error(status: int, body: bytes) -> bytes:
-    """SGLang answers bad requests with a top-level `{"object": "error", "message": ...}`; nest it like OpenAI."""
+def openai_type(status: int) -> str:
+    return _TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+
+
+def backend_error_body(status: int, body: bytes) -> bytes:
+    """A backend's error answer in OpenAI's shape, its message kept: SGLang answers with a top-level
+    `{"object": "error", "message", "type": "BadRequest", "code": 400}`; a proxy in between with plain text."""
     try:
         payload = json.loads(body)
     except ValueError:
         payload = None
     if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
-        return body
-    if isinstance(payload, dict) and "message" in payload:
-        error_type = payload.get("type") if isinstance(payload.get("type"), str) else "invalid_request_error"
-        code = payload.get("code", status)
-        return json.dumps(error_body(str(payload["message"]), error_type, payload.get("param"), code)).encode()
-    text = body.decode("utf-8", "replace").strip() or f"backend answered HTTP {status}"
-    return json.dumps(error_body(text, "invalid_request_error" if status < 500 else "api_error", None, status)).encode()
+        error = payload["error"]
+        message = error.get("message")
+        code, param = error.get("code"), error.get("param")
+    elif isinstance(payload, dict) and "message" in payload:
+        message, param = payload["message"], payload.get("param")
+        # SGLang's `type` is an exception class name ("BadRequest"): the most specific code it gives.
+        code = payload.get("type") if isinstance(payload.get("type"), str) else payload.get("code")
+    else:
+        message = body.decode("utf-8", "replace").strip()
+        code = param = None
+    message = str(message) if message else f"the backend answered HTTP {status}"
+    code = code if isinstance(code, str | int) and not isinstance(code, bool) else status
+    param = param if isinstance(param, str) else None
+    return json.dumps(error_body(message, openai_type(status), param, code)).encode()
 
 
 async def on_gateway_error(request: Request, exc: Exception) -> Response:

@@ -1,4 +1,14 @@
-"""Background checks: each backend's health, the model names it serves, and (optionally) its engine load.
+"""Whether each backend may take traffic (the breaker), and the checks that tell: health probes, the
+model names each backend serves, and (optionally) its engine load.
+
+The breaker follows Envoy's outlier detection. A backend's `healthy` is None (never checked: usable),
+True or False (ejected until `ejected_until`, then back through a passing probe). Evidence comes from:
+- probes (`/health`, SGLang's runs a 1-token generation): a periodic probe ejects after `failure_threshold`
+  consecutive failures; a probe triggered by a suspicious request decides at once;
+- passive failures of the backend's kind (gateway/failover.py classifies them): each triggers a probe at
+  once, and after `failure_threshold` in a row they eject by themselves - but only while that keeps the
+  pool's passively ejected share within `max_ejection_percent` and never its last healthy backend. A
+  failure that was the request's, or the gateway's own, is never evidence.
 
 Engine load is running + queued requests, read from SGLang's `/v1/loads`, or `/get_load` on older
 releases, or the `sglang:num_running_reqs` and `sglang:num_queue_reqs` gauges at `/metrics`.
@@ -16,9 +26,78 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.gateway.config import HealthSettings
+from crossover.gateway.headers import bearer
 from crossover.gateway.pools import Backend, Pools
 
 log = logging.getLogger("crossover.health")
+
+PROBE = "probe"
+PASSIVE = "passive"
+
+
+class Breaker:
+    """Takes backends out of rotation and brings them back; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        pools: Pools,
+        settings: HealthSettings,
+        on_eject: Callable[[Backend, str], None] = lambda backend, source: None,
+    ) -> None:
+        self.pools = pools
+        self.settings = settings
+        self.on_eject = on_eject
+        # Set by the HealthMonitor while it runs: probe this backend now (no-op if a probe is under way).
+        self.probe: Callable[[Backend], None] = lambda backend: None
+        self.suspects: set[Backend] = set()
+
+    def succeeded(self, backend: Backend, *, probe: bool = False) -> None:
+        if probe:
+            self.suspects.discard(backend)
+            if time.monotonic() < backend.ejected_until:
+                return  # an ejection runs its full time, or a backend that fails requests would flap back
+        if backend.failures or backend.healthy is not True:
+            backend.failures = 0
+            backend.ejected_until = 0.0
+            backend.healthy = True
+
+    def failed_probe(self, backend: Backend) -> None:
+        backend.failures += 1
+        decisive = backend in self.suspects  # a probe asked for by a failed request decides at once
+        self.suspects.discard(backend)
+        if backend.healthy is None:
+            backend.healthy = False
+        elif backend.healthy and (decisive or backend.failures >= self.settings.failure_threshold):
+            self._eject(backend, PROBE)
+
+    def failed_passively(self, backend: Backend) -> None:
+        backend.failures += 1
+        if (
+            backend.healthy is not False
+            and backend.failures >= self.settings.failure_threshold
+            and self._may_eject(backend)
+        ):
+            self._eject(backend, PASSIVE)
+        self.check_soon(backend)
+
+    def check_soon(self, backend: Backend) -> None:
+        """Something looked wrong: let a probe decide, now rather than at the next interval."""
+        self.suspects.add(backend)
+        self.probe(backend)
+
+    def _may_eject(self, backend: Backend) -> bool:
+        pool = self.pools.pool(backend.pool)
+        usable = [other for other in pool if other.usable and other is not backend]
+        if not usable:
+            return False  # never the last: a request that fails everywhere must not take its pool down
+        ejected = sum(1 for other in pool if other.healthy is False) + 1
+        return ejected * 100 <= self.settings.max_ejection_percent * len(pool)
+
+    def _eject(self, backend: Backend, source: str) -> None:
+        backend.healthy = False
+        backend.ejected_until = time.monotonic() + self.settings.eject_seconds
+        log.warning("ejected backend %s (%s) for %g s", backend.url, source, self.settings.eject_seconds)
+        self.on_eject(backend, source)
 
 
 def load_from_loads(payload: object) -> int:
@@ -59,12 +138,33 @@ LOAD_SOURCES: tuple[tuple[str, Callable[[httpx.Response], int]], ...] = (
 
 
 class HealthMonitor:
-    def __init__(self, pools: Pools, client: httpx.AsyncClient, settings: HealthSettings, scrape: bool) -> None:
+    """Probes every backend on a schedule, and any one at once when the breaker asks."""
+
+    def __init__(
+        self, pools: Pools, breaker: Breaker, client: httpx.AsyncClient, settings: HealthSettings, scrape: bool
+    ) -> None:
         self.pools = pools
+        self.breaker = breaker
         self.client = client
         self.settings = settings
         self.scrape = scrape
         self._load_source: dict[Backend, int] = {}
+        self._probing: dict[Backend, asyncio.Task] = {}
+
+    def attach(self) -> None:
+        """Take the breaker's requests for immediate probes (call on the serving event loop)."""
+        self.breaker.probe = self.probe_now
+
+    def detach(self) -> None:
+        self.breaker.probe = lambda backend: None
+        for task in self._probing.values():
+            task.cancel()
+
+    def probe_now(self, backend: Backend) -> None:
+        if backend not in self._probing:
+            task = asyncio.get_running_loop().create_task(self.check(backend))
+            self._probing[backend] = task
+            task.add_done_callback(lambda _: self._probing.pop(backend, None))
 
     async def run(self) -> None:
         """Check forever (until cancelled): health every `interval`, engine load every `load_interval`."""
@@ -88,21 +188,25 @@ class HealthMonitor:
     async def check(self, backend: Backend) -> None:
         was_healthy = backend.healthy
         try:
-            response = await self.client.get(backend.url + self.settings.path, timeout=self.settings.timeout)
+            response = await self.client.get(
+                backend.url + self.settings.path, timeout=self.settings.timeout, headers=bearer(backend.api_key)
+            )
             ok = response.status_code == 200
         except httpx.HTTPError:
             ok = False
         if not ok:
-            self.pools.failed(backend)
+            self.breaker.failed_probe(backend)
             return
-        self.pools.succeeded(backend, probe=True)
+        self.breaker.succeeded(backend, probe=True)
         if backend.healthy and (was_healthy is not True or not backend.models):
             # (Re)learn names when a backend comes (back) up: it may have restarted with another model.
             await self.learn_models(backend)
 
     async def learn_models(self, backend: Backend) -> None:
         with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
-            response = await self.client.get(backend.url + "/v1/models", timeout=self.settings.timeout)
+            response = await self.client.get(
+                backend.url + "/v1/models", timeout=self.settings.timeout, headers=bearer(backend.api_key)
+            )
             response.raise_for_status()
             backend.models = tuple(str(entry["id"]) for entry in response.json()["data"])
 
@@ -114,7 +218,9 @@ class HealthMonitor:
         for index in [*range(first, len(LOAD_SOURCES)), *range(first)]:
             path, parse = LOAD_SOURCES[index]
             try:
-                response = await self.client.get(backend.url + path, timeout=self.settings.timeout)
+                response = await self.client.get(
+                    backend.url + path, timeout=self.settings.timeout, headers=bearer(backend.api_key)
+                )
                 response.raise_for_status()
                 load = parse(response)
             except (httpx.ConnectError, httpx.TimeoutException):

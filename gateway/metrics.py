@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from crossover.gateway.admission import Admission
 from crossover.gateway.config import POOL_NAMES
 from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
@@ -23,12 +24,35 @@ DURATION_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 
 # Label value for requests that ended before a pool was chosen (bad input, overload).
 NO_POOL = "none"
 
+# How a request ended (the `outcome` label of crossover_requests_total), each written down once here.
+OK = "ok"
+BAD_REQUEST = "bad_request"  # refused by the gateway's checks, or answered 4xx / 500 by the backend (the request's)
+UNAUTHORIZED = "unauthorized"  # api_keys configured and none of them presented
+OVERLOADED = "overloaded"  # over max_inflight + max_queued, or waited too long for a slot
+UNAVAILABLE = "unavailable"  # no healthy backend, shutting down, or the gateway's own resources ran out
+BACKEND_ERROR = "backend_error"  # the backend's fault: connection lost, 502/503/504 everywhere, a broken stream
+TIMEOUT = "timeout"  # first byte or total deadline passed (the client's outcome, not the backend's health)
+CLIENT_DISCONNECT = "client_disconnect"
+CLIENT_SLOW = "client_slow"  # the client did not read what it was sent within timeouts.client_write
+SHUTDOWN = "shutdown"  # still running when the graceful shutdown ran out: ended with an error event
+OUTCOMES = (OK, BAD_REQUEST, UNAUTHORIZED, OVERLOADED, UNAVAILABLE, BACKEND_ERROR, TIMEOUT, CLIENT_DISCONNECT,
+            CLIENT_SLOW, SHUTDOWN)  # fmt: skip
+
+# Why an attempt was abandoned before the first byte and the request tried on another backend
+# (crossover_failovers_total{reason}); only failures that say nothing about the request fail over.
+CONNECT_ERROR = "connect_error"  # nothing reached the backend
+BACKEND_UNAVAILABLE = "backend_unavailable"  # HTTP 502/503/504 from the backend (or a proxy in front of it)
+QUEUE_FULL = "queue_full"  # SGLang's error event with code 503 (HTTP 200): "The request queue is full."
+FAILOVER_REASONS = (CONNECT_ERROR, BACKEND_UNAVAILABLE, QUEUE_FULL)
+
+# Why a request was sent again to the same backend (crossover_resends_total{reason}).
+STALE_CONNECTION = "stale_connection"  # a reused keep-alive connection closed with zero response bytes
 # Mode switches of a time-shared GPU set: a sleep/wake takes seconds, a restart of a large model minutes.
 SWITCH_BUCKETS_S = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 900, 1800)
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry, pools: Pools, routing: Routing) -> None:
+    def __init__(self, registry: CollectorRegistry, pools: Pools, routing: Routing, admission: Admission) -> None:
         self.registry = registry
         self.requests = Counter(
             "crossover_requests", "Requests by pool and outcome.", ["pool", "outcome"], registry=registry
@@ -62,6 +86,18 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        self.resends = Counter(
+            "crossover_resends",
+            "Requests sent again to the same backend because they provably never reached it.",
+            ["reason"],
+            registry=registry,
+        )
+        self.ejections = Counter(
+            "crossover_backend_ejections",
+            "Backends taken out of rotation, by pool, backend and what decided it (probe or passive).",
+            ["pool", "backend", "source"],
+            registry=registry,
+        )
         self.mode_switches = Counter(
             "crossover_mode_switches",
             "Mode switches of a time-shared GPU set by mechanism, target mode and outcome.",
@@ -82,20 +118,26 @@ class Metrics:
         )
         # Set by the switch controller (time-shared topology): () -> (active mode or None, queued requests).
         self.switch_source: Callable[[], tuple[str | None, int]] | None = None
-        registry.register(_StateCollector(pools, routing))
+        registry.register(_StateCollector(pools, routing, admission))
         registry.register(_SwitchCollector(self))
 
 
 class _StateCollector(Collector):
-    def __init__(self, pools: Pools, routing: Routing) -> None:
+    def __init__(self, pools: Pools, routing: Routing, admission: Admission) -> None:
         self.pools = pools
         self.routing = routing
+        self.admission = admission
 
     def collect(self) -> Iterator[Metric]:
         inflight = GaugeMetricFamily("crossover_inflight_requests", "Requests in flight by pool.", labels=["pool"])
         for name in POOL_NAMES:
             inflight.add_metric([name], self.pools.inflight(name))
         yield inflight
+        yield GaugeMetricFamily(
+            "crossover_admission_queued_requests",
+            "Requests waiting for one of max_inflight slots.",
+            value=self.admission.queued,
+        )
         yield GaugeMetricFamily("crossover_routing_threshold", "Live routing threshold.", value=self.routing.threshold)
         yield GaugeMetricFamily(
             "crossover_routing_hysteresis", "Live hysteresis of the switch policy.", value=self.routing.hysteresis

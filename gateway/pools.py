@@ -1,10 +1,9 @@
-"""The two pools of backends: in-flight counts, scraped load, and health with a circuit breaker.
+"""The two pools of backends: in-flight counts (leases), scraped load, and the least-loaded choice.
 
-Health of one backend (`Backend.healthy`):
-- None (never checked) is usable; the first failure marks it unhealthy, the first success healthy.
-- A healthy backend is ejected (unhealthy for `eject_seconds`) after `failure_threshold` consecutive
-  failures, counting both health checks and requests (connect errors, 5xx, timeouts).
-- An ejected backend comes back through a successful health check once its ejection has run out.
+    with pools.lease(backend):          # counts one request in flight on `backend` until the block ends
+        ...
+
+Whether a backend may take traffic (`Backend.healthy`) is the breaker's business: gateway/health.py.
 """
 
 from __future__ import annotations
@@ -23,6 +22,8 @@ STALE_AFTER_INTERVALS = 3
 class Backend:
     url: str
     pool: str
+    # Sent to the backend as a bearer token instead of the client's credentials (SGLang's --api-key).
+    api_key: str | None = None
     inflight: int = 0
     healthy: bool | None = None
     failures: int = 0
@@ -61,9 +62,10 @@ class Pools:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Pools:
+        spec, plain = settings.pools.speculative, settings.pools.plain
         return cls(
-            speculative=[Backend(url, SPECULATIVE) for url in settings.pools.speculative.backends],
-            plain=[Backend(url, PLAIN) for url in settings.pools.plain.backends],
+            speculative=[Backend(url, SPECULATIVE, spec.api_key or None) for url in spec.backends],
+            plain=[Backend(url, PLAIN, plain.api_key or None) for url in plain.backends],
             load_signal=settings.load_signal,
             health=settings.health,
             served_model_names=frozenset(settings.served_model_names),
@@ -74,6 +76,13 @@ class Pools:
 
     def all(self) -> list[Backend]:
         return self.speculative + self.plain
+
+    @staticmethod
+    def other(name: str) -> str:
+        return PLAIN if name == SPECULATIVE else SPECULATIVE
+
+    def lease(self, backend: Backend) -> Lease:
+        return Lease(backend)
 
     # -- load -----------------------------------------------------------------------------------
 
@@ -104,23 +113,6 @@ class Pools:
         index = least_loaded([self.backend_load(backend) for backend in candidates], self._rotation)
         return candidates[index] if index is not None else None
 
-    # -- health ---------------------------------------------------------------------------------
-
-    def succeeded(self, backend: Backend, *, probe: bool = False) -> None:
-        if probe and time.monotonic() < backend.ejected_until:
-            return  # an ejection runs its full time, or a backend that fails requests would flap back
-        backend.failures = 0
-        backend.ejected_until = 0.0
-        backend.healthy = True
-
-    def failed(self, backend: Backend) -> None:
-        backend.failures += 1
-        if backend.healthy is True and backend.failures >= self.health.failure_threshold:
-            backend.ejected_until = time.monotonic() + self.health.eject_seconds
-            backend.healthy = False
-        elif backend.healthy is None:
-            backend.healthy = False
-
     def any_healthy(self) -> bool:
         return any(backend.healthy for backend in self.all())
 
@@ -141,3 +133,25 @@ class Pools:
             }
             for name in POOL_NAMES
         }
+
+
+class Lease:
+    """One request in flight on a backend, from the attempt until its last byte: `release` (or the end of a
+    `with` block) gives it back, once, however the request ended."""
+
+    __slots__ = ("backend",)
+
+    def __init__(self, backend: Backend) -> None:
+        backend.inflight += 1
+        self.backend: Backend | None = backend
+
+    def release(self) -> None:
+        if self.backend is not None:
+            self.backend.inflight -= 1
+            self.backend = None
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()

@@ -1,86 +1,429 @@
-"""The generation endpoints, POST /v1/chat/completions and /v1/completions: read and check the request,
-admit it, then hand it to an `Exchange` with a watcher that notices when the client hangs up.
+"""One generation request's lifecycle, POST /v1/chat/completions and /v1/completions:
 
-Written as a raw ASGI app: the hot path needs a deadline and a disconnect it controls (see exchange.py),
-and a framework's response and middleware would wrap `send` for every chunk of every stream.
+    check the key -> read the body (bounded in size and time) -> check what routing needs -> admission (a
+    client that leaves frees its place) -> route -> open a backend response (gateway/failover.py) -> pass
+    the bytes through -> account for it in `finally`, however it ends.
+
+One deadline per request (`asyncio.Timeout`) moves with its phase: first byte (streams) or the whole body
+(non-streaming: `non_stream`, else only `total`), then `total`. It also expires early - cancelling whatever
+the request waits on, queueing in the engine included, so the backend connection closes and SGLang aborts -
+when the client hangs up, when the backend stays silent for `between_chunks`, when one write to the client
+stays blocked for `client_write` (the client's slowness, never the backend's), or when a shutdown runs out
+of grace. A stream cut for any reason other than the client leaving ends with an SSE error event and
+`data: [DONE]`.
+
+Written as a raw ASGI app: a framework's response and middleware would wrap `send` for every chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-import uuid
 
-from crossover.gateway.errors import BodyTooLarge, GatewayError, Overloaded, send_error
-from crossover.gateway.exchange import BAD_REQUEST, CLIENT_DISCONNECT, OVERLOADED, Exchange
-from crossover.gateway.metrics import NO_POOL
-from crossover.gateway.state import GatewayState
-from crossover.gateway.upstream import request_headers
+import httpx
+
+from crossover.gateway import metrics as labels
+from crossover.gateway.admission import Admission
+from crossover.gateway.auth import authorize_client
+from crossover.gateway.config import Settings
+from crossover.gateway.errors import (
+    BackendFailed,
+    BackendTimeout,
+    BodyTooLarge,
+    GatewayError,
+    Overloaded,
+    RequestTimeout,
+    Unauthorized,
+    Unavailable,
+    backend_error_body,
+    send_error,
+)
+from crossover.gateway.failover import Failover, Opened, Outgoing
+from crossover.gateway.headers import POOL, SHOULD_RETRY, request_id, response_headers
+from crossover.gateway.metrics import NO_POOL, Metrics
+from crossover.gateway.policy import FALLBACK
+from crossover.gateway.pools import Pools
+from crossover.gateway.routing import Routing
+from crossover.gateway.sse import (
+    DONE,
+    EVENT_ENDS,
+    error_event,
+    error_in,
+    split_events,
+    usage_tokens,
+    usage_tokens_in_events,
+)
+from crossover.gateway.transport import backend_timeout
 from crossover.gateway.validation import parse_generation
 
 log = logging.getLogger("crossover.proxy")
+
+_JSON = (b"content-type", b"application/json")
+# An unfinished SSE event longer than this is passed on as it is (the backend is not speaking SSE).
+MAX_PENDING_BYTES = 1024 * 1024
+# How long the last words (an error response or event) may take to reach a client that stopped reading.
+LAST_WORDS_TIMEOUT_S = 1.0
+SHUTDOWN_MESSAGE = "the gateway is shutting down; retry the request"
 
 
 class ClientGone(Exception):
     """The client disconnected while we were still reading its request."""
 
 
-async def read_body(receive, headers: list[tuple[bytes, bytes]], limit: int) -> bytes:
-    for name, value in headers:
-        if name == b"content-length" and value.isdigit() and int(value) > limit:
-            raise BodyTooLarge(f"the request body is {int(value)} bytes; the limit is {limit}")
-    chunks = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+class Live:
+    """The requests in progress, so a shutdown that runs out of grace can end each one cleanly."""
+
+    def __init__(self) -> None:
+        self.requests: set[Exchange] = set()
+        self.shutting_down = False
+
+    def cut_all(self) -> None:
+        self.shutting_down = True
+        for exchange in list(self.requests):
+            exchange.cut_for_shutdown()
 
 
 class ProxyEndpoint:
-    """ASGI app for POST /v1/chat/completions or /v1/completions."""
+    """The ASGI app for one generation path."""
 
-    def __init__(self, state: GatewayState, path: str) -> None:
-        self.state = state
+    def __init__(
+        self,
+        path: str,
+        settings: Settings,
+        pools: Pools,
+        routing: Routing,
+        admission: Admission,
+        failover: Failover,
+        metrics: Metrics,
+        live: Live,
+    ) -> None:
         self.path = path
+        self.settings = settings
+        self.pools = pools
+        self.routing = routing
+        self.admission = admission
+        self.failover = failover
+        self.metrics = metrics
+        self.live = live
+        self.api_keys = [key.encode() for key in settings.api_keys]
+        self.socket_timeout = backend_timeout(settings.timeouts).as_dict()
 
     async def __call__(self, scope, receive, send) -> None:
-        started = time.perf_counter()
-        state = self.state
-        headers = scope["headers"]
-        request_id = (
-            next((value for name, value in headers if name == b"x-request-id"), None) or uuid.uuid4().hex.encode()
-        )
+        if scope.get("http_version") == "1.0":
+            send = Http10Send(send)
+        await Exchange(self, scope, send).run(receive)
+
+    def route(self) -> tuple[str, str]:
+        """(pool, reason) for a new request."""
+        decision = self.routing.decide(self.pools)
+        return decision.pool, decision.reason
+
+
+class Exchange:
+    """One request, from its first byte in to its last byte out. `run` accounts for it on every exit."""
+
+    def __init__(self, endpoint: ProxyEndpoint, scope, send) -> None:
+        self.endpoint = endpoint
+        self.scope = scope
+        self.send = send
+        self.started = time.perf_counter()
+        self.request_id = request_id(scope["headers"])
+        self.loop = asyncio.get_running_loop()
+        timeouts = endpoint.settings.timeouts
+        self.timeouts = timeouts
+        self.deadline: asyncio.Timeout | None = None
+        # Set when the deadline is expired early, to say why.
+        self.disconnected = self.stalled = self.client_slow = self.shutdown = False
+        self.finished = False
+        self.opened: Opened | None = None
+        self.pool = NO_POOL
+        self.outcome = labels.BACKEND_ERROR
+        self.response_started = False
+        # Backend silence and blocked client writes are timed apart: only the first is the backend's.
+        self.last_chunk_at = 0.0
+        self.writing_since: float | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        # The last chunk streamed to the client: an error event must not be glued to half an event.
+        self.last_chunk = b""
+
+    async def run(self, receive) -> None:
+        endpoint = self.endpoint
+        admitted = False
+        watcher: asyncio.Task | None = None
+        tokens = 0
+        endpoint.live.requests.add(self)
         try:
-            body = await read_body(receive, headers, state.settings.limits.max_body_bytes)
-            generation = parse_generation(self.path, body, state.pools.model_names())
-            await state.admission.acquire()
-        except ClientGone:
-            state.metrics.requests.labels(NO_POOL, CLIENT_DISCONNECT).inc()
-            return
-        except GatewayError as exc:
-            outcome = OVERLOADED if isinstance(exc, Overloaded) else BAD_REQUEST
-            state.metrics.requests.labels(NO_POOL, outcome).inc()
-            await send_error(send, exc, request_id)
-            return
-        exchange = Exchange(
-            state, self.path, body, generation.stream, request_headers(headers, request_id), request_id, send
-        )
-        watcher = asyncio.create_task(exchange.watch_disconnect(receive))
-        try:
-            await exchange.run(started)
-        except Exception:
-            log.exception("request %s failed unexpectedly", request_id.decode(errors="replace"))
-            if not exchange.response_started:
-                await send_error(send, GatewayError("internal gateway error"), request_id)
+            try:
+                if endpoint.live.shutting_down:
+                    raise Unavailable(SHUTDOWN_MESSAGE)
+                authorize_client(self.scope["headers"], endpoint.api_keys)
+                body = await self._read_body(receive)
+                generation = parse_generation(body, endpoint.pools.model_names())
+            except ClientGone:
+                self.outcome = labels.CLIENT_DISCONNECT
+                return
+            except GatewayError as exc:
+                self.outcome = _outcome(exc)
+                await self._tell(exc)
+                return
+            watcher = asyncio.create_task(self._watch_disconnect(receive))
+            try:
+                async with asyncio.timeout(None) as self.deadline:
+                    await endpoint.admission.acquire()
+                    admitted = True
+                    tokens = await self._relay(body, generation.stream)
+            except TimeoutError:
+                await self._timed_out(generation.stream)
+            except GatewayError as exc:
+                self.outcome = _outcome(exc)
+                await self._tell(exc)
+            except httpx.HTTPError as exc:  # the backend broke off a stream already under way
+                if self.opened is not None:
+                    endpoint.failover.broke_mid_stream(self.opened.backend, exc)
+                self.outcome = labels.BACKEND_ERROR
+                await self._tell(BackendFailed("the backend failed mid-stream"))
+            except Exception:
+                log.exception("request %s failed unexpectedly", self.request_id.decode(errors="replace"))
+                self.outcome = labels.BACKEND_ERROR
+                await self._tell(GatewayError("internal gateway error"))
         finally:
-            watcher.cancel()
-            state.admission.release()
+            # Synchronous accounting first, the in-flight count last: nothing can interrupt it, and a count
+            # back at zero means every metric of the request is recorded.
+            self.finished = True
+            endpoint.live.requests.discard(self)
+            if self.timer is not None:
+                self.timer.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            metrics = endpoint.metrics
+            metrics.requests.labels(self.pool, self.outcome).inc()
+            metrics.duration.labels(self.pool).observe(time.perf_counter() - self.started)
+            if tokens:
+                metrics.output_tokens.labels(self.pool).inc(tokens)
+            opened = self.opened
+            if opened is not None:
+                opened.lease.release()
+            if admitted:
+                endpoint.admission.release()
+            if opened is not None:
+                await opened.response.aclose()
+
+    # -- phases ---------------------------------------------------------------------------------------
+
+    async def _read_body(self, receive) -> bytes:
+        limit = self.endpoint.settings.limits.max_body_bytes
+        for name, value in self.scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                raise BodyTooLarge(f"the request body is {int(value)} bytes; the limit is {limit}")
+        chunks = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.timeouts.request_body):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise ClientGone
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes")
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+        except TimeoutError:
+            raise RequestTimeout(f"the request body did not arrive within {self.timeouts.request_body:g} s") from None
+
+    async def _relay(self, body: bytes, stream: bool) -> int:
+        endpoint, timeouts = self.endpoint, self.timeouts
+        now = self.loop.time()
+        total_deadline = now + timeouts.total
+        first_byte = timeouts.first_byte if stream else timeouts.non_stream
+        self.deadline.reschedule(min(total_deadline, now + first_byte) if first_byte else total_deadline)
+        pool, reason = endpoint.route()
+        self.pool = pool  # until a backend answers: where the request was headed when it failed
+        target = self.endpoint.path
+        if self.scope.get("query_string"):
+            target += "?" + self.scope["query_string"].decode("latin-1")
+        outgoing = Outgoing(target, body, self.scope["headers"], self.request_id, stream, endpoint.socket_timeout)
+        self.opened = opened = await endpoint.failover.open(pool, outgoing)
+        self.pool = opened.backend.pool
+        endpoint.metrics.route_decisions.labels(self.pool, reason if self.pool == pool else FALLBACK).inc()
+        self.deadline.reschedule(total_deadline)
+        if opened.chunks is None:
+            return await self._send_whole(opened)
+        return await self._send_stream(opened)
+
+    async def _send_whole(self, opened: Opened) -> int:
+        response, body = opened.response, opened.head
+        headers = response_headers(response)
+        status = response.status_code
+        if status >= 400:
+            body = backend_error_body(status, body)
+            headers = [(name, value) for name, value in headers if name != b"content-type"] + [_JSON]
+            if status >= 500:  # SGLang's 500 is about the request: an SDK's retry would only repeat it
+                headers.append((SHOULD_RETRY, b"false"))
+            self.outcome = labels.BAD_REQUEST
+        else:
+            self.outcome = labels.OK
+        headers.append((b"content-length", str(len(body)).encode()))
+        await self.send(self._start(status, headers))
+        await self.send({"type": "http.response.body", "body": body})
+        return usage_tokens(body) if status == 200 else 0
+
+    async def _send_stream(self, opened: Opened) -> int:
+        clock = self.loop.time
+        # Chunks go out as they come, cut at the last complete event: if the backend fails mid-event, the
+        # client gets whole events and then a clean error event, never half a JSON object.
+        head, pending = split_events(opened.head)
+        # A stream that opens with the request's own error (not queue-full: that failed over) is passed on.
+        rejected = error_in(head) is not None
+        await self._write(self._start(opened.response.status_code, response_headers(opened.response)))
+        await self._write({"type": "http.response.body", "body": head, "more_body": True})
+        self.endpoint.metrics.ttft.labels(self.pool).observe(time.perf_counter() - self.started)
+        # Only the last two chunks are kept: the usage event, if any, sits just before [DONE].
+        previous, self.last_chunk = b"", head
+        self.last_chunk_at = clock()
+        self._arm(self.last_chunk_at + self.timeouts.between_chunks)
+        async for chunk in opened.chunks:
+            self.last_chunk_at = clock()
+            if pending:
+                chunk, pending = pending + chunk, b""
+            if not chunk.endswith(EVENT_ENDS):
+                chunk, pending = split_events(chunk)
+                if len(pending) > MAX_PENDING_BYTES:  # not SSE after all: stop holding bytes back
+                    chunk, pending = chunk + pending, b""
+                if not chunk:
+                    continue
+            await self._write({"type": "http.response.body", "body": chunk, "more_body": True})
+            previous, self.last_chunk = self.last_chunk, chunk
+        await self._write({"type": "http.response.body", "body": pending, "more_body": False})
+        self.outcome = labels.BAD_REQUEST if rejected else labels.OK
+        return usage_tokens_in_events(previous + self.last_chunk)
+
+    # -- timing ---------------------------------------------------------------------------------------
+
+    async def _write(self, message: dict) -> None:
+        """A send whose time blocked on the client is the client's: the backend's silence clock stops."""
+        self.writing_since = self.loop.time()
+        await self.send(message)
+        self.writing_since = None
+        self.last_chunk_at = self.loop.time()
+
+    def _arm(self, due: float) -> None:
+        self.timer = self.loop.call_at(due, self._check)
+
+    def _check(self) -> None:
+        now = self.loop.time()
+        if self.writing_since is not None:
+            due = self.writing_since + self.timeouts.client_write
+            if now >= due:
+                self.client_slow = True
+                self._expire_now()
+                return
+        else:
+            due = self.last_chunk_at + self.timeouts.between_chunks
+            if now >= due:
+                self.stalled = True
+                self._expire_now()
+                return
+        self._arm(min(due, now + self.timeouts.client_write))
+
+    def _expire_now(self) -> None:
+        """Whatever the request waits on is cancelled; its cleanup runs in `run`'s `finally`."""
+        if self.deadline is not None and not self.deadline.expired():
+            with contextlib.suppress(RuntimeError):  # the deadline's block has just ended
+                self.deadline.reschedule(self.loop.time())
+
+    async def _watch_disconnect(self, receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not self.finished:
+            self.disconnected = True
+            self._expire_now()
+
+    def cut_for_shutdown(self) -> None:
+        if not self.finished:
+            self.shutdown = True
+            self._expire_now()
+
+    async def _timed_out(self, stream: bool) -> None:
+        timeouts = self.timeouts
+        if self.disconnected:
+            self.outcome = labels.CLIENT_DISCONNECT
+        elif self.client_slow:
+            self.outcome = labels.CLIENT_SLOW
+            log.info("request %s: the client read nothing for %g s", self.request_id.decode(), timeouts.client_write)
+        elif self.shutdown:
+            self.outcome = labels.SHUTDOWN
+            await self._tell(Unavailable(SHUTDOWN_MESSAGE))
+        elif self.stalled:
+            self.outcome = labels.TIMEOUT
+            await self._tell(BackendTimeout(f"the stream stalled for {timeouts.between_chunks:g} s"))
+        elif self.response_started or self.opened is not None:
+            self.outcome = labels.TIMEOUT
+            await self._tell(BackendTimeout(f"the request took longer than {timeouts.total:g} s"))
+        else:
+            self.outcome = labels.TIMEOUT
+            limit = timeouts.first_byte if stream else timeouts.non_stream or timeouts.total
+            await self._tell(BackendTimeout(f"no response from the backend within {min(limit, timeouts.total):g} s"))
+
+    # -- answers --------------------------------------------------------------------------------------
+
+    def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> dict:
+        self.response_started = True
+        headers.append((POOL, self.pool.encode()))
+        headers.append((b"x-request-id", self.request_id))
+        return {"type": "http.response.start", "status": status, "headers": headers}
+
+    async def _tell(self, error: GatewayError) -> None:
+        """Tell a client that is still there: an error response, or an error event if the stream began. A
+        client that stopped reading does not get to hold the request open."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LAST_WORDS_TIMEOUT_S):
+                if not self.response_started:
+                    extra = [(POOL, self.pool.encode())] if self.pool != NO_POOL else []
+                    await send_error(self.send, error, self.request_id, extra)
+                    return
+                if not self.last_chunk.endswith(DONE):  # a stream that already said [DONE] just ends
+                    # Close a half-sent event first, so the error event parses on its own.
+                    tail = b"" if self.last_chunk.endswith(EVENT_ENDS) else b"\n\n"
+                    event = tail + error_event(error.message, error.type, error.code)
+                    await self.send({"type": "http.response.body", "body": event, "more_body": True})
+                await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class Http10Send:
+    """HTTP/1.0 clients cannot read chunked encoding (RFC 9112 7.1): their response goes whole, with a length."""
+
+    def __init__(self, send) -> None:
+        self.send = send
+        self.start: dict | None = None
+        self.parts: list[bytes] = []
+
+    async def __call__(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            self.start = message
+            return
+        self.parts.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        body = b"".join(self.parts)
+        framing = (b"content-length", b"transfer-encoding")
+        headers = [(name, value) for name, value in self.start["headers"] if name.lower() not in framing]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await self.send({**self.start, "headers": headers})
+        await self.send({"type": "http.response.body", "body": body})
+
+
+def _outcome(error: GatewayError) -> str:
+    if isinstance(error, Unauthorized):
+        return labels.UNAUTHORIZED
+    if isinstance(error, Overloaded):
+        return labels.OVERLOADED
+    if isinstance(error, Unavailable):
+        return labels.UNAVAILABLE
+    if isinstance(error, BackendTimeout):
+        return labels.TIMEOUT
+    return labels.BAD_REQUEST if error.status < 500 else labels.BACKEND_ERROR

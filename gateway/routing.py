@@ -8,7 +8,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from crossover.gateway.config import SPECULATIVE, Settings, check_threshold, fit_hysteresis
+from crossover.gateway.config import SPECULATIVE, Settings, ThresholdError, check_threshold, fit_hysteresis
 from crossover.gateway.policy import Decision, spillover, switch
 from crossover.gateway.pools import Pools
 
@@ -39,13 +39,13 @@ class Routing:
         return decision
 
     def update(self, threshold: int | None = None, hysteresis: int | None = None, policy: str | None = None) -> None:
-        """Apply a live change (all or nothing); raise ValueError with a message for the operator."""
+        """Apply a live change (all or nothing); raise ThresholdError naming the field at fault."""
         new_threshold = self.threshold if threshold is None else threshold
         # A new threshold alone keeps the band, narrowed if it no longer fits under the threshold.
         new_hysteresis = fit_hysteresis(new_threshold, self.hysteresis) if hysteresis is None else hysteresis
         new_policy = self.policy if policy is None else policy
         if new_policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {new_policy!r}")
+            raise ThresholdError("policy", f"policy must be one of {', '.join(POLICIES)}, got {new_policy!r}")
         check_threshold(new_threshold, new_hysteresis)
         self.threshold, self.hysteresis, self.policy = new_threshold, new_hysteresis, new_policy
         if self.state_file is not None:

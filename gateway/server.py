@@ -1,27 +1,133 @@
-"""The uvicorn server the gateway runs on, configured for proxying many long streams."""
+"""The uvicorn server the gateway runs on: sized to its descriptors, bounded request heads, a clean shutdown.
+
+    server = make_server(settings)      # then server.run(), or await server.serve()
+
+Shutdown (SIGTERM or Ctrl-C), in order:
+1. `/health` answers 503 while the gateway keeps serving for `timeouts.shutdown_delay`, so load balancers
+   stop sending before connections are refused;
+2. the listening sockets close and idle keep-alive connections end;
+3. requests in flight get `timeouts.graceful_shutdown` to finish;
+4. streams still running then end with an SSE error event and `data: [DONE]` (other requests with a 503),
+   with no traceback; whatever is left after `CUT_GRACE_S` is cancelled.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import resource
+
 import uvicorn
 
-from crossover.gateway.app import create_app
+from crossover.gateway.app import GatewayApp, create_app
+from crossover.gateway.client_http import client_protocol
 from crossover.gateway.config import Settings
 
+log = logging.getLogger("crossover.server")
 
-def make_server(settings: Settings, host: str | None = None, port: int | None = None) -> uvicorn.Server:
+# Descriptors beyond the requests': listening socket, logs, health checks and load scrapes, the event loop.
+FD_MARGIN = 64
+# How long requests cut at shutdown get to write their last event before they are cancelled.
+CUT_GRACE_S = 5.0
+POLL_S = 0.1
+
+
+def fit_descriptors(settings: Settings) -> Settings:
+    """Raise the soft descriptor limit as far as the hard one allows; if `max_inflight` still does not fit
+    (a stream holds two descriptors, a queued request one), lower it to what does and say so loudly, so
+    clients beyond it get 429 rather than a dropped connection."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limits = settings.limits
+    need = 2 * limits.max_inflight + limits.max_queued + FD_MARGIN
+    if soft < need and (hard == resource.RLIM_INFINITY or hard > soft):
+        wanted = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    if soft >= need:
+        return settings
+    # A quarter of what is left stays free for connections that are only told no.
+    inflight = max(1, (soft - FD_MARGIN) // 4)
+    queued = min(limits.max_queued, inflight)
+    log.warning(
+        "the descriptor limit (ulimit -n %d) cannot hold max_inflight = %d streams (%d descriptors needed): "
+        "serving at most %d requests in flight and %d queued; raise the limit (LimitNOFILE= in systemd, "
+        "ulimit -n) to serve more",
+        soft,
+        limits.max_inflight,
+        need,
+        inflight,
+        queued,
+    )
+    fitted = limits.model_copy(update={"max_inflight": inflight, "max_queued": queued})
+    return settings.model_copy(update={"limits": fitted})
+
+
+def make_server(settings: Settings, host: str | None = None, port: int | None = None) -> GatewayServer:
+    settings = fit_descriptors(settings)
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         host=host or settings.host,
         port=settings.port if port is None else port,
-        http="httptools",
+        http=client_protocol(settings.limits.max_head_bytes, settings.timeouts.request_head),
         loop="uvloop",
         lifespan="on",
         # A line per request costs more than the proxying itself; /metrics counts requests instead.
         access_log=False,
         log_level=settings.log_level,
         timeout_keep_alive=int(settings.timeouts.client_keepalive),
-        # Without a bound, one long stream would hold a SIGTERM'd gateway open until it ends.
         timeout_graceful_shutdown=int(settings.timeouts.graceful_shutdown),
         backlog=4096,
     )
-    return uvicorn.Server(config)
+    return GatewayServer(config, app)
+
+
+class GatewayServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: GatewayApp) -> None:
+        super().__init__(config)
+        self.app = app
+
+    async def shutdown(self, sockets=None) -> None:
+        state, timeouts = self.app.state, self.app.state.settings.timeouts
+        state.draining = True
+        if timeouts.shutdown_delay and not self.force_exit:
+            log.info("shutting down: /health answers 503 for %g s before connections close", timeouts.shutdown_delay)
+            await self._wait(lambda: False, timeouts.shutdown_delay)
+
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+
+        if not await self._wait(self._idle, timeouts.graceful_shutdown):
+            live = self.app.live
+            log.warning(
+                "graceful shutdown ran out after %g s: ending %d request(s) with an error",
+                timeouts.graceful_shutdown,
+                len(live.requests),
+            )
+            live.cut_all()
+            if not await self._wait(self._idle, CUT_GRACE_S):
+                for task in self.server_state.tasks:
+                    task.cancel()
+        for server in self.servers:
+            await server.wait_closed()
+        if not self.force_exit:
+            await self.lifespan.shutdown()
+
+    def _idle(self) -> bool:
+        return not self.server_state.connections and not self.server_state.tasks
+
+    async def _wait(self, done, timeout: float) -> bool:
+        """Poll `done` for up to `timeout` s (a second Ctrl-C ends the wait); True if it came true."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not done():
+            if self.force_exit or loop.time() >= deadline:
+                return False
+            await asyncio.sleep(POLL_S)
+        return True

@@ -1,4 +1,5 @@
-"""Everything one gateway instance holds at run time, built once by `create_app` and passed around."""
+"""Everything one gateway instance holds at run time, built once by `create_app`: what the admin API and
+the app's own endpoints read. The request path takes only the parts it uses (gateway/proxy.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import httpx
 
 from crossover.gateway.admission import Admission
 from crossover.gateway.config import Settings
+from crossover.gateway.failover import Failover
+from crossover.gateway.health import Breaker
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
@@ -25,15 +28,16 @@ class GatewayState:
     routing: Routing
     metrics: Metrics
     admission: Admission
-    # Per-operation socket timeouts for backend requests (httpx's `extensions["timeout"]`).
-    request_timeout: dict[str, float]
+    breaker: Breaker
+    failover: Failover
     started_at: float = field(default_factory=time.time)
-    # Made in the app's lifespan (they must live on the serving event loop), closed when it ends: the
-    # transport carries generation requests, the client (over the same transport) health checks.
-    transport: httpx.AsyncBaseTransport | None = None
+    # Made in the app's lifespan (on the serving event loop), closed when it ends; the transport carries
+    # generation requests, the client (over the same transport) health checks and the switch controller's calls.
     client: httpx.AsyncClient | None = None
     # The switch controller of a time-shared GPU set (topology = "time-shared"), else None.
     switching: SwitchController | None = None
+    # Set at SIGTERM: /health answers 503 so load balancers stop sending before connections close.
+    draining: bool = False
 
     def snapshot(self) -> dict:
         return {

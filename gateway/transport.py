@@ -12,10 +12,12 @@ connections and drop idle ones after `settings.timeouts.backend_keepalive` secon
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import httpx
 
-from crossover.gateway.config import Settings, TimeoutSettings
 from crossover.gateway._http1 import Http1Transport
+from crossover.gateway.config import Settings, TimeoutSettings
 
 # Health checks and load scrapes need connections even while every request slot streams.
 PROBE_CONNECTIONS_PER_BACKEND = 4
@@ -29,26 +31,33 @@ def connection_limit(settings: Settings) -> int:
 def backend_timeout(timeouts: TimeoutSettings) -> httpx.Timeout:
     # The proxy enforces first-byte, between-chunks and total deadlines itself (they change with the phase
     # of a request); these per-operation bounds are the backstop that keeps every socket wait finite.
+    # A non-streaming answer's first byte comes when generation ends, so its read may take the whole request.
+    whole = min(timeouts.non_stream or timeouts.total, timeouts.total)
     return httpx.Timeout(
         connect=timeouts.connect,
-        read=max(timeouts.first_byte, timeouts.between_chunks),
+        read=max(timeouts.first_byte, timeouts.between_chunks, whole),
         write=timeouts.between_chunks,
         pool=timeouts.connect,
     )
 
 
-def make_transport(settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncBaseTransport:
+def make_transport(
+    settings: Settings,
+    transport: httpx.AsyncBaseTransport | None = None,
+    on_resend: Callable[[], None] = lambda: None,
+) -> httpx.AsyncBaseTransport:
     if transport is not None:
         return transport
     limit = connection_limit(settings)
     # Not httpx's own transport: its connection pool collapses under a few hundred concurrent streams
-    # (loadtest/proxybench/ measured 2% of direct's paced req/s); see gateway/http1.py for the figures.
+    # (loadtest/proxybench/ measured 2% of direct's paced req/s); see gateway/_http1.py for the figures.
     return Http1Transport(
         httpx.Limits(
             max_connections=limit,
             max_keepalive_connections=limit,
             keepalive_expiry=settings.timeouts.backend_keepalive,
-        )
+        ),
+        on_resend=on_resend,
     )
 
 

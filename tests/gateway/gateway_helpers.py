@@ -76,6 +76,13 @@ class RunningGateway:
     def metric(self, name: str, **labels: str) -> float:
         return self.registry.get_sample_value(name, labels) or 0.0
 
+    def samples(self) -> dict[tuple[str, tuple], float]:
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in self.registry.collect()
+            for sample in family.samples
+        }
+
     def inflight(self) -> int:
         return sum(backend.inflight for backend in self.state.pools.all())
 
@@ -167,11 +174,39 @@ class Scripted:
         return True
 
 
-class ClosingBackend:
-    """A raw HTTP/1.1 backend whose connections each answer one POST, then close - without a word - when
-    the next request arrives on them: the race of a keep-alive connection closed just as it is reused.
-    GETs (health checks, /v1/models) are always answered. Runs its own event loop in a thread.
-    """
+class Picky(Scripted):
+    """Answers 500, like SGLang when a request makes it raise (a chat template, say), to requests whose body
+    contains `poison`, and a one-token completion to everything else."""
+
+    def __init__(self, poison: str) -> None:
+        super().__init__(status=200, body=json.dumps({"choices": [], "usage": {"completion_tokens": 1}}).encode())
+        self.poison = poison.encode()
+        self.poisoned = 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] in ("/health", "/v1/models"):
+            await super().__call__(scope, receive, send)
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if self.poison in body:
+            self.poisoned += 1
+            payload = json.dumps({"object": "error", "message": "template error", "type": "InternalError", "code": 500})
+            await send(
+                {"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"application/json")]}
+            )
+            await send({"type": "http.response.body", "body": payload.encode()})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+class _RawBackend:
+    """A raw HTTP/1.1 backend on its own event loop in a thread, for what no well-behaved server does."""
 
     def __init__(self) -> None:
         self.posts = 0
@@ -194,34 +229,69 @@ class ClosingBackend:
         self.thread.join(10)
         self.loop.close()
 
+    @staticmethod
+    async def read_request(reader: asyncio.StreamReader) -> bytes:
+        """One request's head (the body is read and dropped)."""
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            (
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            ),
+            0,
+        )
+        await reader.readexactly(length)
+        return head
+
+    @staticmethod
+    async def answer(writer: asyncio.StreamWriter, payload: dict) -> None:
+        body = json.dumps(payload).encode()
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        served_post = False
         try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    (
-                        int(line.split(b":", 1)[1])
-                        for line in head.split(b"\r\n")
-                        if line.lower().startswith(b"content-length:")
-                    ),
-                    0,
-                )
-                await reader.readexactly(length)
-                if head.startswith(b"POST"):
-                    if served_post:
-                        return  # close instead of answering
-                    served_post = True
-                    self.posts += 1
-                    body = json.dumps({"choices": [], "usage": {"completion_tokens": 1}}).encode()
-                else:
-                    body = json.dumps({"object": "list", "data": [{"id": MODEL}]}).encode()
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                    % (len(body), body)
-                )
-                await writer.drain()
+            await self.serve(reader, writer)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+MODELS = {"object": "list", "data": [{"id": MODEL}]}
+
+
+class DroppingBackend(_RawBackend):
+    """Reads each generation request, counts it, and closes the connection without a word; GETs are answered."""
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await self.read_request(reader)
+            if head.startswith(b"POST"):
+                self.posts += 1
+                return
+            await self.answer(writer, MODELS)
+
+
+class ClosingBackend(_RawBackend):
+    """Each connection answers one POST, then closes - without a word - when the next request arrives on
+    it: the race of a keep-alive connection closed just as it is reused. GETs are always answered."""
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served_post = False
+        while True:
+            head = await self.read_request(reader)
+            if head.startswith(b"POST"):
+                if served_post:
+                    return  # close instead of answering
+                served_post = True
+                self.posts += 1
+                await self.answer(writer, {"choices": [], "usage": {"completion_tokens": 1}})
+            else:
+                await self.answer(writer, MODELS)

@@ -34,18 +34,20 @@ def test_overloaded_says_when_to_retry():
     assert errors.Overloaded("busy", retry_after_s=2).headers == {"retry-after": "2"}
 
 
-def test_sse_error_ends_the_stream():
-    tail = errors.sse_error("backend died", "api_error", "backend_unavailable")
-    first, done, rest = tail.split(b"\n\n")
-    assert json.loads(first.removeprefix(b"data: "))["error"]["message"] == "backend died"
-    assert done == b"data: [DONE]" and rest == b""
-
-
-def test_backend_errors_are_nested_like_openai():
+def test_backend_errors_are_reshaped_like_openai_keeping_the_message():
     sglang = json.dumps({"object": "error", "message": "bad", "type": "BadRequest", "param": None, "code": 400})
-    assert json.loads(errors.normalize_backend_error(400, sglang.encode())) == {
-        "error": {"message": "bad", "type": "BadRequest", "param": None, "code": 400}
+    assert json.loads(errors.backend_error_body(400, sglang.encode())) == {
+        "error": {"message": "bad", "type": "invalid_request_error", "param": None, "code": "BadRequest"}
     }
-    already = json.dumps({"error": {"message": "m", "type": "t", "param": None, "code": None}}).encode()
-    assert errors.normalize_backend_error(400, already) == already
-    assert json.loads(errors.normalize_backend_error(422, b"plain text"))["error"]["message"] == "plain text"
+    nested = json.dumps({"error": {"message": "m", "type": "t", "param": "messages", "code": "c"}}).encode()
+    assert json.loads(errors.backend_error_body(400, nested)) == {
+        "error": {"message": "m", "type": "invalid_request_error", "param": "messages", "code": "c"}
+    }
+    plain = json.loads(errors.backend_error_body(500, b"Internal Server Error"))["error"]
+    assert plain == {"message": "Internal Server Error", "type": "api_error", "param": None, "code": 500}
+    assert json.loads(errors.backend_error_body(429, b""))["error"]["type"] == "rate_limit_error"
+    assert json.loads(errors.backend_error_body(404, b"[1]"))["error"]["message"] == "[1]"
+
+
+def test_timeouts_tell_the_sdk_not_to_retry():
+    assert errors.BackendTimeout("slow").headers == {"x-should-retry": "false"}

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
 
-from crossover.gateway.health import load_from_loads, load_from_metrics
+from crossover.gateway.config import Settings
+from crossover.gateway.health import PASSIVE, PROBE, Breaker, load_from_loads, load_from_metrics
+from crossover.gateway.pools import Backend, Pools
 from tests.gateway.gateway_helpers import LONG, MODEL, chat, wait_until
 
 SGLANG_METRICS = """\
@@ -106,3 +109,74 @@ def test_a_dead_backend_is_ejected_then_restored(sim, gateway):
         wait_until(lambda: backend.healthy is True, what="the restarted backend to come back")
         assert client.post("/v1/chat/completions", json=chat()).headers["x-crossover-pool"] == "speculative"
         assert client.get("/health").json()["healthy_backends"] == 2
+
+
+def make_breaker(backends: int = 2, failure_threshold: int = 3, eject_seconds: float = 30.0, percent: int = 50):
+    urls = [f"http://s{index}:1" for index in range(backends)]
+    settings = Settings(
+        health={
+            "failure_threshold": failure_threshold,
+            "eject_seconds": eject_seconds,
+            "max_ejection_percent": percent,
+        },
+        pools={"speculative": {"backends": urls}, "plain": {"backends": ["http://p:1"]}},
+    )
+    pools = Pools.from_settings(settings)
+    ejected: list[tuple[str, str]] = []
+    probed: list[str] = []
+    breaker = Breaker(pools, settings.health, on_eject=lambda backend, source: ejected.append((backend.url, source)))
+    breaker.probe = lambda backend: probed.append(backend.url)
+    for backend in pools.all():
+        breaker.succeeded(backend, probe=True)
+    return pools, breaker, ejected, probed
+
+
+def test_unknown_backends_are_usable_until_a_probe_fails():
+    _, breaker, _, _ = make_breaker()
+    fresh = Backend("http://new:1", "speculative")
+    assert fresh.healthy is None and fresh.usable
+    breaker.failed_probe(fresh)
+    assert fresh.healthy is False and not fresh.usable
+
+
+def test_periodic_probes_eject_after_consecutive_failures_and_bring_back_after_the_ejection():
+    pools, breaker, ejected, _ = make_breaker(failure_threshold=3, eject_seconds=0.2)
+    backend = pools.speculative[0]
+    breaker.failed_probe(backend)
+    breaker.failed_probe(backend)
+    breaker.succeeded(backend, probe=True)  # a success resets the count
+    breaker.failed_probe(backend)
+    breaker.failed_probe(backend)
+    assert backend.healthy is True
+    breaker.failed_probe(backend)
+    assert backend.healthy is False and ejected == [(backend.url, PROBE)]
+    breaker.succeeded(backend, probe=True)
+    assert backend.healthy is False  # the ejection runs its time
+    wait_until(lambda: time.monotonic() >= backend.ejected_until, what="the ejection to run out")
+    breaker.succeeded(backend, probe=True)
+    assert backend.healthy is True and backend.failures == 0
+
+
+def test_passive_failures_ask_for_a_probe_which_decides():
+    pools, breaker, ejected, probed = make_breaker(failure_threshold=3)
+    backend = pools.speculative[0]
+    breaker.failed_passively(backend)
+    assert probed == [backend.url] and backend.healthy is True
+    breaker.failed_probe(backend)  # the probe it asked for failed: decisive at once
+    assert backend.healthy is False and ejected == [(backend.url, PROBE)]
+
+
+def test_passive_failures_never_eject_the_last_healthy_backend_nor_past_the_cap():
+    pools, breaker, ejected, _ = make_breaker(backends=2, failure_threshold=2, percent=50)
+    first, second = pools.speculative
+    for _ in range(5):
+        breaker.failed_passively(first)
+    assert first.healthy is False and ejected == [(first.url, PASSIVE)]
+    for _ in range(5):
+        breaker.failed_passively(second)
+    assert second.healthy is True  # the pool's last healthy backend: only a failed probe can take it out
+    (plain,) = pools.plain
+    for _ in range(5):
+        breaker.failed_passively(plain)
+    assert plain.healthy is True
+    assert len(ejected) == 1

@@ -8,6 +8,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from crossover.gateway.admission import Admission
 from crossover.gateway.config import Settings
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.pools import Pools
@@ -27,6 +28,9 @@ DOCUMENTED = {
     "crossover_backend_inflight_requests": "gauge",
     "crossover_backend_scraped_load": "gauge",
     "crossover_failovers": "counter",
+    "crossover_resends": "counter",
+    "crossover_backend_ejections": "counter",
+    "crossover_admission_queued_requests": "gauge",
     "crossover_active_mode": "gauge",
     "crossover_mode_switches": "counter",
     "crossover_switch_duration_seconds": "histogram",
@@ -94,9 +98,10 @@ def test_metrics_follow_requests_through_the_gateway(sims, gateway):
 def test_each_gateway_has_its_own_registry():
     settings = Settings(pools={"speculative": {"backends": ["http://s:1"]}, "plain": {"backends": ["http://p:2"]}})
     pools, routing = Pools.from_settings(settings), Routing.from_settings(settings)
+    admission = Admission(4, 4, 1.0)
     first, second = CollectorRegistry(), CollectorRegistry()
-    Metrics(first, pools, routing).requests.labels("plain", "ok").inc()
-    Metrics(second, pools, routing)
+    Metrics(first, pools, routing, admission).requests.labels("plain", "ok").inc()
+    Metrics(second, pools, routing, admission)
     assert first.get_sample_value("crossover_requests_total", {"pool": "plain", "outcome": "ok"}) == 1
     assert second.get_sample_value("crossover_requests_total", {"pool": "plain", "outcome": "ok"}) is None
     pools.plain[0].inflight = 3

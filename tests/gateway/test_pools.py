@@ -17,45 +17,33 @@ def make_pools(load_signal="local", failure_threshold=3, eject_seconds=30.0, pla
     return Pools.from_settings(settings)
 
 
-def test_unknown_backends_are_usable_until_a_first_failure():
-    pools = make_pools()
-    backend = pools.speculative[0]
-    assert backend.healthy is None and backend.usable and not pools.any_healthy()
-    pools.failed(backend)
-    assert backend.healthy is False and not backend.usable
-
-
-def test_a_healthy_backend_is_ejected_after_consecutive_failures_and_restored_by_a_probe():
-    pools = make_pools(failure_threshold=3, eject_seconds=0.2)
-    backend = pools.speculative[0]
-    pools.succeeded(backend)
-    pools.failed(backend)
-    pools.failed(backend)
-    pools.succeeded(backend)  # a success resets the count
-    pools.failed(backend)
-    pools.failed(backend)
-    assert backend.healthy is True
-    pools.failed(backend)
-    assert backend.healthy is False
-    pools.succeeded(backend, probe=True)
-    assert backend.healthy is False  # the ejection runs its time
-    deadline = time.monotonic() + 5
-    while time.monotonic() < backend.ejected_until and time.monotonic() < deadline:
-        time.sleep(0.01)
-    pools.succeeded(backend, probe=True)
-    assert backend.healthy is True and backend.failures == 0
-
-
 def test_choose_takes_the_least_loaded_usable_backend():
     pools = make_pools()
     p1, p2 = pools.plain
     p1.inflight, p2.inflight = 3, 1
     assert pools.choose("plain") is p2
     assert pools.choose("plain", exclude={p2}) is p1
-    pools.failed(p2)
+    p2.healthy = False
     assert pools.choose("plain") is p1
-    pools.failed(p1)
+    p1.healthy = False
     assert pools.choose("plain") is None
+
+
+def test_a_lease_counts_one_request_until_released_once():
+    pools = make_pools()
+    backend = pools.plain[0]
+    with pools.lease(backend) as lease:
+        assert backend.inflight == 1 and pools.inflight("plain") == 1
+        lease.release()
+        lease.release()  # idempotent: however many exits a request takes, it is counted down once
+        assert backend.inflight == 0
+    assert backend.inflight == 0
+    try:
+        with pools.lease(backend):
+            raise RuntimeError("the request failed")
+    except RuntimeError:
+        pass
+    assert backend.inflight == 0
 
 
 def test_ties_are_spread():

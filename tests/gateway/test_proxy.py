@@ -8,6 +8,7 @@ import json
 import random
 
 import httpx
+import pytest
 
 from tests.gateway.gateway_helpers import LONG, Scripted, chat, sim_running, sse_events, stream_text, wait_until
 
@@ -117,15 +118,19 @@ def test_a_stalled_stream_ends_with_an_error_event_and_done(serve, gateway):
     assert gw.metric("crossover_requests_total", pool="speculative", outcome="timeout") == 1
 
 
-def test_no_first_byte_in_time_is_504(serve, gateway):
+@pytest.mark.parametrize(("stream", "timeouts"), [(False, {"non_stream": 0.3}), (True, {"first_byte": 0.3})])
+def test_no_first_byte_in_time_is_504_and_not_retried_by_the_sdk(serve, gateway, stream, timeouts):
     url = serve(Scripted(body=b"{}", delay_s=30)).url
-    gw = gateway([url], [url], timeouts={"first_byte": 0.3})
+    gw = gateway([url], [url], timeouts=timeouts)
     with httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client:
-        response = client.post("/v1/chat/completions", json=chat())
+        response = client.post("/v1/chat/completions", json=chat(stream))
     assert response.status_code == 504
     assert response.json()["error"]["code"] == "backend_timeout"
+    assert response.headers["x-should-retry"] == "false"
     gw.settled()
     assert gw.metric("crossover_requests_total", pool="speculative", outcome="timeout") == 1
+    # A timeout is the request's outcome, not evidence against the backend.
+    assert all(backend.healthy for backend in gw.state.pools.all())
 
 
 def test_client_disconnect_mid_stream_aborts_the_backend_request(sims, gateway):

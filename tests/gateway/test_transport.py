@@ -20,11 +20,14 @@ def test_limits_and_timeouts_are_named_and_bounded():
         "http://a:1",
         "http://b:2",
         limits={"max_inflight": 10},
-        timeouts={"first_byte": 100, "between_chunks": 30, "connect": 2},
+        timeouts={"first_byte": 100, "between_chunks": 30, "connect": 2, "non_stream": 50},
     )
     assert connection_limit(settings) == 10 + 4 * 4  # room for health checks while every slot streams
     timeout = backend_timeout(settings.timeouts)
     assert (timeout.connect, timeout.read, timeout.write, timeout.pool) == (2, 100, 30, 2)
+    # Without a non-streaming bound, a whole answer may take the whole request: the socket read allows it.
+    unbounded = backend_timeout(settings_for("http://a:1", timeouts={"total": 900, "first_byte": 100}).timeouts)
+    assert unbounded.read == 900
     given = httpx.AsyncHTTPTransport()
     assert make_transport(settings, given) is given
 

@@ -1,28 +1,31 @@
-"""What a generation request must look like before it is routed."""
+"""What the gateway checks before routing: only what routing needs. The rest is the backend's to judge."""
 
 import json
 
 import pytest
 
 from crossover.gateway.errors import InvalidRequest, ModelNotFound
-from crossover.gateway.validation import CHAT, COMPLETIONS, parse_generation
+from crossover.gateway.validation import parse_generation
 
 MODELS = frozenset({"moonshotai/Kimi-K2.5"})
 CHAT_OK = {"model": "moonshotai/Kimi-K2.5", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def parse(payload, path=CHAT, models=MODELS):
+def parse(payload, models=MODELS):
     body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    return parse_generation(path, body, models)
+    return parse_generation(body, models)
 
 
 def test_valid_requests():
     assert parse(CHAT_OK).stream is False
     assert parse({**CHAT_OK, "stream": True, "stream_options": {"include_usage": True}}).stream is True
-    assert parse({"prompt": "hi", "max_tokens": 5}, COMPLETIONS).model is None
-    assert parse({"prompt": [1, 2, 3], "model": "x"}, COMPLETIONS, frozenset()).model == "x"  # names unknown yet
-    # Fields the gateway does not know are the backend's business.
+    assert parse({"prompt": "hi", "max_tokens": 5}).model is None
+    assert parse({"prompt": [1, 2, 3], "model": "x"}, frozenset()).model == "x"  # names not known yet
+    # The schema beyond routing is the backend's: an integer `logprobs` on /v1/completions (OpenAI and
+    # SGLang both take one), SGLang's own extensions, even fields a backend will refuse.
+    assert parse({"prompt": "hi", "logprobs": 5, "echo": True}).stream is False
     assert parse({**CHAT_OK, "chat_template_kwargs": {"thinking": True}, "top_k": 20}).stream is False
+    assert parse({**CHAT_OK, "max_tokens": "ten"}).stream is False
 
 
 @pytest.mark.parametrize(
@@ -31,32 +34,20 @@ def test_valid_requests():
         (b"{not json", None, "invalid_json"),
         (b"\xff\xfe", None, "invalid_json"),
         (b"[" * 100_000, None, "invalid_json"),
+        (b'{"temperature": NaN}', None, "invalid_json"),
+        (b'{"max_tokens": Infinity}', None, "invalid_json"),
         ([1, 2], None, "invalid_json"),
-        ({**CHAT_OK, "max_tokens": "10"}, "max_tokens", "invalid_type"),
-        ({**CHAT_OK, "max_tokens": True}, "max_tokens", "invalid_type"),
-        ({**CHAT_OK, "temperature": "hot"}, "temperature", "invalid_type"),
         ({**CHAT_OK, "stream": "yes"}, "stream", "invalid_type"),
         ({**CHAT_OK, "stream_options": []}, "stream_options", "invalid_type"),
-        ({**CHAT_OK, "stop": [1]}, "stop", "invalid_type"),
         ({**CHAT_OK, "model": 7}, "model", "invalid_type"),
-        ({"model": "moonshotai/Kimi-K2.5"}, "messages", "missing_required_parameter"),
-        ({**CHAT_OK, "messages": "hi"}, "messages", "invalid_type"),
-        ({**CHAT_OK, "messages": []}, "messages", "invalid_value"),
     ],
+    ids=lambda value: value if isinstance(value, str) or value is None else repr(value)[:30],
 )
-def test_bad_requests_name_the_problem(payload, param, code):
+def test_what_routing_needs_is_checked_and_named(payload, param, code):
     with pytest.raises(InvalidRequest) as caught:
         parse(payload)
     assert caught.value.status == 400
     assert caught.value.param == param and caught.value.code == code
-
-
-def test_completions_need_a_prompt():
-    with pytest.raises(InvalidRequest) as caught:
-        parse({"model": "moonshotai/Kimi-K2.5"}, COMPLETIONS)
-    assert caught.value.param == "prompt"
-    with pytest.raises(InvalidRequest):
-        parse({"prompt": 3}, COMPLETIONS)
 
 
 def test_unknown_model_is_404():

@@ -1,0 +1,43 @@
+"""Who may call what: client API keys on the OpenAI endpoints, the admin token on /admin. Both are bearer
+tokens compared in constant time; they are separate, so a client key never opens the admin API.
+
+    authorize_client(scope["headers"], settings.api_keys)     # raises Unauthorized (401) when keys are set
+    authorize_admin(request.headers.get("authorization"), settings.admin_token)
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from crossover.gateway.errors import AdminDisabled, AuthenticationFailed, Unauthorized
+
+
+def bearer_token(authorization: bytes | str | None) -> bytes | None:
+    if not authorization:
+        return None
+    raw = authorization.encode("latin-1") if isinstance(authorization, str) else authorization
+    scheme, _, token = raw.partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else None
+
+
+def _matches(given: bytes | None, keys: list[bytes]) -> bool:
+    # Compare against every key, so the time taken says nothing about which key came close.
+    matched = False
+    for key in keys:
+        matched |= secrets.compare_digest(given or b"", key)
+    return matched and given is not None
+
+
+def authorize_client(headers: list[tuple[bytes, bytes]], keys: list[bytes]) -> None:
+    if not keys:
+        return
+    given = bearer_token(next((value for name, value in headers if name == b"authorization"), None))
+    if not _matches(given, keys):
+        raise Unauthorized("missing or invalid API key: send 'Authorization: Bearer <key>'")
+
+
+def authorize_admin(authorization: str | None, token: str) -> None:
+    if not token:
+        raise AdminDisabled("the admin API is disabled: configure admin_token to enable it")
+    if not _matches(bearer_token(authorization), [token.encode()]):
+        raise AuthenticationFailed("missing or wrong admin token: send 'Authorization: Bearer <admin_token>'")

@@ -1,0 +1,95 @@
+"""The client-facing HTTP/1.1 protocol: uvicorn's httptools protocol with a bounded request head.
+
+uvicorn (with httptools) takes a request head of any size, for as long as the client likes: 40 connections
+each sending an unterminated 8 MiB header took a gateway from 58 to 402 MB. Here a head larger than
+`max_head_bytes` gets 431 and a head not complete within `head_timeout` (from its first byte) gets 408, and
+the connection closes; the parser's own 400s are OpenAI-style JSON too. Bodies are bounded where they are
+read (gateway/proxy.py, gateway/admin.py).
+
+    config = uvicorn.Config(app, http=client_protocol(max_head_bytes=65536, head_timeout=10.0), ...)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from crossover.gateway.errors import error_body
+
+log = logging.getLogger("crossover.client_http")
+
+_REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+def client_protocol(max_head_bytes: int, head_timeout: float) -> type[HttpToolsProtocol]:
+    """The protocol class for `uvicorn.Config(http=...)`, with these bounds."""
+
+    class ClientProtocol(_BoundedHead):
+        pass
+
+    ClientProtocol.max_head_bytes = max_head_bytes
+    ClientProtocol.head_timeout = head_timeout
+    return ClientProtocol
+
+
+class _BoundedHead(HttpToolsProtocol):
+    max_head_bytes = 64 * 1024
+    head_timeout = 10.0
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_bytes = 0
+        self._in_head = False
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        # The first byte of a request: its head must now be complete in time and in size.
+        self._end_head()
+        self._in_head = True
+        self._head_bytes = 0
+        self._head_timer = self.loop.call_later(self.head_timeout, self._head_too_slow)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._in_head:
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_head_bytes:
+                self._refuse(431, f"the request head exceeds {self.max_head_bytes} bytes", "request_header_too_large")
+
+    def on_headers_complete(self) -> None:
+        self._end_head()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end_head()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        self._refuse(400, msg, "invalid_http_request")
+
+    def _end_head(self) -> None:
+        self._in_head = False
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if self._in_head:
+            self._refuse(408, f"the request head did not arrive within {self.head_timeout:g} s", "request_timeout")
+
+    def _refuse(self, status: int, message: str, code: str) -> None:
+        self._end_head()
+        if self.transport is None or self.transport.is_closing():
+            return
+        log.info("refused a request from %s: %s", self.client, message)
+        body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+            % (status, _REASONS[status], len(body), body)
+        )
+        self.transport.close()

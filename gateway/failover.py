@@ -1,0 +1,242 @@
+"""Failure handling, in one place: choose a backend, attempt it, classify what went wrong, try elsewhere.
+
+Whose fault is a failed attempt? Decided once, here (`classify_error`, `classify_response`):
+
+    Failure
+    ├── REQUEST  the request's: a 4xx, a 500 answered with a body (SGLang answers 500 to any exception
+    │            while handling a request, a chat template rejecting a role sequence for one), an error
+    │            event other than "queue full". The client gets the backend's status and message; the
+    │            backend's health is untouched (a 5xx only asks the health checks for a look).
+    ├── BACKEND  the backend's: connection refused or reset, 502/503/504, SGLang's queue-full event, a
+    │            connection lost before the response, an empty stream. Passive evidence for the breaker
+    │            (gateway/health.py), which probes at once and never lets passive signals alone eject a
+    │            pool's last healthy backend.
+    └── LOCAL    the gateway's own: out of descriptors or memory, its connection pool exhausted. Never
+                 counted against a backend; the client gets 503.
+
+Only failures that say nothing about the request fail over - a connect error (nothing was sent), 502/503/504
+and the queue-full event (the backend refused before doing any work) - and a request is never sent twice to
+backends that may both have started it. The one resend to the same backend, of a request written on a reused
+keep-alive connection that closed with zero response bytes, happens inside the transport (gateway/_http1.py),
+at most once, counted in crossover_resends_total.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import functools
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+
+from crossover.gateway import metrics as labels
+from crossover.gateway.errors import BackendFailed, BackendTimeout, GatewayError, NoHealthyBackend, Unavailable
+from crossover.gateway.headers import request_headers
+from crossover.gateway.health import Breaker
+from crossover.gateway.metrics import Metrics
+from crossover.gateway.pools import Backend, Lease, Pools
+from crossover.gateway.sse import error_in, first_event
+
+log = logging.getLogger("crossover.failover")
+
+# Errors of the gateway's own making when it opens a connection: no backend is to blame.
+LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL})
+QUEUE_FULL_STATUS = 503
+FAILOVER_STATUSES = frozenset({502, 503, 504})
+
+
+class Fault(enum.Enum):
+    REQUEST = "request"
+    BACKEND = "backend"
+    LOCAL = "local"
+
+
+class Failure(Exception):
+    """One attempt failed before the client saw a byte; `error` is what the client gets if nothing else works."""
+
+    def __init__(self, fault: Fault, error: GatewayError, *, failover: str | None = None, detail: str = "") -> None:
+        super().__init__(detail or error.message)
+        self.fault = fault
+        self.error = error
+        # The failover reason (a crossover_failovers_total label) when another backend may take the request.
+        self.failover = failover
+        self.detail = detail or error.message
+
+
+@dataclass(slots=True)
+class Opened:
+    """A backend response whose first event (streams) or whole body (the rest) has arrived."""
+
+    response: httpx.Response
+    # The rest of a stream after `head`, or None when `head` is the whole body.
+    chunks: AsyncIterator[bytes] | None
+    head: bytes
+    backend: Backend
+    lease: Lease
+
+
+def classify_error(exc: httpx.HTTPError) -> Failure:
+    """A transport error before any response arrived."""
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        cause = exc.__cause__
+        if isinstance(cause, OSError) and cause.errno in LOCAL_ERRNOS:
+            return Failure(Fault.LOCAL, Unavailable("the gateway is out of resources; retry shortly"), detail=str(exc))
+        return Failure(
+            Fault.BACKEND, BackendFailed("no backend could be reached"), failover=labels.CONNECT_ERROR, detail=str(exc)
+        )
+    if isinstance(exc, httpx.PoolTimeout):
+        return Failure(Fault.LOCAL, Unavailable("the gateway has no free backend connection; retry shortly"))
+    if isinstance(exc, httpx.TimeoutException):
+        return Failure(Fault.REQUEST, BackendTimeout("the backend did not answer in time"), detail=repr(exc))
+    # Reset, closed or broken after the request was written: the backend may have started it, so no resend.
+    return Failure(Fault.BACKEND, BackendFailed("the backend closed the connection"), detail=repr(exc))
+
+
+def classify_response(status: int, head: bytes, stream: bool) -> Failure | None:
+    """A response that arrived: None if it goes to the client as it is (4xx and 500 included)."""
+    if status in FAILOVER_STATUSES:
+        return Failure(
+            Fault.BACKEND,
+            BackendFailed(f"the backend answered HTTP {status}"),
+            failover=labels.BACKEND_UNAVAILABLE,
+        )
+    if status != 200:
+        return None
+    if not head:
+        if stream:
+            return Failure(Fault.BACKEND, BackendFailed("the backend ended the stream before any event"))
+        return None
+    event = error_in(head) if head.startswith(b"data:") else None
+    if event is None:
+        return None
+    if event.status == QUEUE_FULL_STATUS:
+        return Failure(Fault.BACKEND, BackendFailed(event.message), failover=labels.QUEUE_FULL, detail=event.message)
+    if not stream:  # an error event as a non-streaming body: not a success, whatever its status line said
+        return Failure(Fault.REQUEST, _backend_error(event.status or 500, event.message))
+    return None  # a stream that opens with the request's error: passed on as the backend sent it
+
+
+def _backend_error(status: int, message: str) -> GatewayError:
+    error = GatewayError(message, code="backend_error")
+    error.status = status
+    error.type = "invalid_request_error" if status < 500 else "api_error"
+    return error
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One client request as every attempt sends it."""
+
+    target: str  # path and query string, e.g. "/v1/chat/completions"
+    body: bytes
+    client_headers: list[tuple[bytes, bytes]]
+    request_id: bytes
+    stream: bool
+    timeout: dict[str, float]  # per-operation socket bounds (httpx's extensions["timeout"])
+
+
+class Failover:
+    """Opens a backend response for one request, trying other backends on failures that allow it."""
+
+    def __init__(self, pools: Pools, breaker: Breaker, metrics: Metrics, max_failovers: int) -> None:
+        self.pools = pools
+        self.breaker = breaker
+        self.metrics = metrics
+        self.max_failovers = max_failovers
+        self.transport: httpx.AsyncBaseTransport | None = None  # set when the app starts serving
+
+    async def open(self, pool: str, outgoing: Outgoing, *, other_pool: bool = True) -> Opened:
+        """The first backend that answers without a backend failure: the chosen pool's least loaded, then others
+        (the other pool too, unless `other_pool` is False: a time-shared GPU set serves one mode at a time)."""
+        tried: set[Backend] = set()
+        backend = self._choose(pool, tried, other_pool)
+        if backend is None:
+            raise NoHealthyBackend("no healthy backend in either pool" if other_pool else f"no healthy {pool} backend")
+        failovers = 0
+        while True:
+            lease = self.pools.lease(backend)
+            try:
+                opened = await attempt(self.transport, backend, outgoing)
+            except Failure as failure:
+                lease.release()
+                self._report(backend, failure)
+                tried.add(backend)
+                following = self._choose(pool, tried, other_pool) if failure.failover else None
+                if following is None or failovers == self.max_failovers:
+                    raise failure.error from None
+                failovers += 1
+                self.metrics.failovers.labels(failure.failover).inc()
+                backend = following
+                continue
+            except BaseException:
+                lease.release()
+                raise
+            if opened.response.status_code >= 500:
+                self.breaker.check_soon(backend)  # a 500 is usually the request's; a look at /health tells
+            else:
+                self.breaker.succeeded(backend)
+            opened.lease = lease
+            return opened
+
+    def broke_mid_stream(self, backend: Backend, exc: Exception) -> None:
+        """A stream under way broke: the backend's kind of failure, though nothing can fail over any more."""
+        self._report(backend, Failure(Fault.BACKEND, BackendFailed("the backend failed mid-stream"), detail=repr(exc)))
+
+    def _report(self, backend: Backend, failure: Failure) -> None:
+        if failure.fault is Fault.BACKEND:
+            log.warning("backend %s failed a request: %s", backend.url, failure.detail)
+            # A full queue is a busy backend, not a broken one: it fails over but is no evidence for ejection.
+            if failure.failover != labels.QUEUE_FULL:
+                self.breaker.failed_passively(backend)
+        elif failure.fault is Fault.LOCAL:
+            log.error("the gateway itself failed a request to %s: %s", backend.url, failure.detail)
+
+    def _choose(self, pool: str, tried: set[Backend], other_pool: bool) -> Backend | None:
+        chosen = self.pools.choose(pool, tried)
+        if chosen is None and other_pool:
+            chosen = self.pools.choose(self.pools.other(pool), tried)
+        return chosen
+
+
+@functools.lru_cache(maxsize=1024)
+def endpoint(backend_url: str, target: str) -> httpx.URL:
+    """Parsed once per backend and target: URL parsing is a visible share of a proxied request's cost."""
+    return httpx.URL(backend_url + target)
+
+
+async def attempt(transport: httpx.AsyncBaseTransport, backend: Backend, outgoing: Outgoing) -> Opened:
+    """POST the request to `backend` and wait for the first event (streams) or the whole body (the rest)."""
+    headers = request_headers(outgoing.client_headers, outgoing.request_id, backend.api_key)
+    request = httpx.Request(
+        "POST",
+        endpoint(backend.url, outgoing.target),
+        content=outgoing.body,
+        headers=headers,
+        extensions={"timeout": outgoing.timeout},
+    )
+    try:
+        response = await transport.handle_async_request(request)
+        response.request = request
+    except httpx.HTTPError as exc:
+        raise classify_error(exc) from exc
+    try:
+        if outgoing.stream and response.status_code == 200:
+            # The transport's byte stream itself: `aiter_raw()` would only add a layer per chunk.
+            chunks = aiter(response.stream)
+            head = await first_event(chunks)
+        else:
+            chunks, head = None, await response.aread()
+        failure = classify_response(response.status_code, head, outgoing.stream)
+    except httpx.HTTPError as exc:
+        await response.aclose()
+        raise classify_error(exc) from exc
+    except BaseException:
+        await response.aclose()
+        raise
+    if failure is not None:
+        await response.aclose()
+        raise failure
+    return Opened(response, chunks, head, backend, None)  # type: ignore[arg-type]  # the lease: set by open
