@@ -210,7 +210,8 @@ def create_app(settings: AgentSettings, *, registry: CollectorRegistry | None = 
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), "invalid_request_error", "not_found")
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+        return error_response(exc.status_code, str(exc.detail), "invalid_request_error", code)
 
     def unknown(name: str) -> JSONResponse:
         names = ", ".join(s.name for s in settings.profile.servers)

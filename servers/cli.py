@@ -207,14 +207,10 @@ def _up(args: argparse.Namespace) -> int:
         return 1
     try:
         asyncio.run(supervisor.up())
-    except SupervisorError as exc:
-        _say(f"error: {exc}")
+    except (SupervisorError, KeyboardInterrupt) as exc:
+        _say(f"error: {exc}" if isinstance(exc, SupervisorError) else "interrupted")
         _say("stopping what this run started")
-        asyncio.run(supervisor.down())
-        return 1
-    except KeyboardInterrupt:
-        _say("interrupted: stopping the servers")
-        asyncio.run(supervisor.down())
+        asyncio.run(supervisor.stop_started())
         return 1
     statuses = asyncio.run(supervisor.status())
     for status in statuses:

@@ -231,6 +231,10 @@ class Supervisor:
                     )
         await self.start(initial)
 
+    async def stop_started(self) -> list[StopReport]:
+        """Stop only what this supervisor started (a failed `up` must not take down what ran before it)."""
+        return list(await asyncio.gather(*(self.stop(name) for name in list(self._children))))
+
     async def down(self) -> list[StopReport]:
         reports = await asyncio.gather(*(self.stop(s.name) for s in self.profile.servers))
         return list(reports)

@@ -167,3 +167,19 @@ def test_a_server_that_exits_fails_up_and_leaves_nothing(standin_profile, state_
     assert result.returncode == 1
     assert "exited before it was ready" in result.stderr
     assert recorded_groups(state_dir) == {}
+
+
+def test_time_shared_restart_up_refuses_while_the_other_mode_runs(standin_profile, state_dir):
+    profile = standin_profile("standin-time-shared")
+    text = profile.read_text()
+    profile.write_text(text.replace('initial = "speculative"', 'initial = "plain"'))
+    assert run_cli("up", str(profile), "--state-dir", str(state_dir)).returncode == 0
+    plain_group = recorded_groups(state_dir)["plain"]
+
+    profile.write_text(text)
+    result = run_cli("up", str(profile), "--state-dir", str(state_dir))
+    assert result.returncode == 1
+    assert "plain is running on the GPU set" in result.stderr
+    assert statuses(profile, state_dir)["plain"]["state"] == "ready", "a refused up leaves the running mode alone"
+    assert statuses(profile, state_dir)["speculative"]["state"] == "stopped"
+    assert_down(profile, state_dir, {"plain": plain_group})

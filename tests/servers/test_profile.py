@@ -1,0 +1,171 @@
+"""Deployment profiles: the shipped ones load and say what they must; a wrong one is refused with a message
+that names the field; the argv and environment each server gets (`plan`)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from crossover.servers.launch import launch_commands
+from crossover.servers.profile import ProfileError, load_profile, parse_profile, shipped_profiles
+from tests.servers.conftest import SHIPPED, run_cli
+
+
+def argv_of(profile_name: str, server: str) -> list[str]:
+    return next(c.argv for c in launch_commands(load_profile(profile_name)) if c.name == server)
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_shipped_profiles():
+    assert shipped_profiles() == [
+        "kimi-k25-adaptive",
+        "kimi-k25-time-shared",
+        "llama8b-partitioned",
+        "standin-partitioned",
+        "standin-time-shared",
+    ]
+    for name in shipped_profiles():
+        profile = load_profile(name)
+        assert profile.sglang_version == "0.5.23"
+        assert profile.warnings() == [], f"{name} would inherit SGLang's silent cap of 48"
+
+
+@pytest.mark.parametrize("name", [p.stem for p in SHIPPED.glob("*.toml")])
+def test_every_field_of_a_shipped_profile_is_commented(name):
+    """An operator edits these files: each top-level and first-server setting says what it is."""
+    lines = (SHIPPED / f"{name}.toml").read_text().splitlines()
+    first_server_end = [i for i, line in enumerate(lines) if line == "[[servers]]"][1:2] or [len(lines)]
+    for before, line in zip(["", *lines], lines[: first_server_end[0]], strict=False):
+        if re.match(r"^[a-z_]+ = ", line) and not line.endswith("["):
+            assert "#" in line or before.startswith("#"), f"{name}: uncommented setting {line!r}"
+
+
+def test_reference_deployment_argv():
+    spec = argv_of("kimi-k25-time-shared", "speculative")
+    assert spec[:2] == ["sglang", "serve"]
+    assert flag(spec, "--tp-size") == "8"
+    assert flag(spec, "--speculative-algorithm") == "EAGLE3"
+    assert flag(spec, "--max-running-requests") == "128"
+    assert flag(spec, "--cuda-graph-max-bs-decode") == "128"
+    assert "--cuda-graph-max-bs" not in spec  # the pre-0.5.23 name
+    assert "--mem-fraction-static" not in spec  # let SGLang size it (kimi-k25-figures.md)
+    assert "--enable-metrics" in spec
+    assert json.loads(flag(spec, "--extra-metric-labels")) == {"role": "speculative", "server": "speculative"}
+    plain = argv_of("kimi-k25-time-shared", "plain")
+    assert "--speculative-algorithm" not in plain
+    assert json.loads(flag(plain, "--extra-metric-labels"))["role"] == "plain"
+    env = launch_commands(load_profile("kimi-k25-time-shared"))[0].env
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+    assert env["NCCL_IB_DISABLE"] == "1"
+
+
+def test_sleep_starts_both_servers_with_the_memory_saver_and_weight_backup():
+    text = (SHIPPED / "kimi-k25-time-shared.toml").read_text().replace('mechanism = "restart"', 'mechanism = "sleep"')
+    for command in launch_commands(parse_profile(text, name="k25-sleep", source="test")):
+        assert "--enable-memory-saver" in command.argv and "--enable-weights-cpu-backup" in command.argv
+    assert "--enable-memory-saver" not in argv_of("kimi-k25-time-shared", "speculative")
+
+
+def test_adaptive_and_partitioned_argv():
+    adaptive = argv_of("kimi-k25-adaptive", "adaptive")
+    assert "--speculative-adaptive" in adaptive
+    assert flag(adaptive, "--speculative-adaptive-config").endswith(".json")
+    assert flag(adaptive, "--speculative-eagle-topk") == "1"
+    llama = {c.name: c for c in launch_commands(load_profile("llama8b-partitioned"))}
+    assert flag(llama["speculative"].argv, "--speculative-draft-model-path") == (
+        "jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B"
+    )
+    assert llama["speculative"].env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert llama["plain"].env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+
+
+def test_standin_servers_run_the_sim_with_its_profile_and_time_scale():
+    argv = argv_of("standin-time-shared", "speculative")
+    assert argv[-len(argv) + 1 :][2:4] == ["sim", "serve"]
+    assert flag(argv, "--profile") == "k25-eagle3"
+    assert float(flag(argv, "--time-scale")) > 1
+    assert float(flag(argv, "--startup-delay")) > 0
+    assert flag(argv_of("standin-time-shared", "plain"), "--profile") == "k25-plain"
+
+
+def test_plan_json_is_exactly_the_launch_commands():
+    result = run_cli("plan", "llama8b-partitioned", "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert [set(entry) for entry in plan] == [{"name", "role", "argv", "env"}] * 2
+    assert plan == [c.as_json() for c in launch_commands(load_profile("llama8b-partitioned"))]
+    human = run_cli("plan", "llama8b-partitioned")
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3" in human.stdout and "--speculative-num-steps 3" in human.stdout
+
+
+def good() -> str:
+    return (SHIPPED / "llama8b-partitioned.toml").read_text()
+
+
+def no_eagle(text: str) -> str:
+    """The profile without its [servers.speculative] table."""
+    return re.sub(r"\[servers\.speculative\]\n(.+\n)+", "", text)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda t: t.replace('sglang_version = "0.5.23"', 'sglang_version = "0.4.6"'),
+            "sglang_version: this crossover",
+        ),
+        (lambda t: t.replace('topology = "partitioned"', 'topology = "mirrored"'), "topology: Input should be"),
+        (lambda t: t.replace("num_draft_tokens = 4", "num_draft_tokens = 8"), "num_draft_tokens to num_steps + 1 = 4"),
+        (lambda t: t.replace("tp_size = 4", "tp_size = 2", 1), "tp_size 2 needs exactly 2 GPUs, got 4"),
+        (lambda t: t.replace("port = 30002", "port = 30001"), "two servers listen on the same host and port"),
+        (lambda t: no_eagle(t.replace('role = "speculative"', 'role = "plain"')), "one 'speculative' and one 'plain'"),
+        (lambda t: t.replace("weights_gb = 16", "weights_gb = 16\nwieghts_gb = 1"), "wieghts_gb: Extra inputs"),
+        (lambda t: t.replace("gpus = [4, 5, 6, 7]", "gpus = [4, 4, 6, 7]"), "a GPU id is listed twice"),
+        (no_eagle, "server 'speculative': role 'speculative' needs a [servers.speculative] table"),
+        (lambda t: t.replace("[servers.speculative]", "[servers.eagle]"), "servers.0.eagle: Extra inputs"),
+        (lambda t: t + "\n[time_shared]\nmechanism = 'sleep'\ninitial = 'plain'\n", "belongs to topology"),
+        (lambda t: t.replace("port = 30001", "port = 70000"), "servers.0.port: Input should be less than"),
+        (lambda t: t.replace("topology =", "topology == "), "not valid TOML"),
+    ],
+)
+def test_a_wrong_profile_is_refused_with_a_precise_message(change, message):
+    with pytest.raises(ProfileError) as refused:
+        parse_profile(change(good()), name="bad", source="bad.toml")
+    assert message in str(refused.value)
+    assert str(refused.value).startswith("bad.toml: ")
+
+
+def test_time_shared_needs_its_table_and_a_known_initial_mode():
+    text = (SHIPPED / "standin-time-shared.toml").read_text()
+    with pytest.raises(ProfileError, match=r"time_shared.initial 'eagle' is not a server"):
+        parse_profile(text.replace('initial = "speculative"', 'initial = "eagle"'), name="x", source="x")
+    without = re.sub(r"\[time_shared\]\n(.*\n){2}", "", text.replace("# restart", ""))
+    with pytest.raises(ProfileError, match="needs a \\[time_shared\\] table"):
+        parse_profile(without, name="x", source="x")
+
+
+def test_a_speculative_server_without_a_running_cap_is_warned_about():
+    text = good().replace("max_running_requests = 128", "")
+    profile = parse_profile(text, name="capless", source="x")
+    (warning,) = profile.warnings()
+    assert "'speculative'" in warning and "48" in warning
+    assert "--max-running-requests" not in next(c.argv for c in launch_commands(profile) if c.role == "speculative")
+
+
+def test_plan_warns_about_the_silent_cap(tmp_path):
+    path = tmp_path / "capless.toml"
+    path.write_text(good().replace("max_running_requests = 128", ""))
+    result = run_cli("plan", str(path))
+    assert "silently caps an EAGLE server at 48" in result.stderr
+
+
+def test_unknown_profile_names_the_shipped_ones():
+    with pytest.raises(ProfileError, match="standin-partitioned"):
+        load_profile("no-such-profile")
+    result = run_cli("plan", "no-such-profile")
+    assert result.returncode == 2 and "not a shipped profile" in result.stderr
