@@ -130,15 +130,19 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def record_members(record: ServerRecord) -> list[int]:
+    """Live processes of the recorded server's group - never another group that reuses its id.
+
+    The kernel does not hand out a pid that is still some group's id, so while any process of our group
+    lives, the id is ours. Only when a process with pid == pgid exists but started at another time has the
+    id been reused by a new group after ours ended.
+    """
+    leader_ticks = start_ticks(record.pgid)
+    if leader_ticks is not None and record.start_ticks is not None and leader_ticks != record.start_ticks:
+        return []
+    return group_members(record.pgid)
+
+
 def record_alive(record: ServerRecord) -> bool:
     """The recorded leader still runs, or any process of its group does."""
-    if start_ticks(record.pid) == record.start_ticks and record.start_ticks is not None:
-        return _not_zombie(record.pid)
-    return bool(group_members(record.pgid))
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return bool(record_members(record))

@@ -29,7 +29,7 @@ from crossover.servers import fit
 from crossover.servers.launch import launch_command
 from crossover.servers.process import spawn
 from crossover.servers.profile import Profile, Server
-from crossover.servers.state import ServerRecord, StateStore, group_members, record_alive, start_ticks
+from crossover.servers.state import ServerRecord, StateStore, record_alive, record_members, start_ticks
 
 State = Literal["stopped", "starting", "ready", "released", "stopping", "failed"]
 
@@ -150,14 +150,18 @@ class Supervisor:
         record = self.record(name)
         if record is None:
             return StopReport(name, was_running=False, killed=False, survivors=[])
+        if not record_members(record):  # exited (or crashed) on its own: nothing to signal
+            self.store.remove(name)
+            self._children.pop(name, None)
+            return StopReport(name, was_running=False, killed=False, survivors=[])
         self._signal(record.pgid, signal.SIGTERM)
         killed = False
-        if not await self._group_gone(record.pgid, name, server.stop_timeout_s):
+        if not await self._group_gone(record, name, server.stop_timeout_s):
             self._log(f"{name}: still running {server.stop_timeout_s:g} s after SIGTERM, sending SIGKILL")
             self._signal(record.pgid, signal.SIGKILL)
             killed = True
-            await self._group_gone(record.pgid, name, KILL_GRACE_S)
-        survivors = group_members(record.pgid)
+            await self._group_gone(record, name, KILL_GRACE_S)
+        survivors = record_members(record)
         if not survivors:
             self.store.remove(name)
             self._children.pop(name, None)
@@ -264,11 +268,11 @@ class Supervisor:
         if proc is not None:
             proc.poll()  # collects our own exited child, so it does not linger as a zombie
 
-    async def _group_gone(self, pgid: int, name: str, timeout: float) -> bool:
+    async def _group_gone(self, record: ServerRecord, name: str, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while True:
             self._reap(name)
-            if not group_members(pgid):
+            if not record_members(record):
                 return True
             if time.monotonic() >= deadline:
                 return False
