@@ -51,7 +51,9 @@ def build_state(settings: Settings, registry: CollectorRegistry | None = None) -
     failover = Failover(pools, breaker, metrics, limits.max_failovers)
     state = GatewayState(settings, pools, routing, metrics, admission, breaker, failover)
     if settings.topology == "time-shared":
-        state.switching = SwitchController(settings, pools, routing, metrics, queued_elsewhere=lambda: admission.queued)
+        state.switching = SwitchController(
+            settings, pools, routing, metrics, breaker, queued_elsewhere=lambda: admission.queued
+        )
     return state
 
 
@@ -116,7 +118,15 @@ def create_app(
     live = Live()
     proxies = {
         path: ProxyEndpoint(
-            path, settings, state.pools, state.routing, state.admission, state.failover, state.metrics, live
+            path,
+            settings,
+            state.pools,
+            state.routing,
+            state.admission,
+            state.failover,
+            state.metrics,
+            live,
+            switching=state.switching,
         )
         for path in (CHAT, COMPLETIONS)
     }

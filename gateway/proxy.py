@@ -55,6 +55,7 @@ from crossover.gateway.sse import (
     usage_tokens,
     usage_tokens_in_events,
 )
+from crossover.gateway.switching import ACTIVE_MODE, Lease, SwitchController, SwitchUnavailable
 from crossover.gateway.transport import backend_timeout
 from crossover.gateway.validation import parse_generation
 
@@ -98,6 +99,7 @@ class ProxyEndpoint:
         failover: Failover,
         metrics: Metrics,
         live: Live,
+        switching: SwitchController | None = None,
     ) -> None:
         self.path = path
         self.settings = settings
@@ -107,6 +109,8 @@ class ProxyEndpoint:
         self.failover = failover
         self.metrics = metrics
         self.live = live
+        # Time-shared topology: the switch controller says which mode serves (and holds requests during a switch).
+        self.switching = switching
         self.api_keys = [key.encode() for key in settings.api_keys]
         self.socket_timeout = backend_timeout(settings.timeouts).as_dict()
 
@@ -136,6 +140,9 @@ class Exchange:
         self.deadline: asyncio.Timeout | None = None
         # Set when the deadline is expired early, to say why.
         self.disconnected = self.stalled = self.client_slow = self.shutdown = False
+        # Time-shared: the request's place on the active mode, and why a switch's drain deadline cut it.
+        self.mode_lease: Lease | None = None
+        self.cut_reason: str | None = None
         self.finished = False
         self.opened: Opened | None = None
         self.pool = NO_POOL
@@ -205,6 +212,8 @@ class Exchange:
             opened = self.opened
             if opened is not None:
                 opened.lease.release()
+            if self.mode_lease is not None:
+                self.mode_lease.close()
             if admitted:
                 endpoint.admission.release()
             if opened is not None:
@@ -237,17 +246,23 @@ class Exchange:
 
     async def _relay(self, body: bytes, stream: bool) -> int:
         endpoint, timeouts = self.endpoint, self.timeouts
+        if endpoint.switching is not None:
+            # Time-shared: the active mode takes every request; during a switch this waits in the switch queue
+            # (bounded in length and time), before the first-byte clock starts.
+            self.mode_lease = await endpoint.switching.admit()
+            self.mode_lease.on_cut(self.cut_for_switch)
         now = self.loop.time()
         total_deadline = now + timeouts.total
         first_byte = timeouts.first_byte if stream else timeouts.non_stream
         self.deadline.reschedule(min(total_deadline, now + first_byte) if first_byte else total_deadline)
-        pool, reason = endpoint.route()
+        pool, reason = (self.mode_lease.mode, ACTIVE_MODE) if self.mode_lease is not None else endpoint.route()
         self.pool = pool  # until a backend answers: where the request was headed when it failed
         target = self.endpoint.path
         if self.scope.get("query_string"):
             target += "?" + self.scope["query_string"].decode("latin-1")
         outgoing = Outgoing(target, body, self.scope["headers"], self.request_id, stream, endpoint.socket_timeout)
-        self.opened = opened = await endpoint.failover.open(pool, outgoing)
+        # A time-shared GPU set serves one mode: the other mode's server is stopped or asleep.
+        self.opened = opened = await endpoint.failover.open(pool, outgoing, other_pool=self.mode_lease is None)
         self.pool = opened.backend.pool
         endpoint.metrics.route_decisions.labels(self.pool, reason if self.pool == pool else FALLBACK).inc()
         self.deadline.reschedule(total_deadline)
@@ -348,6 +363,12 @@ class Exchange:
             self.shutdown = True
             self._expire_now()
 
+    def cut_for_switch(self, reason: str) -> None:
+        """A mode switch's drain deadline passed: end the request (an error event and [DONE] if it streams)."""
+        if not self.finished:
+            self.cut_reason = reason
+            self._expire_now()
+
     async def _timed_out(self, stream: bool) -> None:
         timeouts = self.timeouts
         if self.disconnected:
@@ -358,6 +379,9 @@ class Exchange:
         elif self.shutdown:
             self.outcome = labels.SHUTDOWN
             await self._tell(Unavailable(SHUTDOWN_MESSAGE))
+        elif self.cut_reason is not None:
+            self.outcome = labels.UNAVAILABLE
+            await self._tell(SwitchUnavailable(self.cut_reason, code="mode_switch_cut"))
         elif self.stalled:
             self.outcome = labels.TIMEOUT
             await self._tell(BackendTimeout(f"the stream stalled for {timeouts.between_chunks:g} s"))

@@ -1,6 +1,6 @@
 """The switch controller of a time-shared GPU set: one mode serves at a time and takes all traffic.
 
-    controller = SwitchController(settings, pools, routing, metrics)    # built with the gateway's state
+    controller = SwitchController(settings, pools, routing, metrics, breaker)  # built with the gateway's state
     await controller.start(client)          # in the app's lifespan: verify the initial mode, start the timer
     lease = await controller.admit()        # per request: the mode that serves it (waits during a switch)
     lease.on_cut(callback)                  # called if the drain deadline cuts the request
@@ -38,7 +38,8 @@ import httpx
 
 from crossover.gateway import switch_policy
 from crossover.gateway.config import PLAIN, SPECULATIVE, Settings
-from crossover.gateway.errors import GatewayError
+from crossover.gateway.errors import GatewayError, Unavailable
+from crossover.gateway.health import Breaker
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
@@ -57,6 +58,9 @@ MIN_RETRY_AFTER_S = 1
 OK = "ok"
 FAILED = "failed"  # the switch failed; the gateway serves a mode again (usually the old one)
 UNAVAILABLE = "unavailable"  # the switch failed and no mode serves: 503s until one does
+
+# The route decision reason (crossover_route_decisions_total) of every request a time-shared GPU set serves.
+ACTIVE_MODE = "active_mode"
 
 # Reasons a switch starts besides the policy's.
 OPERATOR = "operator"
@@ -79,14 +83,12 @@ class Phase(StrEnum):
     UNAVAILABLE = "unavailable"
 
 
-class SwitchUnavailable(GatewayError):
-    """503 with Retry-After: the switch queue is full or too slow, or no mode serves."""
+class SwitchUnavailable(Unavailable):
+    """503 with Retry-After: the switch queue is full or too slow, no mode serves, or a switch cut the request."""
 
-    status, type, code = 503, "api_error", "mode_switch_in_progress"
-
-    def __init__(self, message: str, *, code: str, retry_after_s: int) -> None:
-        super().__init__(message, code=code)
-        self.headers["retry-after"] = str(retry_after_s)
+    def __init__(self, message: str, *, code: str, retry_after_s: int = MIN_RETRY_AFTER_S) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.code = code
 
 
 class SwitchConflict(GatewayError):
@@ -163,6 +165,7 @@ class SwitchController:
         pools: Pools,
         routing: Routing,
         metrics: Metrics,
+        breaker: Breaker,
         *,
         queued_elsewhere: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.monotonic,
@@ -171,6 +174,7 @@ class SwitchController:
         self.pools = pools
         self.routing = routing
         self.metrics = metrics
+        self.breaker = breaker
         self.queued_elsewhere = queued_elsewhere
         self.clock = clock
         self.mode: str | None = self.settings.initial_mode
@@ -191,6 +195,7 @@ class SwitchController:
         self._timer: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
         self._last_recovery = -math.inf
+        self._closed = False
         metrics.switch_source = lambda: (self.mode if self.phase is not Phase.UNAVAILABLE else None, self.queued)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -203,6 +208,7 @@ class SwitchController:
         self._timer = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
+        self._closed = True
         for task in (self._timer, self._task):
             if task is not None:
                 task.cancel()
@@ -230,6 +236,8 @@ class SwitchController:
         while True:
             if self.phase is Phase.ACTIVE:
                 return Lease(self.mode, self.leases[self.mode])
+            if self._closed:
+                raise SwitchUnavailable("the gateway is shutting down; retry the request", code="gateway_unavailable")
             if self.phase is Phase.UNAVAILABLE:
                 self.metrics.switch_dropped.labels(NO_MODE).inc()
                 raise SwitchUnavailable(
@@ -390,7 +398,7 @@ class SwitchController:
         self.mode = mode
         self.target = None
         for backend in self.pools.pool(mode):
-            self.pools.succeeded(backend)  # it just generated: any ejection from its off time is over
+            self.breaker.succeeded(backend)  # it just generated: any ejection from its off time is over
         self._enter(Phase.ACTIVE)
 
     async def _switch(self, target: str, reason: str) -> None:

@@ -7,17 +7,24 @@ a test sees a switch within seconds; stand-ins run fast (--time-scale).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from dataclasses import dataclass, field
 
 import httpx
 import pytest
 
+from tests.gateway.gateway_helpers import chat, sse_events
 from tests.waiting import wait_until
 
 TOKEN = "switch-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 SCALE = ("--time-scale", "20")
 SWITCH_WAIT_S = 30.0
+DWELL_S = 1.0
+# The load calls for plain from 6 up, and for speculative again below 3.
+THRESHOLD, HYSTERESIS = 6, 3
 
 
 def server_info(url: str) -> dict:
@@ -52,6 +59,64 @@ def wait_phase(gw, phase: str, mode: str | None = None, timeout: float = SWITCH_
     return seen
 
 
+@dataclass
+class ClosedLoop:
+    """Streaming clients that each send a request as soon as their last one ended; `resize` changes how many.
+
+    A client told to stop finishes the request it has under way: every request sent is read to its end.
+    """
+
+    client: httpx.AsyncClient
+    # Long enough (~0.1 s at --time-scale 20) that a client spends most of its time with a request in flight.
+    max_tokens: int = 200
+    results: list[tuple[int, str]] = field(default_factory=list)  # (status, what went wrong or "")
+    tasks: list[tuple[asyncio.Task, list[bool]]] = field(default_factory=list)
+
+    def resize(self, n: int) -> None:
+        while len(self.tasks) > n:
+            self.tasks.pop()[1][0] = False
+        while len(self.tasks) < n:
+            running = [True]
+            self.tasks.append((asyncio.create_task(self._client(running)), running))
+
+    async def _client(self, running: list[bool]) -> None:
+        while running[0]:
+            async with self.client.stream("POST", "/v1/chat/completions", json=chat(True, self.max_tokens)) as r:
+                raw = await r.aread()
+            events = sse_events(raw) if r.status_code == 200 else []
+            errors = [event for event in events if isinstance(event, dict) and "error" in event]
+            problem = "" if r.status_code == 200 and events[-1:] == ["[DONE]"] and not errors else raw.decode()[:300]
+            self.results.append((r.status_code, problem))
+
+    async def stop(self) -> None:
+        for _, running in self.tasks:
+            running[0] = False
+        await asyncio.gather(*(task for task, _ in self.tasks))
+        self.tasks.clear()
+
+
+async def until(condition, timeout: float = SWITCH_WAIT_S, what: str = "condition") -> None:
+    """The asyncio twin of wait_until, for scenarios that generate load meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def serving(gw, mode: str):
+    controller = gw.state.switching
+    return lambda: controller.phase == "active" and controller.mode == mode
+
+
+def switches(gw, mechanism: str) -> dict[tuple[str, str], float]:
+    return {
+        (to, outcome): gw.metric("crossover_mode_switches_total", mechanism=mechanism, to=to, outcome=outcome)
+        for to in ("speculative", "plain")
+        for outcome in ("ok", "failed", "unavailable")
+    }
+
+
 @pytest.fixture
 def sleep_pair(sim):
     """Stand-ins for the two modes of one GPU set: speculative serving, plain asleep (memory released)."""
@@ -63,14 +128,23 @@ def sleep_pair(sim):
 @pytest.fixture
 def time_shared(gateway):
     def start(speculative: str, plain: str, **switching):
-        switching = {"mechanism": "sleep", "dwell": 1.0, "window": 1.0, "interval": 0.1, **switching}
+        switching = {
+            "mechanism": "sleep",
+            "dwell": DWELL_S,
+            "window": 0.5,
+            "interval": 0.05,
+            # Phases long enough, switches cheap enough: a switch always pays, so only the load decides.
+            "expected_phase": 3600.0,
+            "initial_cost": 0.5,
+            **switching,
+        }
         return gateway(
             [speculative],
             [plain],
             topology="time-shared",
             admin_token=TOKEN,
-            threshold=4,
-            hysteresis=2,
+            threshold=THRESHOLD,
+            hysteresis=HYSTERESIS,
             switching=switching,
         )
 
@@ -132,3 +206,55 @@ def test_with_no_mode_left_the_gateway_says_so_and_recovers_when_one_comes_back(
     assert gw.metric("crossover_active_mode", mode="speculative") == 0
     assert gw.metric("crossover_active_mode", mode="plain") == 0
     assert any("no mode serves" in r.getMessage() for r in caplog.records)
+
+
+def test_a_load_step_up_and_back_switches_once_each_way_and_every_request_completes(sleep_pair, time_shared):
+    speculative, plain = sleep_pair
+    gw = time_shared(speculative.url, plain.url)
+    wait_phase(gw, "active", "speculative")
+
+    async def scenario() -> ClosedLoop:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False) as client:
+            load = ClosedLoop(client)
+            load.resize(1)
+            await asyncio.sleep(3 * DWELL_S)  # low load: speculative stays
+            assert switches(gw, "sleep")[("plain", "ok")] == 0
+            load.resize(3 * THRESHOLD)
+            await until(serving(gw, "plain"), what="the switch to plain")
+            await asyncio.sleep(3 * DWELL_S)  # high load holds plain
+            load.resize(1)
+            await until(serving(gw, "speculative"), what="the switch back to speculative")
+            await asyncio.sleep(3 * DWELL_S)
+            await load.stop()
+            return load
+
+    load = asyncio.run(scenario())
+    counts = switches(gw, "sleep")
+    assert counts[("plain", "ok")] == 1 and counts[("speculative", "ok")] == 1, counts
+    assert sum(counts.values()) == 2, counts
+    problems = [result for result in load.results if result != (200, "")]
+    assert not problems, problems[:3]
+    assert len(load.results) > 50
+    assert gw.metric("crossover_switch_dropped_total", reason="cut") == 0
+    assert gw.state.switching.queued == 0 and gw.inflight() == 0
+
+
+def test_load_hovering_at_the_threshold_does_not_flap(sleep_pair, time_shared):
+    speculative, plain = sleep_pair
+    gw = time_shared(speculative.url, plain.url)
+    wait_phase(gw, "active", "speculative")
+
+    async def scenario() -> ClosedLoop:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False) as client:
+            load = ClosedLoop(client)
+            for step in range(40):  # just below and just above the threshold, faster than the window
+                load.resize(THRESHOLD - 1 if step % 2 else THRESHOLD + 1)
+                await asyncio.sleep(0.2)
+            await load.stop()
+            return load
+
+    load = asyncio.run(scenario())
+    counts = switches(gw, "sleep")
+    assert sum(counts.values()) <= 1, counts  # into plain at most once, and never back
+    assert counts[("speculative", "ok")] == 0, counts
+    assert [result for result in load.results if result != (200, "")] == []

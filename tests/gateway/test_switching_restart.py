@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from crossover.servers.process import free_port, spawn, stop, wait_ready
+from crossover.servers.sim.profile import load_profile
 from tests.conftest import crossover_argv
 from tests.gateway.test_switching import TOKEN, admin_state, put_mode, release, released, wait_phase
 from tests.waiting import wait_until
@@ -101,7 +102,11 @@ def agent_box(tmp_path):
     boxes: list[AgentBox] = []
 
     def start(
-        *, startup_s: float = STARTUP_S, plain_startup_s: float | None = None, plain_ready_timeout_s: float = READY_S
+        *,
+        time_scale: float = TIME_SCALE,
+        startup_s: float = STARTUP_S,
+        plain_startup_s: float | None = None,
+        plain_ready_timeout_s: float = READY_S,
     ) -> AgentBox:
         ports = {"speculative": free_port(), "plain": free_port()}
         text = (
@@ -115,7 +120,7 @@ def agent_box(tmp_path):
                 name=name,
                 port=ports[name],
                 sim_profile=sim_profile,
-                time_scale=TIME_SCALE,
+                time_scale=time_scale,
                 startup_s=plain_startup_s if name == "plain" and plain_startup_s is not None else startup_s,
                 ready_timeout_s=plain_ready_timeout_s if name == "plain" else READY_S,
             )
@@ -237,11 +242,13 @@ def test_the_agent_dying_mid_switch_leaves_no_serving_mode_and_the_gateway_says_
 def test_a_sleep_switch_is_several_times_faster_than_a_restart_with_the_same_stand_in_delays(
     agent_box, restart_gateway, sim, gateway
 ):
-    box = agent_box()
+    # Both mechanisms on the same stand-in profile's delays ([memory] startup_s for a restart, release_s and
+    # resume_s for sleep/wake), at the same time scale.
+    scale = 200.0
+    startup_s = load_profile("k25-plain").memory.startup_s / scale
+    box = agent_box(time_scale=scale, plain_startup_s=startup_s)
     restart_gw = restart_gateway(box)
-    # The same stand-ins' own delays for release and resume (profile [memory] / time scale) and start-up.
-    scale = ("--time-scale", f"{TIME_SCALE:g}", "--startup-delay", f"{STARTUP_S:g}")
-    speculative, plain = sim("k25-eagle3", *scale), sim("k25-plain", *scale)
+    speculative, plain = sim("k25-eagle3", "--time-scale", f"{scale:g}"), sim("k25-plain", "--time-scale", f"{scale:g}")
     release(plain.url)
     sleep_gw = gateway(
         [speculative.url],
@@ -258,5 +265,6 @@ def test_a_sleep_switch_is_several_times_faster_than_a_restart_with_the_same_sta
         assert state["last_switch"]["outcome"] == "ok"
         durations[name] = state["last_switch"]["duration_s"]
     assert released(speculative.url)
+    print("switch durations (s):", durations)
     assert durations["restart"] > 3 * durations["sleep"], durations
     assert admin_state(sleep_gw)["switch_cost_s"] == pytest.approx(durations["sleep"], rel=1e-3)
