@@ -38,7 +38,6 @@ FLAGS = {
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-
     bench = subparsers.add_parser(
         "bench",
         help="closed-loop concurrency sweep of OpenAI-compatible targets; finds the crossover",
