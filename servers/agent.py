@@ -37,6 +37,8 @@ from crossover.servers.profile import Profile, Server
 from crossover.servers.supervisor import ServerStatus, Supervisor
 
 STATES = ("stopped", "starting", "ready", "released", "stopping", "failed")
+# How often the state gauge is refreshed when nobody asks (a server that crashed shows up as failed).
+STATE_REFRESH_S = 5.0
 OPEN_PATHS = ("/health", "/metrics")
 
 Operation = Literal["start", "stop"]
@@ -187,9 +189,17 @@ def create_app(settings: AgentSettings, *, registry: CollectorRegistry | None = 
         # Adopt what a previous agent (or `crossover servers up`) started: report it, never start a duplicate.
         for server in settings.profile.servers:
             await agent.status(server.name)
+        refresher = asyncio.create_task(refresh_states())
         yield
-        for task in list(agent.tasks):
+        for task in [refresher, *agent.tasks]:
             task.cancel()
+
+    async def refresh_states() -> None:
+        while True:
+            await asyncio.sleep(STATE_REFRESH_S)
+            for server in settings.profile.servers:
+                with contextlib.suppress(Exception):  # a failed probe must not end the refresher
+                    await agent.status(server.name)
 
     app = FastAPI(title="crossover GPU-host agent", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.agent = agent
