@@ -183,3 +183,27 @@ def test_a_start_that_fails_is_reported_as_failed(standin_profile, start_agent):
     failed = agent.wait_state("plain", "failed", "ready")
     assert failed["state"] == "failed" and "exited before it was ready" in failed["error"]
     assert 'operation="start",outcome="failed"} 1.0' in agent.client(None).get("/metrics").text
+
+
+def test_sleep_a_start_of_the_released_mode_resumes_it(standin_profile, start_agent, state_dir):
+    profile = standin_profile("standin-time-shared", mechanism="sleep")
+    up = run_cli("up", str(profile), "--state-dir", str(state_dir))
+    assert up.returncode == 0, up.stderr
+    agent = start_agent(profile)
+    client = agent.client()
+    plain = client.get("/servers/plain").json()
+    assert plain["state"] == "released"
+    assert client.get("/servers/speculative").json()["state"] == "ready"
+
+    held = client.post("/servers/plain/start")
+    assert held.status_code == 409 and "'speculative' holds GPUs" in held.json()["error"]["message"]
+    assert client.post("/servers/speculative/stop").status_code == 202
+    assert agent.wait_state("speculative", "stopped", "failed")["state"] == "stopped"
+
+    assert client.post("/servers/plain/start").status_code == 202
+    resumed = agent.wait_state("plain", "ready", "failed")
+    assert resumed["state"] == "ready" and resumed["pid"] == plain["pid"], "resumed in place, not restarted"
+    completion = httpx.post(
+        f"{resumed['url']}/v1/completions", json={"model": "kimi-k2.5", "prompt": "hi", "max_tokens": 1}, timeout=10
+    )
+    assert completion.status_code == 200

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 
 import httpx
 import pytest
@@ -183,3 +184,53 @@ def test_time_shared_restart_up_refuses_while_the_other_mode_runs(standin_profil
     assert statuses(profile, state_dir)["plain"]["state"] == "ready", "a refused up leaves the running mode alone"
     assert statuses(profile, state_dir)["speculative"]["state"] == "stopped"
     assert_down(profile, state_dir, {"plain": plain_group})
+
+
+# Answers /health with 200 but fails every generation: `up` must not take it for ready.
+HEALTHY_BUT_BROKEN = """
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b'{"object": "list", "data": [{"id": "kimi-k2.5"}]}' if self.path == "/v1/models" else b""
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        self.send_response(500)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_ready_means_a_generation_not_a_health_check(standin_profile, state_dir):
+    profile = standin_profile(
+        "standin-partitioned", launcher=[sys.executable, "-c", HEALTHY_BUT_BROKEN], ready_timeout_s=2.0
+    )
+    result = run_cli("up", str(profile), "--state-dir", str(state_dir))
+    assert result.returncode == 1
+    assert "no 1-token generation within 2 s (last: /v1/completions answered 500)" in result.stderr
+    assert recorded_groups(state_dir) == {}, "a server that never generated is stopped again"
+
+
+def test_a_crashed_server_shows_as_failed_and_down_cleans_up(standin_profile, state_dir):
+    profile = standin_profile("standin-partitioned")
+    assert run_cli("up", str(profile), "--state-dir", str(state_dir)).returncode == 0
+    groups = recorded_groups(state_dir)
+    os.killpg(groups["plain"], signal.SIGKILL)
+    wait_until(lambda: not group_members(groups["plain"]), what="the plain server to die")
+
+    status = statuses(profile, state_dir)
+    assert status["plain"]["state"] == "failed" and "plain.log" in status["plain"]["error"]
+    assert status["speculative"]["state"] == "ready"
+    stderr = assert_down(profile, state_dir, groups)
+    assert "plain: not running" in stderr
