@@ -10,6 +10,7 @@ Generation lives in generation.py; this module holds health, info, load, metrics
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 import time
 from contextlib import asynccontextmanager
@@ -55,6 +56,8 @@ class SimSettings:
 
 def run(settings: SimSettings, *, log_level: str = "warning") -> None:
     """Serve until SIGINT/SIGTERM. Open streams end cleanly (finish_reason "abort", [DONE]) at shutdown."""
+    # The stand-in's own warnings (falling behind its schedule, a resume of unreleased memory) on stderr.
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
 
     class Server(uvicorn.Server):
@@ -142,6 +145,7 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
             {
                 **server_args(settings),
                 "memory": memory_report(live),
+                "schedule": live.schedule_report(),
                 "max_total_num_tokens": profile.limits.max_total_num_tokens,
                 "max_req_input_len": profile.limits.context_length - 1,
                 "internal_states": [internal_state(live, profile)],

@@ -10,7 +10,8 @@
 The engine's clock is profile time: it advances by each step's duration (and by idle time x time_scale),
 so the engine computes exactly what it computes in a virtual-time curve; only the sleeping differs.
 Steps are scheduled against deadlines, so sleep overshoot is made up on the next step; when the machine
-cannot keep up for longer than MAX_LAG_S, the loop stops catching up and simply runs slower.
+cannot keep up for longer than MAX_LAG_S, the loop stops catching up and simply runs slower - and says so
+(schedule.py: `schedule_report()`, a warning line when it starts lagging).
 
 Lifecycle states SGLang has and the stand-in mirrors (0.5.23: tokenizer_manager.py, scheduler.py,
 scheduler_components/weight_updater.py): starting (weights loading); paused (`/pause_generation`: new requests
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 
 from crossover.servers.sim.engine import QUEUE_FULL_MESSAGE, Engine, PauseMode, QueueFull, Sequence, State, Step
 from crossover.servers.sim.profile import Memory
+from crossover.servers.sim.schedule import ScheduleTracker
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +90,7 @@ class LiveEngine:
         self._anchor_clock = 0.0
         self._anchor_limit = 0.0
         self._samples: deque[tuple[float, int]] = deque()
+        self.schedule: ScheduleTracker | None = None  # made in start(), on the loop's clock
         self.released: set[str] = set()
         self.memory_stats = MemoryStats()
         # Requests that arrived while generation was paused: SGLang's tokenizer manager holds them before the
@@ -102,6 +105,7 @@ class LiveEngine:
         self._ready_at = loop.time() + self.startup_delay_s
         self._anchor(loop.time(), float("inf"))
         self._samples.append((time.monotonic(), 0))
+        self.schedule = ScheduleTracker(self.time_scale, now=loop.time(), clock=self._clock)
         self._task = asyncio.create_task(self._run(), name="sim-step-loop")
         self._task.add_done_callback(self._crashed)
 
@@ -274,17 +278,27 @@ class LiveEngine:
         while len(samples) > 1 and now - samples[1][0] >= THROUGHPUT_WINDOW_S:
             samples.popleft()
 
+    def schedule_report(self) -> dict:
+        """`/server_info` "schedule": whether this stand-in keeps up with its profile at its time scale."""
+        assert self.schedule is not None, "start() first"
+        return self.schedule.report(asyncio.get_running_loop().time(), self.now())
+
+    def schedule_lag_s(self) -> float:
+        return self.schedule.lag_s(asyncio.get_running_loop().time()) if self.schedule is not None else 0.0
+
     # --- the step loop --------------------------------------------------------------------------------
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        engine, scale = self.engine, self.time_scale
+        engine, scale, schedule = self.engine, self.time_scale, self.schedule
+        assert schedule is not None
         deadline = loop.time()
         while True:
             step = engine.next_step(self._clock)
             if step is None or step.kind == "wait":
                 # Nothing is computing: sleep until there is work, or until a first token is due (measured
                 # profiles), but wake early for an arrival - its first token may be due sooner.
+                schedule.idle()
                 self._wake.clear()
                 self._anchor(loop.time(), step.duration if step else float("inf"))
                 with contextlib.suppress(TimeoutError):
@@ -294,13 +308,16 @@ class LiveEngine:
                 if step is not None:
                     self._deliver(step)
                 continue
-            self._anchor(loop.time(), step.duration)
-            deadline = max(deadline, loop.time() - MAX_LAG_S) + step.duration / scale
+            now = loop.time()
+            self._anchor(now, step.duration)
+            schedule.step_started(now, step.duration / scale)
+            deadline = max(deadline, now - MAX_LAG_S) + step.duration / scale
             delay = deadline - loop.time()
             # Even when late, yield once so the streams can write what the last step produced.
             await asyncio.sleep(delay if delay > 0 else 0)
             self._clock += step.duration
             self._deliver(step)
+            schedule.step_done(loop.time(), self._clock)
 
     def _deliver(self, step: Step) -> None:
         touched, _ = self.engine.finish_step(step, self._clock)

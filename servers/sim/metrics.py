@@ -211,7 +211,7 @@ class _StandInMetrics(Collector):
     def __init__(self, live: LiveEngine, labels: dict[str, str]):
         self._live, self._names, self._values = live, list(labels), list(labels.values())
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         refused = CounterMetricFamily(
             "crossover_sim_release_refused",
             "Calls of /release_memory_occupation refused because requests were in flight (SGLang would crash).",
@@ -219,3 +219,11 @@ class _StandInMetrics(Collector):
         )
         refused.add_metric(self._values, float(self._live.memory_stats.release_refused_total))
         yield refused
+        lag = GaugeMetricFamily(
+            "crossover_sim_schedule_lag_seconds",
+            "How far (wall seconds) the stand-in's step loop is behind its schedule; above 0 for long, its "
+            "throughput is below its profile's.",
+            labels=self._names,
+        )
+        lag.add_metric(self._values, self._live.schedule_lag_s())
+        yield lag
