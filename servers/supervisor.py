@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +81,7 @@ class Supervisor:
         self.profile = profile
         self.store = StateStore(state_dir, profile.name)
         self._log = log or (lambda message: None)
-        self._children: dict[str, object] = {}  # Popen of servers this process started: reaped on stop
+        self._children: dict[str, subprocess.Popen] = {}  # servers this process started: reaped on stop
 
     # --- one server -------------------------------------------------------------------------------------
 
@@ -118,7 +119,7 @@ class Supervisor:
                     env={**os.environ, **command.env},
                     stdout=log_file,
                     stderr=log_file,
-                    stdin=open(os.devnull),  # noqa: SIM115 - the child owns it
+                    stdin=subprocess.DEVNULL,
                 )
             except OSError as exc:
                 raise SupervisorError(f"{name}: cannot run {command.argv[0]!r}: {exc.strerror}") from None
