@@ -30,7 +30,21 @@ from crossover.servers.sim.profile_file import (
 )
 from crossover.servers.sim.results import measured_profile_data
 
-__all__ = ["KINDS", "Profile", "ProfileError", "available_profiles", "load_profile", "with_overrides"]
+__all__ = [
+    "KINDS",
+    "Limits",
+    "MeasuredPoint",
+    "Memory",
+    "Parametric",
+    "Prefill",
+    "Profile",
+    "ProfileError",
+    "Speculative",
+    "StepTable",
+    "available_profiles",
+    "load_profile",
+    "with_overrides",
+]
 
 Kind = Literal["parametric", "steptable", "measured"]
 ProfileFileModel = ParametricFile | SteptableFile | MeasuredFile
