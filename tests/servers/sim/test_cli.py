@@ -53,6 +53,11 @@ def test_curve_table_and_steps():
         (["sim", "curve", "--profile", "k25-plain", "--concurrency", "0,2"], "positive integers"),
         (["sim", "serve", "--profile", "k25-plain", "--port", "1", "--time-scale", "0"], "must be a finite number > 0"),
         (["sim", "serve", "--profile", "k25-plain", "--port", "1", "--extra-metric-labels", "[1]"], "JSON object"),
+        (
+            ["sim", "serve", "--profile", "k25-plain", "--port", "1", "--release-delay", "-1"],
+            "must be a finite number >= 0",
+        ),
+        (["sim", "serve", "--profile", "k25-plain", "--port", "70000"], "not a TCP port"),
     ],
 )
 def test_bad_arguments_fail_clearly(args, message):
@@ -130,3 +135,11 @@ def test_measured_profile_serves_its_model(sim, tmp_path):
         answer = client.post(f"{server.url}/v1/chat/completions", json=body).json()
         assert answer["usage"]["completion_tokens"] == 20
         assert client.get(f"{server.url}/server_info").json()["simulator"]["kind"] == "measured"
+
+
+def test_serve_takes_switch_costs_from_the_profile_or_the_flags(sim):
+    # The `sim` fixture passes --startup-delay 0; release and resume: one from a flag, one from the profile.
+    server = sim("k25-eagle3", "--time-scale", "1000", "--release-delay", "0.01")
+    info = httpx.get(server.url + "/server_info", timeout=10.0).json()
+    assert info["simulator"]["delays_s"] == {"startup": 0.0, "release": 0.01, "resume": 25.0 / 1000}
+    assert info["schedule"]["time_scale"] == 1000.0 and info["memory"]["released"] == []
