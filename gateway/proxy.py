@@ -148,6 +148,8 @@ class Exchange:
         self.pool = NO_POOL
         self.outcome = labels.BACKEND_ERROR
         self.response_started = False
+        # Until the whole body is in, an early answer must close the connection: the rest is still coming.
+        self.body_unread = True
         # Backend silence and blocked client writes are timed apart: only the first is the backend's.
         self.last_chunk_at = 0.0
         self.writing_since: float | None = None
@@ -240,6 +242,7 @@ class Exchange:
                         raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes")
                     chunks.append(chunk)
                     if not message.get("more_body", False):
+                        self.body_unread = False
                         return b"".join(chunks)
         except TimeoutError:
             raise RequestTimeout(f"the request body did not arrive within {self.timeouts.request_body:g} s") from None
@@ -408,6 +411,8 @@ class Exchange:
             async with asyncio.timeout(LAST_WORDS_TIMEOUT_S):
                 if not self.response_started:
                     extra = [(POOL, self.pool.encode())] if self.pool != NO_POOL else []
+                    if self.body_unread:
+                        extra.append((b"connection", b"close"))
                     await send_error(self.send, error, self.request_id, extra)
                     return
                 if not self.last_chunk.endswith(DONE):  # a stream that already said [DONE] just ends

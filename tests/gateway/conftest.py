@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -27,7 +28,8 @@ from tests.gateway.gateway_helpers import SIM_SCALE, WAIT_S, RunningGateway
 def gateway(serve):
     def start(speculative: list[str], plain: list[str], transport=None, **overrides) -> RunningGateway:
         overrides.setdefault("health", {"interval": 0.5, "timeout": 2.0})
-        settings = Settings(pools={"speculative": {"backends": speculative}, "plain": {"backends": plain}}, **overrides)
+        overrides.setdefault("pools", {"speculative": {"backends": speculative}, "plain": {"backends": plain}})
+        settings = Settings(**overrides)
         registry = CollectorRegistry()
         app = create_app(settings, registry=registry, transport=transport)
         server = serve(app)
@@ -47,6 +49,7 @@ class GatewayProcess:
     url: str
     port: int
     proc: subprocess.Popen
+    log_path: Path
 
     def metrics(self) -> dict[tuple[str, tuple], float]:
         """Every sample of /metrics: {(name, sorted label pairs): value}."""
@@ -57,25 +60,39 @@ class GatewayProcess:
             for sample in family.samples
         }
 
+    def log(self) -> str:
+        """What the gateway wrote to stdout and stderr so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
 
 @pytest.fixture
 def gateway_process(tmp_path):
-    """`crossover serve --config FILE` as a subprocess: `gateway_process(toml_text)` -> GatewayProcess (ready)."""
+    """`crossover serve --config FILE` as a subprocess: `gateway_process(toml_text)` -> GatewayProcess (ready).
+    `nofile=N` runs it under `ulimit -n N`."""
     started: list[subprocess.Popen] = []
 
-    def start(config: str, env: dict[str, str] | None = None) -> GatewayProcess:
+    def start(config: str, env: dict[str, str] | None = None, nofile: int | None = None) -> GatewayProcess:
         port = free_port()
         path = tmp_path / f"gateway-{port}.toml"
         path.write_text(f'port = {port}\nlog_level = "warning"\n{config}')
-        proc = spawn(
-            [sys.executable, "-m", "crossover.gateway.cli", "serve", "--config", str(path)],
-            die_with_parent=False,
-            env={**os.environ, **(env or {})},
-        )
+        argv = [sys.executable, "-m", "crossover.gateway.cli", "serve", "--config", str(path)]
+        if nofile is not None:
+            argv = ["prlimit", f"--nofile={nofile}:{nofile}", *argv]
+        log_path = tmp_path / f"gateway-{port}.log"
+        with log_path.open("wb") as log:
+            proc = spawn(
+                argv, die_with_parent=False, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT
+            )
         started.append(proc)
         url = f"http://127.0.0.1:{port}"
         wait_ready(url + "/health", proc, WAIT_S)
-        return GatewayProcess(url, port, proc)
+        return GatewayProcess(url, port, proc, log_path)
 
     yield start
     stop(started, timeout=30)

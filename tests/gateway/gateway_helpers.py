@@ -127,11 +127,14 @@ class Scripted:
         self.chunks, self.status, self.headers, self.body = list(chunks), status, list(headers), body
         self.delay_s, self.gap_s, self.stall_after = delay_s, gap_s, stall_after
         self.requests: list[tuple[str, dict[bytes, bytes], bytes]] = []
+        self.queries: list[bytes] = []
+        self.probes: list[tuple[str, dict[bytes, bytes]]] = []  # the gateway's own calls: health, models
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
         if scope["path"] in ("/health", "/v1/models"):
+            self.probes.append((scope["path"], dict(scope["headers"])))
             body = (
                 b"" if scope["path"] == "/health" else json.dumps({"object": "list", "data": [{"id": MODEL}]}).encode()
             )
@@ -145,6 +148,7 @@ class Scripted:
             if not message.get("more_body"):
                 break
         self.requests.append((scope["path"], dict(scope["headers"]), body))
+        self.queries.append(scope["query_string"])
         if self.delay_s and await self._disconnected(receive, self.delay_s):
             return
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})

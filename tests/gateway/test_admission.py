@@ -2,10 +2,12 @@
 
 import asyncio
 
+import httpx
 import pytest
 
 from crossover.gateway.admission import Admission
 from crossover.gateway.errors import Overloaded
+from tests.gateway.gateway_helpers import LONG, chat, wait_until
 
 
 def test_over_the_limit_and_queue_is_429():
@@ -63,3 +65,30 @@ def test_queue_timeout_and_cancellation_leave_no_trace():
         assert admission.active == 0
 
     asyncio.run(scenario())
+
+
+def test_a_client_that_leaves_while_queued_frees_its_place_at_once(sims, gateway):
+    speculative, plain = sims
+    gw = gateway([speculative.url], [plain.url], limits={"max_inflight": 1, "max_queued": 1}, timeouts={"queue": 30})
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=gw.url, timeout=20, trust_env=False) as client:
+            held = await client.send(
+                client.build_request("POST", "/v1/chat/completions", json=chat(True, LONG)), stream=True
+            )
+            try:
+                departing = asyncio.create_task(client.post("/v1/chat/completions", json=chat()))
+                await asyncio.to_thread(wait_until, lambda: gw.state.admission.queued == 1, what="a queued request")
+                departing.cancel()  # the client hangs up while it waits for a slot
+                await asyncio.to_thread(wait_until, lambda: gw.state.admission.queued == 0, what="the place freed")
+                waiting = asyncio.create_task(client.post("/v1/chat/completions", json=chat()))
+                await asyncio.to_thread(wait_until, lambda: gw.state.admission.queued == 1, what="the next in line")
+            finally:
+                await held.aclose()
+            return await waiting
+
+    served = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert served.status_code == 200  # it got the place, not a 429 for a queue of departed clients
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="none", outcome="client_disconnect") == 1
+    assert gw.metric("crossover_requests_total", pool="none", outcome="overloaded") == 0

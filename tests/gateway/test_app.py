@@ -86,6 +86,10 @@ def test_models_health_and_request_ids(sims, gateway):
         assert len(generated.headers["x-request-id"]) == 32
         error = client.post("/v1/chat/completions", content=b"{", headers={"x-request-id": "bad-1"})
         assert error.headers["x-request-id"] == "bad-1"
+        # Every endpoint carries one, not only the proxied ones.
+        for path in ("/v1/models", "/health", "/metrics", "/v1/nothing"):
+            assert client.get(path, headers={"x-request-id": "t-7"}).headers["x-request-id"] == "t-7", path
+            assert len(client.get(path).headers["x-request-id"]) == 32, path
 
 
 def test_health_is_503_when_no_backend_is_healthy(gateway):

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import socket
 
 import httpx
 import pytest
 
+from crossover.gateway.config import TimeoutSettings
 from tests.gateway.gateway_helpers import LONG, Scripted, chat, sim_running, sse_events, stream_text, wait_until
 
 SSE = [(b"content-type", b"text/event-stream")]
@@ -256,3 +258,128 @@ def test_a_thousand_streams_with_random_disconnects_leave_nothing_in_flight(sim,
         for (name, labels), value in samples.items()
         if value
     )
+
+
+BIG_EVENT = b"data: " + b"x" * 65_000 + b"\n\n"
+
+
+def test_a_slow_reader_gets_its_whole_stream_and_the_backend_is_not_blamed(serve, gateway):
+    # ~33 MB, produced at once (more than the kernel buffers on both sides hold): the client's pause fills every
+    # buffer, so the gateway's writes block for far longer than between_chunks. That silence is the client's.
+    backend = Scripted(chunks=[BIG_EVENT] * 512 + [b"data: [DONE]\n\n"], headers=SSE)
+    url = serve(backend).url
+    gw = gateway([url], [url], timeouts={"between_chunks": 0.3})
+
+    async def scenario():
+        async with (
+            httpx.AsyncClient(base_url=gw.url, timeout=30, trust_env=False) as client,
+            client.stream("POST", "/v1/chat/completions", json=chat(True)) as response,
+        ):
+            received = 0
+            async for chunk in response.aiter_raw():
+                if received == 0:
+                    await asyncio.sleep(1.5)
+                received += len(chunk)
+            return received
+
+    received = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert received == 512 * len(BIG_EVENT) + len(b"data: [DONE]\n\n")
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="ok") == 1
+    assert all(backend.healthy for backend in gw.state.pools.all())
+
+
+def test_a_client_that_stops_reading_is_its_own_outcome(serve, gateway):
+    backend = Scripted(chunks=[BIG_EVENT] * 512 + [b"data: [DONE]\n\n"], headers=SSE)
+    url = serve(backend).url
+    gw = gateway([url], [url], timeouts={"between_chunks": 0.3, "client_write": 0.5})
+
+    async def scenario():
+        async with (
+            httpx.AsyncClient(base_url=gw.url, timeout=30, trust_env=False) as client,
+            client.stream("POST", "/v1/chat/completions", json=chat(True)) as response,
+        ):
+            chunks = response.aiter_raw()  # kept: a dropped iterator would close the response
+            await anext(chunks)
+            await asyncio.to_thread(
+                wait_until,
+                lambda: gw.metric("crossover_requests_total", pool="speculative", outcome="client_slow") == 1,
+                what="the stalled client's stream to end",
+            )
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="timeout") == 0
+    assert all(backend.healthy and backend.failures == 0 for backend in gw.state.pools.all())
+
+
+def test_http10_clients_get_no_chunked_encoding(serve, gateway):
+    backend = Scripted(chunks=ODD_CHUNKS, headers=SSE, gap_s=0.01)
+    url = serve(backend).url
+    gw = gateway([url], [url])
+    body = json.dumps(chat(True)).encode()
+    with socket.create_connection(("127.0.0.1", int(gw.url.rsplit(":", 1)[1])), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(body), body)
+        )
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    assert b"transfer-encoding" not in head.lower()
+    assert b"content-length: %d" % len(payload) in head.lower()
+    assert payload == b"".join(ODD_CHUNKS)
+
+
+def test_the_query_string_reaches_the_backend(serve, gateway):
+    backend = Scripted(body=json.dumps({"choices": []}).encode())
+    url = serve(backend).url
+    gw = gateway([url], [url])
+    with httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client:
+        assert client.post("/v1/chat/completions?api-version=2024-06-01", json=chat()).status_code == 200
+    assert backend.requests[0][0] == "/v1/chat/completions"
+    assert backend.queries == [b"api-version=2024-06-01"]
+
+
+def test_a_200_error_body_to_a_non_streaming_request_is_not_a_success(serve, gateway):
+    event = b'data: {"error": {"message": "bad logit_bias", "code": 400}}\n\ndata: [DONE]\n\n'
+    url = serve(Scripted(body=event, headers=SSE)).url
+    gw = gateway([url], [url])
+    with httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client:
+        response = client.post("/v1/chat/completions", json=chat())
+    assert response.status_code == 400 and response.json()["error"]["message"] == "bad logit_bias"
+
+
+def test_integer_logprobs_on_completions_pass_to_the_backend(sims, gateway):
+    speculative, plain = sims
+    gw = gateway([speculative.url], [plain.url])
+    body = {"model": chat()["model"], "prompt": "hi", "max_tokens": 4, "logprobs": 2}
+    with httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client:
+        through = client.post("/v1/completions", json=body)
+    direct = httpx.post(speculative.url + "/v1/completions", json=body, timeout=10, trust_env=False)
+    assert through.status_code == direct.status_code == 200
+
+
+def test_a_ten_minute_non_streaming_generation_completes_with_default_timeouts(sim, gateway, tmp_path):
+    """The reference deployment at full load: ~7 tok/s per request, so 4,096 tokens take ~10 minutes. Run at
+    100x, with every default timeout of the gateway scaled by the same factor."""
+    scale = 100.0
+    profile = tmp_path / "seven-tps.toml"
+    profile.write_text(
+        'kind = "measured"\nmodel_name = "moonshotai/Kimi-K2.5"\n'
+        "[[points]]\nconcurrency = 1\nper_request_throughput = 7.0\nttft_s = 1.0\n"
+    )
+    speculative = sim(str(profile), "--time-scale", str(scale))
+    plain = sim(str(profile), "--time-scale", str(scale))
+    defaults = TimeoutSettings()
+    scaled = {
+        name: value / scale
+        for name, value in defaults.model_dump().items()
+        if isinstance(value, float) and name not in ("backend_keepalive", "client_keepalive")
+    }
+    gw = gateway([speculative.url], [plain.url], timeouts=scaled)
+    with httpx.Client(base_url=gw.url, timeout=60, trust_env=False) as client:
+        response = client.post("/v1/chat/completions", json=chat(False, 4096, ignore_eos=True))
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 4096
