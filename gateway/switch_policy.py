@@ -39,7 +39,8 @@ again, so a wrong estimate cannot hold the wrong mode forever).
 
 r_old and r_new come from a `RateModel`: `ThresholdRates` (the default) knows only the threshold and says
 the mode it calls for is `advantage` faster; `CurveRates` interpolates measured or simulated throughput
-curves (a `crossover bench` result, or the stand-in's profiles: `crossover sim replay` builds them).
+curves (`CurveRates.from_levels` reads the levels of a `crossover bench` results.json; `crossover sim replay`
+builds them from the stand-in's profiles).
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 Mode = Literal["speculative", "plain"]
 SPECULATIVE: Mode = "speculative"
@@ -132,6 +133,17 @@ class CurveRates:
         cls, *, speculative: Iterable[tuple[float, float]], plain: Iterable[tuple[float, float]]
     ) -> CurveRates:
         return cls(_curve(speculative, SPECULATIVE), _curve(plain, PLAIN))
+
+    @classmethod
+    def from_levels(cls, levels: Iterable[Mapping[str, Any]], *, speculative: str, plain: str) -> CurveRates:
+        """From `crossover bench` results (the `levels` of a parsed results.json): each target's
+        `output_throughput` per `concurrency`; levels without completed requests are skipped."""
+        points: dict[str, list[tuple[float, float]]] = {speculative: [], plain: []}
+        for level in levels:
+            target, throughput = level.get("target"), level.get("output_throughput")
+            if target in points and level.get("completed") and isinstance(throughput, int | float) and throughput > 0:
+                points[target].append((level["concurrency"], throughput))
+        return cls.from_points(speculative=points[speculative], plain=points[plain])
 
     def __post_init__(self) -> None:
         _curve(self.speculative, SPECULATIVE)

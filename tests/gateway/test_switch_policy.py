@@ -257,6 +257,23 @@ def test_curves_weigh_the_gain_at_the_measured_rates():
     assert reason(1090.0) == LOAD_ABOVE_THRESHOLD
 
 
+def test_curves_from_bench_results_levels():
+    levels = [
+        {"target": "speculative", "concurrency": 1, "completed": 10, "output_throughput": 96.0},
+        {"target": "speculative", "concurrency": 64, "completed": 90, "output_throughput": 340.0},
+        {"target": "plain", "concurrency": 1, "completed": 10, "output_throughput": 93.0},
+        {"target": "plain", "concurrency": 64, "completed": 90, "output_throughput": 360.0},
+        {"target": "plain", "concurrency": 128, "completed": 0, "output_throughput": 0.0},  # a failed level
+        {"target": "other", "concurrency": 1, "completed": 5, "output_throughput": 1.0},
+    ]
+    rates = CurveRates.from_levels(levels, speculative="speculative", plain="plain")
+    assert rates.speculative == ((1.0, 96.0), (64.0, 340.0))
+    assert rates.plain == ((1.0, 93.0), (64.0, 360.0))
+    assert rates.crossover() == 64
+    with pytest.raises(ValueError, match="plain curve"):
+        CurveRates.from_levels(levels, speculative="speculative", plain="eagle")
+
+
 def test_curve_crossover():
     rates = CurveRates.from_points(
         speculative=[(1, 100), (10, 500), (100, 600)], plain=[(1, 80), (10, 450), (100, 900)]
