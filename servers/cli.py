@@ -25,6 +25,7 @@ from pathlib import Path
 from crossover.gateway.cli import port
 
 TOKEN_ENV = "CROSSOVER_AGENT_TOKEN"
+FOREGROUND_CHECK_S = 1.0  # --foreground: how often it looks for servers that exited
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -230,11 +231,14 @@ async def _stay_attached(supervisor) -> int:
     failed = None
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=1.0)
-        for server in supervisor.profile.servers:
-            record = supervisor.record(server.name)
-            if record is not None and not supervisor.running(server.name):
-                failed = server.name
+            await asyncio.wait_for(stop.wait(), timeout=FOREGROUND_CHECK_S)
+        records = {s.name: supervisor.record(s.name) for s in supervisor.profile.servers}
+        if not any(records.values()):
+            _say("the servers were stopped from elsewhere (`down`); nothing left to supervise")
+            return 0
+        for name, record in records.items():
+            if record is not None and not record.stopping and not supervisor.running(name):
+                failed = name
                 stop.set()
     if failed:
         _say(f"{failed} exited; stopping the others")

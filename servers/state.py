@@ -35,6 +35,7 @@ class ServerRecord(BaseModel):
     argv: list[str] = Field(default_factory=list)
     ready_s: float | None = None  # how long the last start took to answer a generation
     released: bool = False  # sleep: GPU memory released, weights in host memory
+    stopping: bool = False  # a stop (from any process) has begun: its exit is not a crash
 
 
 class StateFile(BaseModel):

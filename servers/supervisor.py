@@ -155,6 +155,7 @@ class Supervisor:
             self.store.remove(name)
             self._children.pop(name, None)
             return StopReport(name, was_running=False, killed=False, survivors=[])
+        self.store.update(name, stopping=True)
         self._signal(record.pgid, signal.SIGTERM)
         killed = False
         if not await self._group_gone(record, name, server.stop_timeout_s):
@@ -191,6 +192,10 @@ class Supervisor:
         record = self.record(name)
         if record is None:
             return ServerStatus(name, server.role, "stopped", None, server.url, None)
+        if record.stopping:
+            if record_alive(record):
+                return ServerStatus(name, server.role, "stopping", record.pid, server.url, record.ready_s)
+            return ServerStatus(name, server.role, "stopped", None, server.url, record.ready_s)
         if not record_alive(record):
             return ServerStatus(
                 name, server.role, "failed", None, server.url, record.ready_s, f"exited; see {record.log}"

@@ -234,3 +234,23 @@ def test_a_crashed_server_shows_as_failed_and_down_cleans_up(standin_profile, st
     assert status["speculative"]["state"] == "ready"
     stderr = assert_down(profile, state_dir, groups)
     assert "plain: not running" in stderr
+
+
+def test_a_foreground_supervisor_ends_when_down_runs_elsewhere(standin_profile, state_dir):
+    profile = standin_profile("standin-partitioned")
+    supervisor = spawn(
+        crossover_argv("servers", "up", str(profile), "--state-dir", str(state_dir), "--foreground"),
+        die_with_parent=False,
+    )
+    try:
+        wait_until(
+            lambda: all(s["state"] == "ready" for s in statuses(profile, state_dir).values()),
+            timeout=READY_WAIT_S,
+            what="both stand-ins ready",
+        )
+        assert_down(profile, state_dir, recorded_groups(state_dir))
+        assert supervisor.wait(30) == 0
+    finally:
+        if supervisor.poll() is None:
+            os.killpg(supervisor.pid, signal.SIGKILL)
+            supervisor.wait(10)
