@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from tests.gateway.gateway_helpers import chat, sse_events
+from tests.gateway.gateway_helpers import LONG, chat, sse_events
 from tests.waiting import wait_until
 
 TOKEN = "switch-token"
@@ -25,6 +25,7 @@ SWITCH_WAIT_S = 30.0
 DWELL_S = 1.0
 # The load calls for plain from 6 up, and for speculative again below 3.
 THRESHOLD, HYSTERESIS = 6, 3
+DROP_REASONS = ("cut", "queue_full", "queue_timeout", "no_mode")
 
 
 def server_info(url: str) -> dict:
@@ -95,12 +96,13 @@ class ClosedLoop:
         self.tasks.clear()
 
 
-async def until(condition, timeout: float = SWITCH_WAIT_S, what: str = "condition") -> None:
+async def until(condition, timeout: float = SWITCH_WAIT_S, what: str = "condition", gw=None) -> None:
     """The asyncio twin of wait_until, for scenarios that generate load meanwhile."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            state = f"; switching: {gw.state.switching.view()}" if gw is not None else ""
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}{state}")
         await asyncio.sleep(0.02)
 
 
@@ -206,37 +208,55 @@ def test_with_no_mode_left_the_gateway_says_so_and_recovers_when_one_comes_back(
     assert gw.metric("crossover_active_mode", mode="speculative") == 0
     assert gw.metric("crossover_active_mode", mode="plain") == 0
     assert any("no mode serves" in r.getMessage() for r in caplog.records)
+    response = httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=10, trust_env=False)
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "no_serving_mode"
+    assert "retry-after" in response.headers
+
+    # A server comes back (the operator restarted it): the gateway finds it by itself and serves again.
+    sim("k25-eagle3", *SCALE, port=speculative.port)
+    wait_phase(gw, "active", "speculative")
+    assert httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=10, trust_env=False).status_code == 200
+
+
+def run_load_step(gw, mechanism: str) -> None:
+    """Load 1, then 3x the threshold, then 1 again: exactly one switch each way, every request served."""
+
+    async def scenario() -> ClosedLoop:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False) as client:
+            load = ClosedLoop(client)
+            try:
+                load.resize(1)
+                await asyncio.sleep(3 * DWELL_S)  # low load: speculative stays
+                assert sum(switches(gw, mechanism).values()) == 0
+                load.resize(3 * THRESHOLD)
+                await until(serving(gw, "plain"), what="the switch to plain", gw=gw)
+                await asyncio.sleep(3 * DWELL_S)  # high load holds plain
+                load.resize(1)
+                await until(serving(gw, "speculative"), what="the switch back to speculative", gw=gw)
+                await asyncio.sleep(3 * DWELL_S)
+            finally:
+                await load.stop()
+            return load
+
+    load = asyncio.run(scenario())
+    counts = switches(gw, mechanism)
+    assert counts[("plain", "ok")] == 1 and counts[("speculative", "ok")] == 1, counts
+    assert sum(counts.values()) == 2, counts
+    problems = [result for result in load.results if result != (200, "")]
+    assert not problems, problems[:3]
+    assert len(load.results) > 50
+    assert sum(gw.metric("crossover_switch_dropped_total", reason=reason) for reason in DROP_REASONS) == 0
+    assert gw.state.switching.queued == 0 and gw.inflight() == 0
 
 
 def test_a_load_step_up_and_back_switches_once_each_way_and_every_request_completes(sleep_pair, time_shared):
     speculative, plain = sleep_pair
     gw = time_shared(speculative.url, plain.url)
     wait_phase(gw, "active", "speculative")
-
-    async def scenario() -> ClosedLoop:
-        async with httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False) as client:
-            load = ClosedLoop(client)
-            load.resize(1)
-            await asyncio.sleep(3 * DWELL_S)  # low load: speculative stays
-            assert switches(gw, "sleep")[("plain", "ok")] == 0
-            load.resize(3 * THRESHOLD)
-            await until(serving(gw, "plain"), what="the switch to plain")
-            await asyncio.sleep(3 * DWELL_S)  # high load holds plain
-            load.resize(1)
-            await until(serving(gw, "speculative"), what="the switch back to speculative")
-            await asyncio.sleep(3 * DWELL_S)
-            await load.stop()
-            return load
-
-    load = asyncio.run(scenario())
-    counts = switches(gw, "sleep")
-    assert counts[("plain", "ok")] == 1 and counts[("speculative", "ok")] == 1, counts
-    assert sum(counts.values()) == 2, counts
-    problems = [result for result in load.results if result != (200, "")]
-    assert not problems, problems[:3]
-    assert len(load.results) > 50
-    assert gw.metric("crossover_switch_dropped_total", reason="cut") == 0
-    assert gw.state.switching.queued == 0 and gw.inflight() == 0
+    run_load_step(gw, "sleep")
+    assert memory(speculative.url)["release_refused_total"] == 0
+    assert memory(plain.url)["release_refused_total"] == 0
 
 
 def test_load_hovering_at_the_threshold_does_not_flap(sleep_pair, time_shared):
@@ -258,3 +278,100 @@ def test_load_hovering_at_the_threshold_does_not_flap(sleep_pair, time_shared):
     assert sum(counts.values()) <= 1, counts  # into plain at most once, and never back
     assert counts[("speculative", "ok")] == 0, counts
     assert [result for result in load.results if result != (200, "")] == []
+
+
+def memory(url: str) -> dict:
+    return server_info(url)["memory"]
+
+
+def test_requests_past_the_drain_deadline_are_cut_cleanly_and_a_busy_server_is_never_released(sim, time_shared):
+    speculative, plain = sim("k25-eagle3", *SCALE), sim("k25-plain", *SCALE)
+    release(plain.url)
+    gw = time_shared(speculative.url, plain.url, dwell=3600.0, drain_deadline=0.5)
+    wait_phase(gw, "active", "speculative")
+
+    async def scenario() -> tuple[list[bytes], bytes]:
+        async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
+
+            async def stream(url: str) -> bytes:
+                request = client.build_request("POST", url + "/v1/chat/completions", json=chat(True, LONG))
+                response = await client.send(request, stream=True)
+                assert response.status_code == 200
+                return await response.aread()
+
+            through_gateway = [asyncio.create_task(stream(gw.url)) for _ in range(3)]
+            # Another client of the same server, which the gateway does not see.
+            direct = asyncio.create_task(stream(speculative.url))
+            await until(lambda: gw.inflight() == 3, what="three streams through the gateway")
+            response = await client.put(gw.url + "/admin/mode", json={"mode": "plain"}, headers=AUTH)
+            assert response.status_code == 202
+            await until(serving(gw, "plain"), what="the switch to plain")
+            return await asyncio.gather(*through_gateway), await direct
+
+    cut, direct = asyncio.run(scenario())
+    for raw in cut:
+        events = sse_events(raw)
+        assert events[-1] == "[DONE]"
+        assert events[-2]["error"]["code"] == "mode_switch_cut", events[-2]
+        assert "drain deadline" in events[-2]["error"]["message"]
+    assert sse_events(direct)[-1] == "[DONE]"  # ended by SGLang's pause (abort), not left hanging
+    assert gw.metric("crossover_switch_dropped_total", reason="cut") == 3
+    assert admin_state(gw)["last_switch"]["cut_requests"] == 3
+    stats = memory(speculative.url)
+    assert stats["release_total"] == 1 and stats["release_refused_total"] == 0, stats
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="unavailable") == 3
+
+
+@pytest.fixture
+def slow_wake(sim):
+    """A pair whose plain server takes 3 s to resume: a switch long enough to queue requests behind."""
+    speculative, plain = sim("k25-eagle3", *SCALE), sim("k25-plain", *SCALE, "--resume-delay", "3")
+    release(plain.url)
+    return speculative, plain
+
+
+def test_the_switch_queue_holds_requests_up_to_its_bound_and_a_client_that_leaves_frees_its_place(
+    slow_wake, time_shared
+):
+    speculative, plain = slow_wake
+    gw = time_shared(speculative.url, plain.url, dwell=3600.0, queue_max=2)
+    wait_phase(gw, "active", "speculative")
+    controller = gw.state.switching
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False) as client:
+            assert (await client.put("/admin/mode", json={"mode": "plain"}, headers=AUTH)).status_code == 202
+            await until(lambda: controller.phase == "switching", what="the switch under way")
+            leaving = asyncio.create_task(client.post("/v1/chat/completions", json=chat()))
+            staying = asyncio.create_task(client.post("/v1/chat/completions", json=chat()))
+            await until(lambda: controller.queued == 2, what="two requests held")
+            assert gw.metric("crossover_switch_queued_requests") == 2
+            refused = await client.post("/v1/chat/completions", json=chat())
+            assert refused.status_code == 503
+            assert refused.json()["error"]["code"] == "switch_queue_full"
+            assert int(refused.headers["retry-after"]) >= 1
+            leaving.cancel()  # the client gives up: its place is free at once
+            await until(lambda: controller.queued == 1, what="the place freed")
+            taken = asyncio.create_task(client.post("/v1/chat/completions", json=chat()))
+            await until(lambda: controller.queued == 2, what="the freed place taken")
+            for response in await asyncio.gather(staying, taken):
+                assert response.status_code == 200
+                assert response.headers["x-crossover-pool"] == "plain"
+
+    asyncio.run(scenario())
+    assert gw.metric("crossover_switch_dropped_total", reason="queue_full") == 1
+    assert controller.queued == 0
+
+
+def test_a_request_held_past_the_queue_deadline_gets_503_with_retry_after(slow_wake, time_shared):
+    speculative, plain = slow_wake
+    gw = time_shared(speculative.url, plain.url, dwell=3600.0, queue_timeout=0.5)
+    wait_phase(gw, "active", "speculative")
+    assert put_mode(gw, "plain").status_code == 202
+    wait_until(lambda: gw.state.switching.phase == "switching", what="the switch under way")
+    response = httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=30, trust_env=False)
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "switch_queue_timeout"
+    assert "retry-after" in response.headers
+    assert gw.metric("crossover_switch_dropped_total", reason="queue_timeout") == 1
+    wait_phase(gw, "active", "plain")

@@ -17,7 +17,19 @@ import pytest
 from crossover.servers.process import free_port, spawn, stop, wait_ready
 from crossover.servers.sim.profile import load_profile
 from tests.conftest import crossover_argv
-from tests.gateway.test_switching import TOKEN, admin_state, put_mode, release, released, wait_phase
+from tests.gateway.gateway_helpers import MODEL
+from tests.gateway.test_switching import (
+    DWELL_S,
+    HYSTERESIS,
+    THRESHOLD,
+    TOKEN,
+    admin_state,
+    put_mode,
+    release,
+    released,
+    run_load_step,
+    wait_phase,
+)
 from tests.waiting import wait_until
 
 AGENT_TOKEN = "agent-token"
@@ -31,7 +43,7 @@ SERVER = """
 name = "{name}"
 role = "{name}"
 engine = "sim"
-served_model_name = "kimi-k2.5"
+served_model_name = "{model}"
 gpus = [0, 1, 2, 3, 4, 5, 6, 7]
 host = "127.0.0.1"
 port = {port}
@@ -118,6 +130,7 @@ def agent_box(tmp_path):
         for name, sim_profile in (("speculative", "k25-eagle3"), ("plain", "k25-plain")):
             text += SERVER.format(
                 name=name,
+                model=MODEL,
                 port=ports[name],
                 sim_profile=sim_profile,
                 time_scale=time_scale,
@@ -201,6 +214,32 @@ def test_a_restart_switch_through_the_agent_and_back(agent_box, restart_gateway)
     assert box.status("plain")["state"] == "stopped"
     assert gw.metric("crossover_mode_switches_total", mechanism="restart", to="plain", outcome="ok") == 1
     assert gw.metric("crossover_mode_switches_total", mechanism="restart", to="speculative", outcome="ok") == 1
+
+
+def test_a_load_step_up_and_back_restarts_once_each_way_and_every_request_completes(agent_box, gateway):
+    box = agent_box()
+    gw = gateway(
+        [box.urls["speculative"]],
+        [box.urls["plain"]],
+        topology="time-shared",
+        admin_token=TOKEN,
+        threshold=THRESHOLD,
+        hysteresis=HYSTERESIS,
+        switching={
+            "mechanism": "restart",
+            "dwell": DWELL_S,
+            "window": 0.5,
+            "interval": 0.05,
+            "expected_phase": 3600.0,
+            "initial_cost": 0.5,
+            "agent_url": box.agent_url,
+            "agent_token": AGENT_TOKEN,
+            "agent_servers": {"speculative": "speculative", "plain": "plain"},
+        },
+    )
+    wait_phase(gw, "active", "speculative")
+    run_load_step(gw, "restart")
+    assert box.status("plain")["state"] == "stopped"
 
 
 def test_a_server_that_never_becomes_ready_sends_the_gpu_set_back_to_the_old_mode(agent_box, restart_gateway, caplog):
