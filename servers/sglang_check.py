@@ -57,7 +57,25 @@ PARSER_DEPENDENCIES = [
 ]
 CHECK_TIMEOUT_S = 120.0
 
-# Runs inside the SGLang interpreter: argvs on stdin (JSON), one {"error": str | None} per argv on stdout.
+# ServerArgs fields reported back, so a test can see that the values meant are the values SGLang reads.
+PARSED_FIELDS = [
+    "model_path",
+    "port",
+    "tp_size",
+    "max_running_requests",
+    "cuda_graph_max_bs_decode",
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "speculative_adaptive",
+    "enable_memory_saver",
+    "enable_weights_cpu_backup",
+    "enable_metrics",
+    "extra_metric_labels",
+]
+
+# Runs inside the SGLang interpreter: {"argvs", "fields"} on stdin (JSON), one {"error", "values"} per argv.
 _PARSE_SCRIPT = r"""
 import contextlib, io, json, sys, warnings
 warnings.simplefilter("ignore")
@@ -65,12 +83,15 @@ from sglang.srt.server_args import prepare_server_args
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.adaptive_spec_params import adaptive_unsupported_reason
 
+request = json.load(sys.stdin)
 answers = []
-for argv in json.load(sys.stdin):
+for argv in request["argvs"]:
     captured = io.StringIO()
+    values = None
     try:
         with contextlib.redirect_stderr(captured):
             args = prepare_server_args(argv)
+        values = {name: getattr(args, name, None) for name in request["fields"]}
         error = None
         if args.speculative_algorithm is not None:
             SpeculativeAlgorithm.from_string(args.speculative_algorithm)
@@ -81,8 +102,8 @@ for argv in json.load(sys.stdin):
         error = lines[-1] if lines else captured.getvalue().strip()[-500:]
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
-    answers.append({"error": error})
-print(json.dumps(answers))
+    answers.append({"error": error, "values": values})
+print(json.dumps(answers, default=str))
 """
 
 _ADAPTIVE_SCRIPT = r"""
@@ -98,10 +119,17 @@ class SGLangCheckError(RuntimeError):
     """The SGLang interpreter could not run the check at all (missing, broken install)."""
 
 
+def parse(python: str | Path, argvs: list[list[str]]) -> list[dict]:
+    """SGLang's reading of each argv (the flags after `sglang serve`): {"error": None | str, "values":
+    {field: value} of PARSED_FIELDS, or None when it was refused}."""
+    request = json.dumps({"argvs": argvs, "fields": PARSED_FIELDS})
+    result = _run(python, ["-c", _PARSE_SCRIPT], stdin=request)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def parse_errors(python: str | Path, argvs: list[list[str]]) -> list[str | None]:
-    """SGLang's verdict on each argv (the flags after `sglang serve`): None if accepted, else its error."""
-    result = _run(python, ["-c", _PARSE_SCRIPT], stdin=json.dumps(argvs))
-    return [answer["error"] for answer in json.loads(result.stdout.strip().splitlines()[-1])]
+    """SGLang's verdict on each argv: None if accepted, else its error."""
+    return [answer["error"] for answer in parse(python, argvs)]
 
 
 def load_adaptive_config(python: str | Path, path: str | Path) -> dict[str, list[int]]:

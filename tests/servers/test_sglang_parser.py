@@ -12,9 +12,10 @@ import argparse
 import pytest
 
 from crossover.gateway.cli import build_parser
-from crossover.servers.launch import launch_commands, sim_command
-from crossover.servers.profile import load_profile, shipped_profiles
-from crossover.servers.sglang_check import parse_errors
+from crossover.servers.launch import launch_command, launch_commands, sim_command
+from crossover.servers.profile import load_profile, parse_profile, shipped_profiles
+from crossover.servers.sglang_check import parse, parse_errors
+from tests.servers.conftest import SHIPPED
 
 
 def sglang_commands():
@@ -31,10 +32,38 @@ def test_every_real_profile_has_sglang_servers():
     assert len(sglang_commands()) == 5
 
 
-def test_sglang_accepts_every_shipped_argv(sglang_python):
-    commands = [param.values[0] for param in sglang_commands()]
-    errors = parse_errors(sglang_python, [c.server_args for c in commands])
-    assert {c.name + " " + " ".join(c.server_args): e for c, e in zip(commands, errors, strict=True) if e} == {}
+def test_sglang_accepts_every_shipped_argv_and_reads_the_values_meant(sglang_python):
+    profiles = [load_profile(name) for name in shipped_profiles()]
+    pairs = [(p, s) for p in profiles for s in p.servers if s.engine == "sglang"]
+    commands = [launch_command(p, s) for p, s in pairs]
+    answers = parse(sglang_python, [c.server_args for c in commands])
+    refused = {f"{p.name}:{s.name}": a["error"] for (p, s), a in zip(pairs, answers, strict=True) if a["error"]}
+    assert refused == {}
+    for (profile, server), answer in zip(pairs, answers, strict=True):
+        read = answer["values"]
+        spec = server.speculative
+        assert read["model_path"] == server.model_path
+        assert (read["port"], read["tp_size"]) == (server.port, server.tp_size)
+        assert read["max_running_requests"] == server.max_running_requests
+        assert read["cuda_graph_max_bs_decode"] == server.cuda_graph_max_bs_decode
+        assert read["enable_metrics"] and read["extra_metric_labels"] == {"role": server.role, "server": server.name}
+        assert read["enable_memory_saver"] == read["enable_weights_cpu_backup"] == profile.sleeps
+        if spec is None:
+            assert read["speculative_algorithm"] is None
+        else:
+            assert read["speculative_algorithm"] == spec.algorithm
+            assert read["speculative_num_steps"] == spec.num_steps
+            assert read["speculative_eagle_topk"] == spec.eagle_topk
+            assert read["speculative_num_draft_tokens"] == spec.num_draft_tokens
+            assert bool(read["speculative_adaptive"]) == spec.adaptive
+
+
+def test_sleep_flags_parse_too(sglang_python):
+    text = (SHIPPED / "kimi-k25-time-shared.toml").read_text().replace('mechanism = "restart"', 'mechanism = "sleep"')
+    commands = launch_commands(parse_profile(text, name="k25-sleep", source="test"))
+    for answer in parse(sglang_python, [c.server_args for c in commands]):
+        assert answer["error"] is None
+        assert answer["values"]["enable_memory_saver"] and answer["values"]["enable_weights_cpu_backup"]
 
 
 def test_sglang_rejects_an_unknown_flag_and_an_old_flag_name(sglang_python):
