@@ -322,6 +322,11 @@ def _agent(args: argparse.Namespace) -> int:
     from crossover.servers.agent import AgentSettings, run
 
     _say(f"agent for {profile.name} on http://{args.host}:{args.port} (bearer token required)")
+    if args.host not in ("127.0.0.1", "::1", "localhost"):
+        _say(
+            "warning: plain HTTP beyond loopback - the token crosses the network in clear; keep the agent on a "
+            "private network or put TLS (or an SSH tunnel) in front of it"
+        )
     run(
         AgentSettings(
             profile=profile, state_dir=_supervisor(args, profile).store.directory, token=token, host=args.host
