@@ -106,6 +106,16 @@ async def hold(client: httpx.AsyncClient, url: str, n: int, **body) -> AsyncIter
         await asyncio.gather(*(response.aclose() for response in responses))
 
 
+async def read_all(receive) -> bytes:
+    """A request's whole body, from an ASGI `receive`."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 class Scripted:
     """A tiny backend for what the stand-in cannot stage: it records each generation request it gets and
     answers with a fixed script. `/health` and `/v1/models` answer like SGLang.
@@ -141,12 +151,7 @@ class Scripted:
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": body})
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_all(receive)
         self.requests.append((scope["path"], dict(scope["headers"]), body))
         self.queries.append(scope["query_string"])
         if self.delay_s and await self._disconnected(receive, self.delay_s):
@@ -191,12 +196,7 @@ class Picky(Scripted):
         if scope["type"] != "http" or scope["path"] in ("/health", "/v1/models"):
             await super().__call__(scope, receive, send)
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_all(receive)
         if self.poison in body:
             self.poisoned += 1
             payload = json.dumps({"object": "error", "message": "template error", "type": "InternalError", "code": 500})
