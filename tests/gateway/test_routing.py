@@ -6,7 +6,7 @@ import json
 import httpx
 import pytest
 
-from crossover.gateway.config import Settings
+from crossover.gateway.config import MAX_THRESHOLD, Settings, ThresholdError
 from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
 from tests.gateway.gateway_helpers import LONG, chat, hold, wait_until
@@ -59,11 +59,21 @@ def test_live_changes_survive_a_restart_through_the_state_file(tmp_path):
     assert (restarted.threshold, restarted.hysteresis) == (20, 3)
 
 
-def test_a_corrupt_state_file_fails_the_start_with_its_name(tmp_path):
+@pytest.mark.parametrize("saved", ['{"threshold": "many"}', '{"threshold": 1' + "0" * 400 + "}", "[]"])
+def test_a_corrupt_state_file_fails_the_start_with_its_name(tmp_path, saved):
     state_file = tmp_path / "routing.json"
-    state_file.write_text('{"threshold": "many"}')
+    state_file.write_text(saved)
     with pytest.raises(ValueError, match=r"routing\.json"):
         Routing.from_settings(Settings(state_file=state_file, pools=POOLS))
+
+
+def test_a_threshold_out_of_bounds_is_refused_everywhere(tmp_path):
+    with pytest.raises(ValueError, match="threshold"):
+        Settings(threshold=10**400, pools=POOLS)
+    routing = Routing.from_settings(Settings(state_file=tmp_path / "routing.json", pools=POOLS))
+    with pytest.raises(ThresholdError) as caught:
+        routing.update(threshold=MAX_THRESHOLD + 1)
+    assert caught.value.field == "threshold" and not (tmp_path / "routing.json").exists()
 
 
 # -- live: a real gateway in front of real stand-ins, under a held load -----------------------------------
