@@ -92,7 +92,6 @@ class AgentMetrics:
 @dataclass
 class _Busy:
     operation: Operation
-    error: str | None = None
 
 
 @dataclass
@@ -118,7 +117,8 @@ class Agent:
                 status.last_start_s = record.ready_s
         else:
             status = await self.supervisor.server_status(name)
-            if name in self.errors and status.state in ("stopped", "failed"):
+            # A failed start leaves the server stopped, a failed stop leaves it (partly) running: both failed.
+            if name in self.errors and status.state in ("stopped", "failed", "stopping"):
                 status.state, status.error = "failed", self.errors[name]
         self.metrics.set_state(server, status.state)
         return status
