@@ -1,0 +1,140 @@
+"""The time-shared settings ([switching], topology) and the operator's mode API: errors that say what to fix."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from crossover.gateway.config import (
+    DEFAULT_RESTART_COST_S,
+    DEFAULT_SLEEP_COST_S,
+    SettingsError,
+    load_settings,
+)
+from tests.gateway.test_switching import AUTH, TOKEN, wait_phase
+
+ONE_EACH = """
+[pools.speculative]
+backends = ["http://127.0.0.1:30001"]
+[pools.plain]
+backends = ["http://127.0.0.1:30002"]
+"""
+RESTART = """
+topology = "time-shared"
+[switching]
+mechanism = "restart"
+agent_url = "http://10.0.0.5:9000/"
+agent_servers = { speculative = "k25-eagle3", plain = "k25-plain" }
+"""
+
+
+@pytest.fixture(autouse=True)
+def no_crossover_env(monkeypatch):
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("CROSSOVER_"):
+            monkeypatch.delenv(name)
+
+
+def load(tmp_path, text: str):
+    path = tmp_path / "crossover.toml"
+    path.write_text(text)
+    return load_settings(path)
+
+
+def test_a_time_shared_restart_setup_with_the_token_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("CROSSOVER_AGENT_TOKEN", "from-env")
+    settings = load(tmp_path, RESTART + ONE_EACH)
+    switching = settings.switching
+    assert settings.topology == "time-shared"
+    assert switching.agent_token == "from-env"
+    assert switching.agent_url == "http://10.0.0.5:9000"
+    assert switching.initial_cost == DEFAULT_RESTART_COST_S  # the mechanism's own prior, left out
+    assert load(tmp_path, 'topology = "time-shared"\n' + ONE_EACH).switching.initial_cost == DEFAULT_SLEEP_COST_S
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (
+            'topology = "time-shared"\n[pools.speculative]\nbackends = ["http://a:1", "http://a:2"]\n'
+            '[pools.plain]\nbackends = ["http://b:1"]\n',
+            "exactly one backend per pool",
+        ),
+        (RESTART + ONE_EACH, "needs switching.agent_token or $CROSSOVER_AGENT_TOKEN"),
+        (
+            RESTART.replace('agent_url = "http://10.0.0.5:9000/"', 'agent_token = "t"') + ONE_EACH,
+            "needs switching.agent_url",
+        ),
+        (
+            RESTART.replace('plain = "k25-plain"', 'plain = "k25-eagle3"').replace(
+                "[switching]", '[switching]\nagent_token = "t"'
+            )
+            + ONE_EACH,
+            "the same server for both modes",
+        ),
+        ('[switching]\nmechanism = "hibernate"\n' + ONE_EACH, "'restart', 'sleep' or 'manual'"),
+        ('[switching]\nagent_url = "10.0.0.5:9000"\n' + ONE_EACH, "not an agent URL"),
+        ("[switching]\nqueue_timeout = 0.5\ninterval = 1.0\n" + ONE_EACH, "must be at least interval"),
+        ("[switching]\ndwell = -1\n" + ONE_EACH, "greater than or equal to 0"),
+        ('topology = "shared"\n' + ONE_EACH, "'partitioned' or 'time-shared'"),
+    ],
+)
+def test_invalid_switching_settings_say_what_to_fix(tmp_path, text, words):
+    with pytest.raises(SettingsError) as caught:
+        load(tmp_path, text)
+    assert words in str(caught.value), str(caught.value)
+
+
+def test_the_mode_api_checks_its_caller_and_its_body(sims, gateway):
+    speculative, plain = sims
+    gw = gateway(
+        [speculative.url],
+        [plain.url],
+        topology="time-shared",
+        admin_token=TOKEN,
+        switching={"mechanism": "manual", "interval": 0.1},
+    )
+    wait_phase(gw, "active", "speculative")
+    with httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client:
+        unauthorized = client.put("/admin/mode", json={"mode": "plain"}, headers={"authorization": "Bearer nope"})
+        assert unauthorized.status_code == 401
+        assert unauthorized.json()["error"]["type"] == "authentication_error"
+        for body, param in (
+            ({"mode": "eagle"}, "mode"),
+            ({}, "mode"),
+            ({"mode": "plain", "now": True}, "now"),
+        ):
+            response = client.put("/admin/mode", json=body, headers=AUTH)
+            assert response.status_code == 400, body
+            error = response.json()["error"]
+            assert error["type"] == "invalid_request_error" and error["param"] == param, error
+        assert client.put("/admin/mode", content=b"{", headers=AUTH).json()["error"]["code"] == "invalid_json"
+        assert client.get("/admin/mode", headers=AUTH).json()["mode"] == "speculative"
+        state = client.get("/admin/state", headers=AUTH).json()
+        assert (state["topology"], state["mode"], state["phase"], state["mechanism"]) == (
+            "time-shared",
+            "speculative",
+            "active",
+            "manual",
+        )
+        # Manual: the operator has both servers up (the stand-ins never sleep here); the gateway drains and verifies.
+        assert client.put("/admin/mode", json={"mode": "plain"}, headers=AUTH).status_code == 202
+        conflict = client.put("/admin/mode", json={"mode": "speculative"}, headers=AUTH)
+        assert conflict.status_code in (409, 202)  # 409 while the switch runs; it may already be over
+        if conflict.status_code == 409:
+            assert conflict.json()["error"]["code"] == "switch_in_progress"
+    wait_phase(gw, "active", "plain" if conflict.status_code == 409 else "speculative")
+    assert gw.metric("crossover_mode_switches_total", mechanism="manual", to="plain", outcome="ok") == 1
+
+
+def test_a_partitioned_gateway_has_no_mode_to_switch(sims, gateway):
+    speculative, plain = sims
+    gw = gateway([speculative.url], [plain.url], admin_token=TOKEN)
+    with httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client:
+        response = client.put("/admin/mode", json={"mode": "plain"}, headers=AUTH)
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "not_time_shared"
+        assert client.get("/admin/state", headers=AUTH).json()["topology"] == "partitioned"
+    assert gw.metric("crossover_switch_queued_requests") == 0
