@@ -101,6 +101,8 @@ def run(port: int, admin_token: str | None, policy: str, threshold: int | None, 
             threshold=threshold,
             admin_token=token,
             pools={pool: {"backends": [url]} for pool, url in urls.items()},
+            # No load balancer in front of a demo to warn before it stops: Ctrl-C stops at once.
+            timeouts={"shutdown_delay": 0},
         )
         url = f"http://{HOST}:{port}"
         import uvloop
