@@ -40,6 +40,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _profile_arg(plan)
     plan.add_argument("--json", action="store_true", help='a list of {"name", "role", "argv", "env"}')
     plan.add_argument(
+        "--no-fit-check",
+        action="store_true",
+        help="only print the commands (e.g. on a machine other than the GPU host)",
+    )
+    plan.add_argument(
         "--sglang-python",
         metavar="PYTHON",
         help="also check every SGLang argv with SGLang's own parser in this interpreter "
@@ -158,7 +163,7 @@ def _plan(args: argparse.Namespace) -> int:
             print("  " + " ".join(_quote(a) for a in command.argv))
     if args.sglang_python and _check_with_sglang(args.sglang_python, profile, commands):
         return 1
-    return _report_fit(profile)
+    return 0 if args.no_fit_check else _report_fit(profile)
 
 
 def _check_with_sglang(python: str, profile, commands) -> int:

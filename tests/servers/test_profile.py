@@ -99,6 +99,9 @@ def test_plan_json_is_exactly_the_launch_commands():
     plan = json.loads(result.stdout)
     assert [set(entry) for entry in plan] == [{"name", "role", "argv", "env"}] * 2
     assert plan == [c.as_json() for c in launch_commands(load_profile("llama8b-partitioned"))]
+    unchecked = run_cli("plan", "kimi-k25-adaptive", "--json", "--no-fit-check")
+    assert unchecked.returncode == 0 and "does not fit" not in unchecked.stderr, unchecked.stderr
+    assert json.loads(unchecked.stdout)[0]["name"] == "adaptive"
     human = run_cli("plan", "llama8b-partitioned")
     assert "CUDA_VISIBLE_DEVICES=0,1,2,3" in human.stdout and "--speculative-num-steps 3" in human.stdout
 
