@@ -248,8 +248,7 @@ class SwitchController:
             if len(self._waiters) >= self.settings.queue_max:
                 self.metrics.switch_dropped.labels(QUEUE_FULL).inc()
                 raise SwitchUnavailable(
-                    f"the GPU set is switching to {self.target} mode and {self.settings.queue_max} requests "
-                    "already wait for it",
+                    f"{self._under_way()} and {self.settings.queue_max} requests already wait for it",
                     code="switch_queue_full",
                     retry_after_s=self._retry_after(),
                 )
@@ -261,7 +260,7 @@ class SwitchController:
             except TimeoutError:
                 self.metrics.switch_dropped.labels(QUEUE_TIMEOUT).inc()
                 raise SwitchUnavailable(
-                    f"waited {self.settings.queue_timeout:g} s for the GPU set to switch to {self.target} mode",
+                    f"waited {self.settings.queue_timeout:g} s while {self._under_way()}",
                     code="switch_queue_timeout",
                     retry_after_s=self._retry_after(),
                 ) from None
@@ -283,18 +282,21 @@ class SwitchController:
     def _why_unavailable(self) -> str:
         record = self.last_switch
         if record is not None and record.error:
-            return f"the last switch ({record.from_mode} -> {record.to_mode}) failed at {record.error}"
+            switch = f"{record.from_mode} -> {record.to_mode}"
+            return f"the last switch ({switch}) failed at {record.failed_step}: {record.error}"
         return "neither mode's server answers a 1-token generation"
+
+    def _under_way(self) -> str:
+        if self.target is None:
+            return "the gateway is still finding out which mode serves"
+        return f"the GPU set is switching to {self.target} mode (phase {self.phase})"
 
     # -- operator -------------------------------------------------------------------------------
 
     def request_switch(self, mode: str, reason: str = OPERATOR) -> bool:
         """Start a switch to `mode` now (policy bypassed); False when it already serves. SwitchConflict if busy."""
         if self._task is not None and not self._task.done():
-            raise SwitchConflict(
-                f"a switch to {self.target} mode is under way (phase {self.phase}); try again when it has ended",
-                param="mode",
-            )
+            raise SwitchConflict(f"{self._under_way()}; try again when it has ended", param="mode")
         if self.phase is Phase.ACTIVE and self.mode == mode:
             return False
         self._begin(mode, reason)

@@ -192,6 +192,22 @@ def test_the_new_server_dying_mid_switch_brings_the_old_mode_back(sleep_pair, ti
     assert any("switch speculative -> plain (sleep) failed" in r.getMessage() for r in caplog.records)
 
 
+def test_a_failed_resume_resumes_the_old_mode_instead(sleep_pair, time_shared, caplog):
+    speculative, plain = sleep_pair
+    gw = time_shared(speculative.url, plain.url, dwell=3600.0)
+    wait_phase(gw, "active", "speculative")
+    caplog.set_level(logging.WARNING, logger="crossover.switching")
+    plain.kill()  # its resume cannot succeed
+    assert put_mode(gw, "plain").status_code == 202
+    state = wait_phase(gw, "active", "speculative")
+    last = state["last_switch"]
+    assert (last["outcome"], last["failed_step"], last["mode_after"]) == ("failed", "resume", "speculative"), last
+    stats = memory(speculative.url)
+    assert (stats["release_total"], stats["resume_total"], stats["release_refused_total"]) == (1, 1, 0), stats
+    assert httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=10, trust_env=False).status_code == 200
+    assert any("failed at resume" in r.getMessage() for r in caplog.records)
+
+
 def test_with_no_mode_left_the_gateway_says_so_and_recovers_when_one_comes_back(sim, time_shared, caplog):
     speculative, plain = sim("k25-eagle3", *SCALE), sim("k25-plain", *SCALE)
     release(plain.url)
