@@ -77,7 +77,10 @@ def test_operator_resources_have_no_offline_schema():
 
 
 def test_prometheus_rule_is_deploy_prometheus_rules():
-    assert one("PrometheusRule", "crossover")["spec"]["groups"] == rule_groups()
+    assert one("PrometheusRule", "crossover")["spec"]["groups"] == rule_groups(), (
+        "deploy/k8s/monitoring.yaml's PrometheusRule must hold the groups of deploy/prometheus/rules.yml and "
+        "alerts.yml, in that order: copy them over after editing those files"
+    )
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package `prometheus`) is not installed")

@@ -10,7 +10,6 @@ from pathlib import Path
 EXAMPLE_ENVIRONMENT = {
     "CROSSOVER_AGENT_HOST": "127.0.0.1",
     "CROSSOVER_AGENT_PORT": "9000",
-    "STATE_DIRECTORY": "/var/lib/crossover/example",
 }
 
 
@@ -32,8 +31,8 @@ def parse_unit(path: Path) -> dict[str, dict[str, list[str]]]:
 
 
 def exec_start_argv(unit: dict, instance: str) -> list[str]:
-    """The ExecStart command as an argv, the instance (%i) and ${VARIABLES} filled in."""
+    """The ExecStart command as an argv, the instance (%i), state root (%S) and ${VARIABLES} filled in."""
     (command,) = unit["Service"]["ExecStart"]
-    command = command.replace("%i", instance)
+    command = command.replace("%i", instance).replace("%S", "/var/lib")
     command = re.sub(r"\$\{(\w+)\}", lambda match: EXAMPLE_ENVIRONMENT[match.group(1)], command)
     return shlex.split(command)
