@@ -84,6 +84,8 @@ def deployment(sim, gateway_process, agent):  # noqa: F811  (gateway_process is 
         f'[pools.speculative]\nbackends = ["{speculative.url}"]\n'
         f'[pools.plain]\nbackends = ["{plain.url}"]\n'
         "[health]\ninterval = 0.5\ntimeout = 2.0\nfailure_threshold = 1\nload_interval = 0.5\n"
+        # No load balancer to drain here: stop at once.
+        "[timeouts]\nshutdown_delay = 0\n"
     )
     with httpx.Client(base_url=gateway.url, timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
         for _ in range(REQUESTS):

@@ -130,6 +130,7 @@ def test_dockerfile_commands_and_entry_point_in_a_fresh_venv(tmp_path, sim):
     config.write_text(
         f'admin_token = "test"\n[pools.speculative]\nbackends = ["{backend.url}"]\n'
         f'[pools.plain]\nbackends = ["{backend.url}"]\n[health]\ninterval = 0.5\ntimeout = 2.0\n'
+        "[timeouts]\nshutdown_delay = 0\n"
     )
     final = final_stage(instructions)
     for instruction in final:
