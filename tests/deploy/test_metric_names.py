@@ -38,6 +38,22 @@ AGENT_CONTRACT = (
     "crossover_agent_operations_total",
     "crossover_agent_last_start_duration_seconds",
 )
+# SGLang 0.5.23's own metric names (shared/reference/sglang.md, from srt/metrics/collector.py): what the
+# deploy files may use of SGLang, whatever the stand-in exports besides.
+SGLANG_GAUGES = (
+    "num_running_reqs", "num_queue_reqs", "token_usage", "num_used_tokens", "gen_throughput", "cache_hit_rate",
+    "spec_accept_length", "spec_accept_rate", "spec_num_steps", "max_total_num_tokens",
+)  # fmt: skip
+SGLANG_HISTOGRAMS = (
+    "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds", "queue_time_seconds",
+)  # fmt: skip
+SGLANG_COUNTERS = (
+    "prompt_tokens_total", "generation_tokens_total", "num_requests_total", "num_aborted_requests_total",
+)  # fmt: skip
+SGLANG_NAMES = {
+    *(f"sglang:{name}" for name in SGLANG_GAUGES + SGLANG_COUNTERS),
+    *(f"sglang:{name}{suffix}" for name in SGLANG_HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")),
+}
 SCRAPE_TIMEOUT_S = 10.0
 
 
@@ -105,6 +121,13 @@ def test_the_stand_in_exports_sglang_names(sim):
         "sglang:time_to_first_token_seconds_bucket",
     ):
         assert name in names
+
+
+def test_sglang_names_used_are_real_sglang_names():
+    # The stand-in could export a name real SGLang does not: a panel on it would stay empty in production.
+    invented = {name: sorted(where) for name, where in used().items() if name.startswith("sglang:")}
+    invented = {name: where for name, where in invented.items() if name not in SGLANG_NAMES}
+    assert not invented, f"not among SGLang 0.5.23's metrics: {invented}"
 
 
 def test_used_names_are_found_at_all():
