@@ -92,3 +92,18 @@ def deployment(sim, gateway_process, agent):  # noqa: F811  (gateway_process is 
             assert client.post("/v1/chat/completions", json=chat()).status_code == 200
     missing = agent_command_missing()
     return Deployment(gateway, speculative, plain, None if missing else agent(), missing)
+
+
+@pytest.fixture
+def time_shared_deployment(sim, gateway_process):  # noqa: F811  (gateway_process is the imported fixture)
+    """A time-shared gateway (manual switching: it stays in speculative mode) over two stand-ins, no agent."""
+    speculative, plain = sim("k25-eagle3", *SIM_SCALE), sim("k25-plain", *SIM_SCALE)
+    gateway = gateway_process(
+        f'topology = "time-shared"\nthreshold = {THRESHOLD}\nadmin_token = "test"\n'
+        f'[pools.speculative]\nbackends = ["{speculative.url}"]\n'
+        f'[pools.plain]\nbackends = ["{plain.url}"]\n'
+        '[switching]\nmechanism = "manual"\ninitial_mode = "speculative"\n'
+        "[health]\ninterval = 0.5\ntimeout = 2.0\nfailure_threshold = 1\n"
+        "[timeouts]\nshutdown_delay = 0\n"
+    )
+    return Deployment(gateway, speculative, plain, None, "not part of a manual time-shared deployment")

@@ -2,12 +2,14 @@
 moved to loopback, intervals shortened) with its recording rules and alerts, scrapes a running gateway in
 front of two stand-ins and the GPU-host agent; its HTTP API must show the samples, the recorded series, rules
 that evaluate without error, every dashboard query answered, and an alert that goes pending when a pool dies.
+A time-shared gateway's pools alert only for the active mode.
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from datetime import datetime
 
 import pytest
 import yaml
@@ -103,3 +105,36 @@ def test_prometheus_scrapes_the_deployment_and_evaluates_the_rules(deployment, t
         # The alerts see live data: with the plain pool's only backend gone, its alert goes pending (for: 1m).
         deployment.plain.kill()
         wait_for_query(prom, 'ALERTS{alertname="CrossoverPoolNoHealthyBackend", alertstate="pending"}', {"plain": 1.0})
+
+
+def wait_for_evaluation_after(prom: str, alert: str, moment: float) -> None:
+    """Until the group holding `alert` has been evaluated after `moment` (Unix time)."""
+    deadline = time.monotonic() + QUERY_TIMEOUT_S
+    while True:
+        for group in api(prom, "rules")["groups"]:
+            if any(rule["name"] == alert for rule in group["rules"]):
+                evaluated = datetime.fromisoformat(group["lastEvaluation"].replace("Z", "+00:00")).timestamp()
+                if evaluated > moment:
+                    return
+        assert time.monotonic() < deadline, f"{alert} not evaluated after {moment}"
+        time.sleep(RULES_POLL_S)
+
+
+def test_a_time_shared_deployment_alerts_only_on_the_active_modes_pool(time_shared_deployment, tmp_path):
+    deployment = time_shared_deployment
+    pending = 'ALERTS{alertname="CrossoverPoolNoHealthyBackend", alertstate="pending"}'
+    with running_prometheus(loopback_config(deployment), tmp_path) as prom:
+        wait_for_query(prom, "crossover_active_mode", {"speculative": 1.0, "plain": 0.0}, label="mode")
+
+        # The inactive mode's server goes away (stopped or released, in a real switch): not an alert.
+        deployment.plain.kill()
+        wait_for_query(prom, "max by (pool) (crossover_backend_healthy)", {"speculative": 1.0, "plain": 0.0})
+        wait_for_evaluation_after(prom, "CrossoverPoolNoHealthyBackend", time.time())
+        assert query(prom, pending) == {}
+
+        # The active mode's server goes away: its pool alerts.
+        deployment.speculative.kill()
+        deadline = time.monotonic() + QUERY_TIMEOUT_S
+        while "speculative" not in query(prom, pending):
+            assert time.monotonic() < deadline, f"no pending alert for the active pool: {query(prom, pending)}"
+            time.sleep(RULES_POLL_S)
