@@ -1,8 +1,8 @@
 """How a time-shared GPU set changes mode: the server-side half of a switch (the controller drives it).
 
-    mechanism = make_mechanism(settings.switching, urls, client, inflight)  # urls: {"speculative": url, ...}
+    mechanism = make_mechanism(settings.switching, urls, client, headers, inflight)  # each per mode
     await mechanism.hand_over("speculative", "plain")
-    await verify(client, urls["plain"], timeout)  # a 1-token generation: the new mode really serves
+    await verify(client, urls["plain"], timeout, headers["plain"])  # a 1-token generation: it really serves
     await mechanism.restore("speculative")       # after a failure: bring the old mode back
 
 - `restart`: the GPU-host agent (`crossover servers agent`) stops the old server and starts the other; its
@@ -77,11 +77,11 @@ def _error_message(response: httpx.Response) -> str:
     return str(payload)[:200]
 
 
-async def verify(client: httpx.AsyncClient, url: str, timeout: float) -> None:
-    """A real 1-token generation on `url`, or SwitchFailed("verify", why)."""
+async def verify(client: httpx.AsyncClient, url: str, timeout: float, headers: dict[str, str] | None = None) -> None:
+    """A real 1-token generation on `url` (`headers`: the backend's API key), or SwitchFailed("verify", why)."""
     try:
         async with asyncio.timeout(timeout):
-            models = await client.get(url + "/v1/models", timeout=timeout)
+            models = await client.get(url + "/v1/models", timeout=timeout, headers=headers)
             if models.status_code != 200:
                 raise SwitchFailed("verify", f"{url}/v1/models answered HTTP {models.status_code}")
             model = models.json()["data"][0]["id"]
@@ -89,6 +89,7 @@ async def verify(client: httpx.AsyncClient, url: str, timeout: float) -> None:
                 url + "/v1/completions",
                 json={"model": model, "prompt": VERIFY_PROMPT, "max_tokens": 1, "stream": False},
                 timeout=timeout,
+                headers=headers,
             )
             if response.status_code != 200:
                 raise SwitchFailed(
@@ -110,10 +111,18 @@ class Mechanism:
 
     name = "manual"
 
-    def __init__(self, settings: SwitchingSettings, urls: dict[str, str], client: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        settings: SwitchingSettings,
+        urls: dict[str, str],
+        client: httpx.AsyncClient,
+        headers: dict[str, dict[str, str]] | None = None,
+    ) -> None:
         self.settings = settings
         self.urls = urls
         self.client = client
+        # Per mode: what every call to that mode's server carries (its SGLang --api-key).
+        self.headers = headers or {mode: {} for mode in urls}
 
     async def hand_over(self, old: str | None, new: str) -> None:
         """Take the GPU set from `old` (None: nothing serves) and give it to `new`."""
@@ -135,9 +144,10 @@ class SleepMechanism(Mechanism):
         settings: SwitchingSettings,
         urls: dict[str, str],
         client: httpx.AsyncClient,
+        headers: dict[str, dict[str, str]],
         gateway_inflight: Callable[[str], int],
     ) -> None:
-        super().__init__(settings, urls, client)
+        super().__init__(settings, urls, client, headers)
         self.gateway_inflight = gateway_inflight
 
     async def _post(self, mode: str, path: str, body: dict, step: str) -> None:
@@ -145,7 +155,7 @@ class SleepMechanism(Mechanism):
         timeout = self.settings.control_timeout
         try:
             async with asyncio.timeout(timeout):
-                response = await self.client.post(url, json=body, timeout=timeout)
+                response = await self.client.post(url, json=body, timeout=timeout, headers=self.headers[mode])
         except TimeoutError:
             raise SwitchFailed(step, f"{url} did not answer within {timeout:g} s") from None
         except httpx.HTTPError as exc:
@@ -157,7 +167,7 @@ class SleepMechanism(Mechanism):
         """Running + waiting requests the server itself reports (other clients' included)."""
         url = self.urls[mode] + "/v1/loads"
         try:
-            response = await self.client.get(url, timeout=self.settings.control_timeout)
+            response = await self.client.get(url, timeout=self.settings.control_timeout, headers=self.headers[mode])
             response.raise_for_status()
             return load_from_loads(response.json())
         except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:
@@ -222,14 +232,14 @@ class RestartMechanism(Mechanism):
 
     def __init__(self, settings: SwitchingSettings, urls: dict[str, str], client: httpx.AsyncClient) -> None:
         super().__init__(settings, urls, client)
-        self.headers = {"authorization": f"Bearer {settings.agent_token}"}
+        self.agent_headers = {"authorization": f"Bearer {settings.agent_token}"}
 
     async def _call(self, method: str, path: str, step: str) -> ServerStatus:
         url = self.settings.agent_url + path
         timeout = self.settings.control_timeout
         try:
             async with asyncio.timeout(timeout):
-                response = await self.client.request(method, url, headers=self.headers, timeout=timeout)
+                response = await self.client.request(method, url, headers=self.agent_headers, timeout=timeout)
         except TimeoutError:
             raise SwitchFailed(step, f"the agent did not answer {method} {path} within {timeout:g} s") from None
         except httpx.HTTPError as exc:
@@ -305,10 +315,12 @@ def make_mechanism(
     settings: SwitchingSettings,
     urls: dict[str, str],
     client: httpx.AsyncClient,
+    headers: dict[str, dict[str, str]],
     gateway_inflight: Callable[[str], int],
 ) -> Mechanism:
+    """`urls` and `headers` (each server's API key) per mode; `gateway_inflight(mode)`: the gateway's count."""
     if settings.mechanism == "restart":
         return RestartMechanism(settings, urls, client)
     if settings.mechanism == "sleep":
-        return SleepMechanism(settings, urls, client, gateway_inflight)
-    return Mechanism(settings, urls, client)
+        return SleepMechanism(settings, urls, client, headers, gateway_inflight)
+    return Mechanism(settings, urls, client, headers)

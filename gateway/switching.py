@@ -39,6 +39,7 @@ import httpx
 from crossover.gateway import switch_policy
 from crossover.gateway.config import PLAIN, SPECULATIVE, Settings
 from crossover.gateway.errors import GatewayError, Unavailable
+from crossover.gateway.headers import bearer
 from crossover.gateway.health import Breaker
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.pools import Pools
@@ -188,6 +189,7 @@ class SwitchController:
         self.phases = switch_policy.PhaseHistory()
         self.samples: deque[switch_policy.LoadSample] = deque()
         self.urls = {name: pools.pool(name)[0].url for name in (SPECULATIVE, PLAIN)}
+        self.headers = {name: bearer(pools.pool(name)[0].api_key) for name in (SPECULATIVE, PLAIN)}
         self.leases: dict[str, set[Lease]] = {SPECULATIVE: set(), PLAIN: set()}
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._client: httpx.AsyncClient | None = None
@@ -203,7 +205,7 @@ class SwitchController:
     async def start(self, client: httpx.AsyncClient) -> None:
         """Begin serving: verify the initial mode (or whichever serves) in the background; start the timer."""
         self._client = client
-        self._mechanism = make_mechanism(self.settings, self.urls, client, self.inflight)
+        self._mechanism = make_mechanism(self.settings, self.urls, client, self.headers, self.inflight)
         self._task = asyncio.create_task(self._recover_task(self.settings.initial_mode, first=True))
         self._timer = asyncio.create_task(self._run())
 
@@ -417,7 +419,7 @@ class SwitchController:
             self._enter(Phase.SWITCHING)
             await mechanism.hand_over(old if old != target else None, target)
             self._enter(Phase.VERIFYING)
-            await verify(self._client, self.urls[target], self.settings.verify_timeout)
+            await self._verify(target)
         except SwitchFailed as failure:
             record.failed_step, record.error = failure.step, failure.message
             log.error(
@@ -477,6 +479,9 @@ class SwitchController:
             await asyncio.sleep(DRAIN_POLL_S)
         return len(leases)
 
+    async def _verify(self, mode: str) -> None:
+        await verify(self._client, self.urls[mode], self.settings.verify_timeout, self.headers[mode])
+
     async def _recover_safely(self, old: str | None, target: str) -> str | None:
         try:
             return await self._recover(old, target)
@@ -486,24 +491,24 @@ class SwitchController:
 
     async def _recover(self, old: str | None, target: str) -> str | None:
         """After a failed switch, the first of these that verifies: old as it is, old restored, the target."""
-        mechanism, client, timeout = self._mechanism, self._client, self.settings.verify_timeout
+        mechanism = self._mechanism
         candidates = [old] if old is not None and old != target else []
         for mode in candidates:
             with contextlib.suppress(SwitchFailed):
                 await mechanism.wake(mode)
             try:
-                await verify(client, self.urls[mode], timeout)
+                await self._verify(mode)
                 return mode
             except SwitchFailed as failure:
                 log.warning("%s mode does not serve as it is (%s); restoring it", mode, failure)
             try:
                 await mechanism.restore(mode, failed=target)
-                await verify(client, self.urls[mode], timeout)
+                await self._verify(mode)
                 return mode
             except SwitchFailed as failure:
                 log.error("%s mode could not be restored: %s", mode, failure)
         try:
-            await verify(client, self.urls[target], timeout)
+            await self._verify(target)
             return target
         except SwitchFailed as failure:
             log.error("%s mode does not serve either: %s", target, failure)
@@ -513,7 +518,7 @@ class SwitchController:
         """No switch in sight: find a mode that serves (preferred first) by a 1-token generation, else unavailable."""
         for mode in (preferred, PLAIN if preferred == SPECULATIVE else SPECULATIVE):
             try:
-                await verify(self._client, self.urls[mode], self.settings.verify_timeout)
+                await self._verify(mode)
             except SwitchFailed as failure:
                 if first:
                     log.warning("%s mode does not serve: %s", mode, failure)
