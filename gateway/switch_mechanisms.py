@@ -149,6 +149,19 @@ class SleepMechanism(Mechanism):
     ) -> None:
         super().__init__(settings, urls, client, headers)
         self.gateway_inflight = gateway_inflight
+        # Which servers hold no weights now. SGLang 0.5.23 dies (not errs) on a resume of memory it holds, so
+        # only what this gateway released - or `crossover servers up` left released: the mode not started
+        # with - is ever resumed, and nothing is released twice.
+        self.released = {_other(settings.initial_mode)}
+
+    async def _release(self, mode: str) -> None:
+        await self._post(mode, "/release_memory_occupation", {"tags": None}, "release")
+        self.released.add(mode)
+
+    async def _resume(self, mode: str) -> None:
+        if mode in self.released:
+            await self._post(mode, "/resume_memory_occupation", {"tags": None}, "resume")
+            self.released.discard(mode)
 
     async def _post(self, mode: str, path: str, body: dict, step: str) -> None:
         url = self.urls[mode] + path
@@ -202,25 +215,27 @@ class SleepMechanism(Mechanism):
             await asyncio.sleep(IDLE_POLL_S)
 
     async def hand_over(self, old: str | None, new: str) -> None:
-        if old is not None:
+        if old is not None and old not in self.released:
             await self._wait_idle(old)
-            await self._post(old, "/release_memory_occupation", {"tags": None}, "release")
-        else:
+            await self._release(old)
+        elif old is None:
             await self._release_if_idle(_other(new))  # from no serving mode: whatever the other holds
-        await self._post(new, "/resume_memory_occupation", {"tags": None}, "resume")
+        await self._resume(new)
         await self._post(new, "/continue_generation", {}, "continue")
 
     async def restore(self, mode: str, failed: str | None) -> None:
         if failed is not None and failed != mode:
             # Whatever the failed mode holds must leave the GPUs first; it has served nothing yet.
             await self._release_if_idle(failed)
-        await self._post(mode, "/resume_memory_occupation", {"tags": None}, "resume")
+        await self._resume(mode)
         await self._post(mode, "/continue_generation", {}, "continue")
 
     async def _release_if_idle(self, mode: str) -> None:
+        if mode in self.released:
+            return
         try:
             if not self.gateway_inflight(mode) and not await self.server_load(mode):
-                await self._post(mode, "/release_memory_occupation", {"tags": None}, "release")
+                await self._release(mode)
         except SwitchFailed:
             pass  # a dead server holds no memory; a live busy one is reported by the resume that follows
 

@@ -187,6 +187,8 @@ def test_the_new_server_dying_mid_switch_brings_the_old_mode_back(sleep_pair, ti
     assert (last["outcome"], last["mode_after"]) == ("failed", "speculative")
     assert last["failed_step"] in ("resume", "continue", "verify"), last
     assert released(speculative.url) == []  # resumed again
+    # Real SGLang 0.5.23 dies on a resume of memory it holds: the recovery never sends one.
+    assert memory(speculative.url)["resume_not_released_total"] == 0
     assert gw.metric("crossover_mode_switches_total", mechanism="sleep", to="plain", outcome="failed") == 1
     assert gw.metric("crossover_active_mode", mode="speculative") == 1
     assert any("switch speculative -> plain (sleep) failed" in r.getMessage() for r in caplog.records)
@@ -271,8 +273,9 @@ def test_a_load_step_up_and_back_switches_once_each_way_and_every_request_comple
     gw = time_shared(speculative.url, plain.url)
     wait_phase(gw, "active", "speculative")
     run_load_step(gw, "sleep")
-    assert memory(speculative.url)["release_refused_total"] == 0
-    assert memory(plain.url)["release_refused_total"] == 0
+    for url in (speculative.url, plain.url):
+        stats = memory(url)
+        assert stats["release_refused_total"] == 0 and stats["resume_not_released_total"] == 0, stats
 
 
 def test_load_hovering_at_the_threshold_does_not_flap(sleep_pair, time_shared):
