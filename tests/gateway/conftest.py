@@ -84,6 +84,9 @@ def gateway_process(tmp_path):
         argv = [sys.executable, "-m", "crossover.gateway.cli", "serve", "--config", str(path)]
         if nofile is not None:
             argv = ["prlimit", f"--nofile={nofile}:{nofile}", *argv]
+        env = dict(env or {})
+        if "shutdown_delay" not in config:  # no load balancer to warn here: stop at once unless a test says
+            env.setdefault("CROSSOVER_TIMEOUTS__SHUTDOWN_DELAY", "0")
         log_path = tmp_path / f"gateway-{port}.log"
         with log_path.open("wb") as log:
             proc = spawn(
