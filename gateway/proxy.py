@@ -228,8 +228,17 @@ class Exchange:
         for name, value in self.scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 raise BodyTooLarge(f"the request body is {int(value)} bytes; the limit is {limit}")
-        chunks = []
-        size = 0
+        # The usual body came with its head: one receive, no deadline to set up.
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunks = [message.get("body", b"")]
+        size = len(chunks[0])
+        if size > limit:
+            raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes")
+        if not message.get("more_body", False):
+            self.body_unread = False
+            return chunks[0]
         try:
             async with asyncio.timeout(self.timeouts.request_body):
                 while True:

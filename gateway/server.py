@@ -71,7 +71,9 @@ def make_server(settings: Settings, host: str | None = None, port: int | None = 
         app,
         host=host or settings.host,
         port=settings.port if port is None else port,
-        http=client_protocol(settings.limits.max_head_bytes, settings.timeouts.request_head),
+        http=client_protocol(
+            settings.limits.max_head_bytes, settings.timeouts.request_head, settings.timeouts.request_body
+        ),
         loop="uvloop",
         lifespan="on",
         # A line per request costs more than the proxying itself; /metrics counts requests instead.

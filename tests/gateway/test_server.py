@@ -17,7 +17,11 @@ POOLS = {"speculative": {"backends": ["http://s:1"]}, "plain": {"backends": ["ht
 def test_the_server_is_set_up_for_many_long_streams():
     config = make_server(Settings(pools=POOLS, timeouts={"client_keepalive": 75, "graceful_shutdown": 12})).config
     assert (config.loop, config.access_log) == ("uvloop", False)
-    assert (config.http.max_head_bytes, config.http.head_timeout) == (64 * 1024, 10.0)  # bounded request heads
+    assert (config.http.max_head_bytes, config.http.head_timeout, config.http.body_timeout) == (
+        64 * 1024,
+        10.0,
+        30.0,
+    )  # bounded request heads
     assert config.timeout_keep_alive == 75 and config.timeout_graceful_shutdown == 12
     assert (config.host, config.port) == ("127.0.0.1", 8000)
 
