@@ -4,10 +4,13 @@ when a server ignores SIGTERM, and when the supervisor that started them was SIG
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -102,8 +105,9 @@ def test_down_kills_a_server_that_ignores_sigterm(standin_profile, state_dir):
     assert "SIGKILL after the SIGTERM deadline" in stderr
 
 
-def test_down_after_the_supervisor_was_sigkilled(standin_profile, state_dir):
-    profile = standin_profile("standin-partitioned")
+@contextlib.contextmanager
+def foreground_supervisor(profile, state_dir) -> Iterator[subprocess.Popen]:
+    """`crossover servers up --foreground`, yielded once both servers are ready; killed on the way out."""
     supervisor = spawn(
         crossover_argv("servers", "up", str(profile), "--state-dir", str(state_dir), "--foreground"),
         die_with_parent=False,
@@ -116,37 +120,30 @@ def test_down_after_the_supervisor_was_sigkilled(standin_profile, state_dir):
             timeout=READY_WAIT_S,
             what="both stand-ins ready under a foreground supervisor",
         )
+        yield supervisor
+    finally:
+        if supervisor.poll() is None:
+            os.killpg(supervisor.pid, signal.SIGKILL)
+            supervisor.wait(10)
+
+
+def test_down_after_the_supervisor_was_sigkilled(standin_profile, state_dir):
+    profile = standin_profile("standin-partitioned")
+    with foreground_supervisor(profile, state_dir) as supervisor:
         os.kill(supervisor.pid, signal.SIGKILL)
         supervisor.wait(10)
         groups = recorded_groups(state_dir)
         assert all(group_members(pgid) for pgid in groups.values()), "the servers outlive a killed supervisor"
         assert_down(profile, state_dir, groups)
-    finally:
-        if supervisor.poll() is None:
-            os.killpg(supervisor.pid, signal.SIGKILL)
-            supervisor.wait(10)
 
 
 def test_foreground_stops_the_servers_on_sigint(standin_profile, state_dir):
     profile = standin_profile("standin-partitioned")
-    supervisor = spawn(
-        crossover_argv("servers", "up", str(profile), "--state-dir", str(state_dir), "--foreground"),
-        die_with_parent=False,
-    )
-    try:
-        wait_until(
-            lambda: all(s["state"] == "ready" for s in statuses(profile, state_dir).values()),
-            timeout=READY_WAIT_S,
-            what="both stand-ins ready",
-        )
+    with foreground_supervisor(profile, state_dir) as supervisor:
         groups = recorded_groups(state_dir)
         supervisor.send_signal(signal.SIGINT)
         assert supervisor.wait(30) == 0
         assert not any(group_members(pgid) for pgid in groups.values())
-    finally:
-        if supervisor.poll() is None:
-            os.killpg(supervisor.pid, signal.SIGKILL)
-            supervisor.wait(10)
 
 
 def test_up_refuses_a_profile_whose_port_is_taken(standin_profile, state_dir):
@@ -238,19 +235,6 @@ def test_a_crashed_server_shows_as_failed_and_down_cleans_up(standin_profile, st
 
 def test_a_foreground_supervisor_ends_when_down_runs_elsewhere(standin_profile, state_dir):
     profile = standin_profile("standin-partitioned")
-    supervisor = spawn(
-        crossover_argv("servers", "up", str(profile), "--state-dir", str(state_dir), "--foreground"),
-        die_with_parent=False,
-    )
-    try:
-        wait_until(
-            lambda: all(s["state"] == "ready" for s in statuses(profile, state_dir).values()),
-            timeout=READY_WAIT_S,
-            what="both stand-ins ready",
-        )
+    with foreground_supervisor(profile, state_dir) as supervisor:
         assert_down(profile, state_dir, recorded_groups(state_dir))
         assert supervisor.wait(30) == 0
-    finally:
-        if supervisor.poll() is None:
-            os.killpg(supervisor.pid, signal.SIGKILL)
-            supervisor.wait(10)
