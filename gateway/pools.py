@@ -59,6 +59,8 @@ class Pools:
     health: HealthSettings
     served_model_names: frozenset[str] = frozenset()
     _rotation: int = field(default=0, repr=False)
+    _reported: tuple[tuple[str, ...], ...] = field(default=(), repr=False)
+    _names: frozenset[str] = field(default=frozenset(), repr=False)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Pools:
@@ -122,7 +124,12 @@ class Pools:
         """Configured names, else what the backends' /v1/models reported (empty while unknown)."""
         if self.served_model_names:
             return self.served_model_names
-        return frozenset(name for backend in self.all() for name in backend.models)
+        # Asked once per request; the answer changes only when a backend reports other names.
+        reported = tuple(backend.models for backend in self.speculative + self.plain)
+        if reported != self._reported:
+            self._reported = reported
+            self._names = frozenset(name for models in reported for name in models)
+        return self._names
 
     def state(self) -> dict:
         return {

@@ -27,6 +27,7 @@ import httpx
 from crossover.gateway import metrics as labels
 from crossover.gateway.admission import Admission
 from crossover.gateway.auth import authorize_client
+from crossover.gateway.client_http import CLIENT_GONE, ClientGone
 from crossover.gateway.config import Settings
 from crossover.gateway.errors import (
     BackendFailed,
@@ -53,7 +54,6 @@ from crossover.gateway.sse import (
     error_in,
     split_events,
     usage_tokens,
-    usage_tokens_in_events,
 )
 from crossover.gateway.switching import ACTIVE_MODE, Lease, SwitchController, SwitchUnavailable
 from crossover.gateway.transport import backend_timeout
@@ -69,7 +69,7 @@ LAST_WORDS_TIMEOUT_S = 1.0
 SHUTDOWN_MESSAGE = "the gateway is shutting down; retry the request"
 
 
-class ClientGone(Exception):
+class ClientLeft(Exception):
     """The client disconnected while we were still reading its request."""
 
 
@@ -139,7 +139,7 @@ class Exchange:
         self.timeouts = timeouts
         self.deadline: asyncio.Timeout | None = None
         # Set when the deadline is expired early, to say why.
-        self.disconnected = self.stalled = self.client_slow = self.shutdown = False
+        self.disconnected = self.stalled = self.client_slow = self.shutdown = self.cut_early = False
         # Time-shared: the request's place on the active mode, and why a switch's drain deadline cut it.
         self.mode_lease: Lease | None = None
         self.cut_reason: str | None = None
@@ -161,6 +161,7 @@ class Exchange:
         endpoint = self.endpoint
         admitted = False
         watcher: asyncio.Task | None = None
+        gone: ClientGone | None = None
         tokens = 0
         endpoint.live.requests.add(self)
         try:
@@ -170,14 +171,18 @@ class Exchange:
                 authorize_client(self.scope["headers"], endpoint.api_keys)
                 body = await self._read_body(receive)
                 generation = parse_generation(body, endpoint.pools.model_names())
-            except ClientGone:
+            except ClientLeft:
                 self.outcome = labels.CLIENT_DISCONNECT
                 return
             except GatewayError as exc:
                 self.outcome = _outcome(exc)
                 await self._tell(exc)
                 return
-            watcher = asyncio.create_task(self._watch_disconnect(receive))
+            gone = self.scope.get("extensions", {}).get(CLIENT_GONE)
+            if gone is not None:  # our server says when the client leaves
+                gone.callback = self._client_left
+            else:  # any other ASGI server: only receive() says
+                watcher = asyncio.create_task(self._watch_disconnect(receive))
             try:
                 async with asyncio.timeout(None) as self.deadline:
                     await endpoint.admission.acquire()
@@ -206,11 +211,9 @@ class Exchange:
                 self.timer.cancel()
             if watcher is not None:
                 watcher.cancel()
-            metrics = endpoint.metrics
-            metrics.requests.labels(self.pool, self.outcome).inc()
-            metrics.duration.labels(self.pool).observe(time.perf_counter() - self.started)
-            if tokens:
-                metrics.output_tokens.labels(self.pool).inc(tokens)
+            if gone is not None:
+                gone.callback = None  # the connection's scope would keep this request alive until its next one
+            endpoint.metrics.request_ended(self.pool, self.outcome, time.perf_counter() - self.started, tokens)
             opened = self.opened
             if opened is not None:
                 opened.lease.release()
@@ -231,7 +234,7 @@ class Exchange:
         # The usual body came with its head: one receive, no deadline to set up.
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ClientGone
+            raise ClientLeft
         chunks = [message.get("body", b"")]
         size = len(chunks[0])
         if size > limit:
@@ -244,7 +247,7 @@ class Exchange:
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
-                        raise ClientGone
+                        raise ClientLeft
                     chunk = message.get("body", b"")
                     size += len(chunk)
                     if size > limit:
@@ -266,7 +269,7 @@ class Exchange:
         now = self.loop.time()
         total_deadline = now + timeouts.total
         first_byte = timeouts.first_byte if stream else timeouts.non_stream
-        self.deadline.reschedule(min(total_deadline, now + first_byte) if first_byte else total_deadline)
+        self._move_deadline(min(total_deadline, now + first_byte) if first_byte else total_deadline)
         pool, reason = (self.mode_lease.mode, ACTIVE_MODE) if self.mode_lease is not None else endpoint.route()
         self.pool = pool  # until a backend answers: where the request was headed when it failed
         target = self.endpoint.path
@@ -276,15 +279,15 @@ class Exchange:
         # A time-shared GPU set serves one mode: the other mode's server is stopped or asleep.
         self.opened = opened = await endpoint.failover.open(pool, outgoing, other_pool=self.mode_lease is None)
         self.pool = opened.backend.pool
-        endpoint.metrics.route_decisions.labels(self.pool, reason if self.pool == pool else FALLBACK).inc()
-        self.deadline.reschedule(total_deadline)
+        endpoint.metrics.routed(self.pool, reason if self.pool == pool else FALLBACK)
+        self._move_deadline(total_deadline)
         if opened.chunks is None:
             return await self._send_whole(opened)
         return await self._send_stream(opened)
 
     async def _send_whole(self, opened: Opened) -> int:
         response, body = opened.response, opened.head
-        headers = response_headers(response)
+        headers = response_headers(response.headers)
         status = response.status_code
         if status >= 400:
             body = backend_error_body(status, body)
@@ -300,15 +303,19 @@ class Exchange:
         return usage_tokens(body) if status == 200 else 0
 
     async def _send_stream(self, opened: Opened) -> int:
-        clock = self.loop.time
+        clock, response = self.loop.time, opened.response
         # Chunks go out as they come, cut at the last complete event: if the backend fails mid-event, the
         # client gets whole events and then a clean error event, never half a JSON object.
         head, pending = split_events(opened.head)
         # A stream that opens with the request's own error (not queue-full: that failed over) is passed on.
         rejected = error_in(head) is not None
-        await self._write(self._start(opened.response.status_code, response_headers(opened.response)))
-        await self._write({"type": "http.response.body", "body": head, "more_body": True})
-        self.endpoint.metrics.ttft.labels(self.pool).observe(time.perf_counter() - self.started)
+        await self._write(self._start(response.status_code, response_headers(response.headers)))
+        # The piece that ends the backend's body also ends the client's: one write less per stream.
+        ended = response.ended()
+        if ended:
+            head, pending = head + pending, b""
+        await self._write({"type": "http.response.body", "body": head, "more_body": not ended})
+        self.endpoint.metrics.first_event(self.pool, time.perf_counter() - self.started)
         # Only the last two chunks are kept: the usage event, if any, sits just before [DONE].
         previous, self.last_chunk = b"", head
         self.last_chunk_at = clock()
@@ -317,17 +324,19 @@ class Exchange:
             self.last_chunk_at = clock()
             if pending:
                 chunk, pending = pending + chunk, b""
-            if not chunk.endswith(EVENT_ENDS):
+            ended = response.ended()
+            if not ended and not chunk.endswith(EVENT_ENDS):
                 chunk, pending = split_events(chunk)
                 if len(pending) > MAX_PENDING_BYTES:  # not SSE after all: stop holding bytes back
                     chunk, pending = chunk + pending, b""
                 if not chunk:
                     continue
-            await self._write({"type": "http.response.body", "body": chunk, "more_body": True})
+            await self._write({"type": "http.response.body", "body": chunk, "more_body": not ended})
             previous, self.last_chunk = self.last_chunk, chunk
-        await self._write({"type": "http.response.body", "body": pending, "more_body": False})
+        if not ended:
+            await self._write({"type": "http.response.body", "body": pending, "more_body": False})
         self.outcome = labels.BAD_REQUEST if rejected else labels.OK
-        return usage_tokens_in_events(previous + self.last_chunk)
+        return usage_tokens(previous + self.last_chunk)
 
     # -- timing ---------------------------------------------------------------------------------------
 
@@ -357,8 +366,15 @@ class Exchange:
                 return
         self._arm(min(due, now + self.timeouts.client_write))
 
+    def _move_deadline(self, when: float) -> None:
+        """The next phase's deadline - unless the request was cut early: the cut arrives at the next await,
+        and a phase that began meanwhile must not undo it."""
+        if not self.cut_early and self.deadline.when() != when:
+            self.deadline.reschedule(when)
+
     def _expire_now(self) -> None:
         """Whatever the request waits on is cancelled; its cleanup runs in `run`'s `finally`."""
+        self.cut_early = True
         if self.deadline is not None and not self.deadline.expired():
             with contextlib.suppress(RuntimeError):  # the deadline's block has just ended
                 self.deadline.reschedule(self.loop.time())
@@ -366,6 +382,9 @@ class Exchange:
     async def _watch_disconnect(self, receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
+        self._client_left()
+
+    def _client_left(self) -> None:
         if not self.finished:
             self.disconnected = True
             self._expire_now()

@@ -64,6 +64,20 @@ def fit_descriptors(settings: Settings) -> Settings:
     return settings.model_copy(update={"limits": fitted})
 
 
+def protocol_options(settings: Settings) -> dict:
+    """The uvicorn.Config options that make the client side what the gateway serves (tests run these too)."""
+    return {
+        "http": client_protocol(
+            settings.limits.max_head_bytes, settings.timeouts.request_head, settings.timeouts.request_body
+        ),
+        # A line per request costs more than the proxying itself; /metrics counts requests instead.
+        "access_log": False,
+        # Nothing here reads the client's address from the scope: uvicorn's X-Forwarded-For middleware would
+        # only add a layer to every request.
+        "proxy_headers": False,
+    }
+
+
 def make_server(settings: Settings, host: str | None = None, port: int | None = None) -> GatewayServer:
     settings = fit_descriptors(settings)
     app = create_app(settings)
@@ -71,13 +85,9 @@ def make_server(settings: Settings, host: str | None = None, port: int | None = 
         app,
         host=host or settings.host,
         port=settings.port if port is None else port,
-        http=client_protocol(
-            settings.limits.max_head_bytes, settings.timeouts.request_head, settings.timeouts.request_body
-        ),
         loop="uvloop",
         lifespan="on",
-        # A line per request costs more than the proxying itself; /metrics counts requests instead.
-        access_log=False,
+        **protocol_options(settings),
         log_level=settings.log_level,
         timeout_keep_alive=int(settings.timeouts.client_keepalive),
         timeout_graceful_shutdown=int(settings.timeouts.graceful_shutdown),

@@ -8,6 +8,7 @@ when it has to cut a stream (`error_event`), so a client sees one format whoever
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -49,7 +50,8 @@ def error_in(head: bytes) -> ErrorEvent | None:
     if end < 0:
         end = head.find(b"\r\n\r\n")
     event = (head if end < 0 else head[:end]).strip()
-    if not event.startswith(b"data:"):
+    # Every stream's first event passes here: most carry no error, and need no JSON parse to say so.
+    if not event.startswith(b"data:") or b'"error"' not in event:
         return None
     data = event[5:].strip()
     if not data.startswith(b"{"):
@@ -74,21 +76,15 @@ def error_event(message: str, type: str = "api_error", code: str | None = None) 
     return f"data: {event}\n\n".encode() + DONE
 
 
-def usage_tokens(body: bytes) -> int:
-    """`usage.completion_tokens` of a JSON body, or 0."""
-    try:
-        return int(json.loads(body)["usage"]["completion_tokens"])
-    except (ValueError, KeyError, TypeError):
-        return 0
-
-
-def usage_tokens_in_events(tail: bytes) -> int:
-    """`usage.completion_tokens` of the last event carrying usage in the tail of a stream, or 0."""
-    at = tail.rfind(b'"usage"')
+def usage_tokens(data: bytes) -> int:
+    """`usage.completion_tokens` of a JSON body, or of the last event carrying usage in a stream's tail; 0 if
+    none. Found, not parsed: a long answer's JSON costs more to parse than the rest of its proxying, and the
+    key's quotes cannot occur unescaped inside generated text."""
+    at = data.rfind(b'"completion_tokens"')
     if at < 0:
         return 0
-    start = tail.rfind(b"data:", 0, at)
-    end = tail.find(b"\n\n", at)
-    if start < 0:
-        return 0
-    return usage_tokens(tail[start + 5 : end if end >= 0 else len(tail)])
+    match = _COMPLETION_TOKENS.match(data, at)
+    return int(match[1]) if match else 0
+
+
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')

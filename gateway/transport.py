@@ -1,13 +1,16 @@
 """The one place the backend HTTP machinery is built. Swap the transport here, nowhere else.
 
-    transport = make_transport(settings)            # what generation requests go through
+    transport = make_transport(settings)            # an httpx transport: the backend connections
     client = make_client(settings, transport)       # the same connections, with httpx's conveniences,
                                                     # for health checks and load scrapes
+    sender = proxy_sender(transport)                # what generation requests go through:
+    response = await sender.open("POST", url, headers, body, timeout)
 
-The proxy path calls `transport.handle_async_request(request)` itself: httpx's client layers (cookies,
-auth, redirects, URL merging) cost more per request than the transport does, and a proxy needs none
-of them. A transport passed in brings its own connection limits: it must allow `connection_limit(settings)`
-connections and drop idle ones after `settings.timeouts.backend_keepalive` seconds.
+The proxy path builds no httpx.Request or httpx.Response: their header normalisation, like httpx's client
+layers (cookies, auth, redirects, URL merging), costs more per request than the transport does, and a proxy
+needs none of it. Our own transport is called directly; any other httpx transport (an ASGI transport in a
+test, say) is adapted. A transport passed in brings its own connection limits: it must allow
+`connection_limit(settings)` connections and drop idle ones after `settings.timeouts.backend_keepalive` s.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Callable
 
 import httpx
 
-from crossover.gateway._http1 import Http1Transport
+from crossover.gateway._http1 import Http1Transport, RawHeaders, RawResponse, Timeouts
 from crossover.gateway.config import Settings, TimeoutSettings
 
 # Health checks and load scrapes need connections even while every request slot streams.
@@ -65,3 +68,26 @@ def make_client(settings: Settings, transport: httpx.AsyncBaseTransport) -> http
     return httpx.AsyncClient(
         transport=transport, timeout=backend_timeout(settings.timeouts), trust_env=False, follow_redirects=False
     )
+
+
+class HttpxSender:
+    """Any httpx transport behind the proxy path's `open`, at the cost of httpx's request and response objects."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
+        self.transport = transport
+
+    async def open(
+        self, method: str, url: httpx.URL, headers: RawHeaders, body: bytes, timeout: Timeouts
+    ) -> RawResponse:
+        """As `Http1Transport.open`."""
+        request = httpx.Request(method, url, content=body, headers=headers, extensions={"timeout": timeout})
+        response = await self.transport.handle_async_request(request)
+        return RawResponse(response.status_code, response.headers.raw, response.stream)
+
+
+# What the proxy path sends through: the same `open`, either way.
+ProxySender = Http1Transport | HttpxSender
+
+
+def proxy_sender(transport: httpx.AsyncBaseTransport) -> ProxySender:
+    return transport if isinstance(transport, Http1Transport) else HttpxSender(transport)

@@ -36,10 +36,15 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not valid JSON")
 
 
+# Built once: json.loads with an option builds a decoder per call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def parse_generation(body: bytes, models: frozenset[str]) -> Generation:
     """Check a chat or completion request body; raise InvalidRequest or ModelNotFound."""
     try:
-        payload = json.loads(body, parse_constant=_reject_constant)
+        # As json.loads reads bytes: UTF-8, -16 or -32 (RFC 8259 allows only UTF-8; what json.loads took stays taken).
+        payload = _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
     except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
         raise InvalidRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(payload, dict):

@@ -1,6 +1,7 @@
 """Fixtures: a real gateway on uvicorn (in a thread) in front of real stand-ins (subprocesses).
 
-- `gateway(speculative=[urls], plain=[urls], **settings)` -> RunningGateway (started, first health round done)
+- `gateway(speculative=[urls], plain=[urls], **settings)` -> RunningGateway (started, first health round done),
+  on `crossover serve`'s client protocol, or on plain uvicorn with `plain_uvicorn=True`
 - `sims` -> (k25-eagle3, k25-plain) stand-ins, ready
 - `gateway_process(toml, env=None)` -> `crossover serve --config FILE` in its own process, ready
 """
@@ -20,19 +21,24 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.gateway.app import create_app
 from crossover.gateway.config import Settings
+from crossover.gateway.server import protocol_options
 from crossover.servers.process import free_port, spawn, stop, wait_ready
 from tests.gateway.gateway_helpers import SIM_SCALE, WAIT_S, RunningGateway
 
 
 @pytest.fixture
 def gateway(serve):
-    def start(speculative: list[str], plain: list[str], transport=None, **overrides) -> RunningGateway:
+    """On the client protocol `crossover serve` uses; `plain_uvicorn=True` runs the app as any ASGI server would."""
+
+    def start(
+        speculative: list[str], plain: list[str], transport=None, plain_uvicorn: bool = False, **overrides
+    ) -> RunningGateway:
         overrides.setdefault("health", {"interval": 0.5, "timeout": 2.0})
         overrides.setdefault("pools", {"speculative": {"backends": speculative}, "plain": {"backends": plain}})
         settings = Settings(**overrides)
         registry = CollectorRegistry()
         app = create_app(settings, registry=registry, transport=transport)
-        server = serve(app)
+        server = serve(app, **({} if plain_uvicorn else protocol_options(settings)))
         return RunningGateway(server.url, app, registry, settings)
 
     return start

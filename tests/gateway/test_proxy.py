@@ -11,7 +11,10 @@ import socket
 import httpx
 import pytest
 
-from crossover.gateway.config import TimeoutSettings
+from crossover.gateway.app import create_app
+from crossover.gateway.config import Settings, TimeoutSettings
+from crossover.gateway.proxy import Exchange
+from crossover.gateway.validation import CHAT
 from tests.gateway.gateway_helpers import LONG, Scripted, chat, sim_running, sse_events, stream_text, wait_until
 
 SSE = [(b"content-type", b"text/event-stream")]
@@ -135,9 +138,14 @@ def test_no_first_byte_in_time_is_504_and_not_retried_by_the_sdk(serve, gateway,
     assert all(backend.healthy for backend in gw.state.pools.all())
 
 
-def test_client_disconnect_mid_stream_aborts_the_backend_request(sims, gateway):
+# Our server tells the app when a client leaves; on any other ASGI server the gateway listens with receive().
+SERVERS = pytest.mark.parametrize("plain_uvicorn", [False, True], ids=["crossover-protocol", "plain-uvicorn"])
+
+
+@SERVERS
+def test_client_disconnect_mid_stream_aborts_the_backend_request(sims, gateway, plain_uvicorn):
     speculative, plain = sims
-    gw = gateway([speculative.url], [plain.url])
+    gw = gateway([speculative.url], [plain.url], plain_uvicorn=plain_uvicorn)
 
     async def scenario():
         async with (
@@ -153,10 +161,28 @@ def test_client_disconnect_mid_stream_aborts_the_backend_request(sims, gateway):
     assert gw.metric("crossover_requests_total", pool="speculative", outcome="client_disconnect") == 1
 
 
-def test_client_disconnect_while_queued_in_the_engine_or_not_streaming(sim, gateway):
+def test_a_request_cut_early_stays_cut_when_its_next_phase_begins():
+    unused = "http://127.0.0.1:9"  # nothing is sent: the app's lifespan never runs
+    # The client leaves just as the backend answers: the answer's phase must not move the cut deadline away.
+    app = create_app(Settings(pools={"speculative": {"backends": [unused]}, "plain": {"backends": [unused]}}))
+
+    async def scenario():
+        exchange = Exchange(app.proxies[CHAT], {"headers": []}, send=None)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(None) as exchange.deadline:
+                exchange._client_left()
+                exchange._move_deadline(exchange.loop.time() + 60)
+                await asyncio.sleep(30)
+        assert exchange.disconnected
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+@SERVERS
+def test_client_disconnect_while_queued_in_the_engine_or_not_streaming(sim, gateway, plain_uvicorn):
     # One running slot: a stream held directly on the stand-in makes the gateway's requests wait in its queue.
     speculative = sim("k25-eagle3", "--time-scale", "20", "--max-running-requests", "1")
-    gw = gateway([speculative.url], [speculative.url])
+    gw = gateway([speculative.url], [speculative.url], plain_uvicorn=plain_uvicorn)
 
     async def abandoned(body: dict) -> None:
         async with httpx.AsyncClient(timeout=10, trust_env=False) as client:

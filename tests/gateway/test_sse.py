@@ -2,7 +2,7 @@
 
 import json
 
-from crossover.gateway.sse import error_event, error_in, split_events, usage_tokens_in_events
+from crossover.gateway.sse import error_event, error_in, split_events, usage_tokens
 
 
 def test_error_events_are_found_with_their_status():
@@ -28,5 +28,15 @@ def test_a_cut_stream_ends_with_an_error_event_then_done():
 
 def test_usage_is_read_from_the_last_usage_event():
     tail = b'data: {"choices": []}\n\ndata: {"choices": [], "usage": {"completion_tokens": 7}}\n\ndata: [DONE]\n\n'
-    assert usage_tokens_in_events(tail) == 7
-    assert usage_tokens_in_events(b"data: [DONE]\n\n") == 0
+    assert usage_tokens(tail) == 7
+    assert usage_tokens(b"data: [DONE]\n\n") == 0
+
+
+def test_usage_is_read_from_a_whole_body_not_from_the_generated_text():
+    body = {
+        "choices": [{"message": {"content": 'say "completion_tokens": 99'}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 12, "completion_tokens_details": None},
+    }
+    assert usage_tokens(json.dumps(body).encode()) == 12
+    assert usage_tokens(json.dumps({"choices": [], "usage": {"completion_tokens": None}}).encode()) == 0
+    assert usage_tokens(json.dumps({"choices": [{"text": 'x "completion_tokens": 5'}]}).encode()) == 0

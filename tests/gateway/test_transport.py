@@ -7,8 +7,14 @@ import asyncio
 import httpx
 
 from crossover.gateway.config import Settings
-from crossover.gateway.transport import backend_timeout, connection_limit, make_client, make_transport
-from tests.gateway.gateway_helpers import Scripted
+from crossover.gateway.transport import (
+    HttpxSender,
+    backend_timeout,
+    connection_limit,
+    make_client,
+    make_transport,
+)
+from tests.gateway.gateway_helpers import Scripted, chat, sse_events
 
 
 def settings_for(*urls: str, **overrides) -> Settings:
@@ -55,3 +61,24 @@ def test_backend_requests_ignore_proxies_from_the_environment(serve, monkeypatch
         return health.status_code, response.status_code, body
 
     assert asyncio.run(scenario()) == (200, 200, b'{"ok": true}')
+
+
+def test_any_httpx_transport_serves_the_proxy_path(sims, gateway):
+    # httpx's own transport instead of ours: adapted, with the same answers, streams and accounting.
+    speculative, plain = sims
+    gw = gateway([speculative.url], [plain.url], transport=httpx.AsyncHTTPTransport())
+    assert isinstance(gw.state.failover.sender, HttpxSender)
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=gw.url, timeout=20, trust_env=False) as client:
+            answer = await client.post("/v1/chat/completions", json=chat(max_tokens=8))
+            streamed = await client.post("/v1/chat/completions", json=chat(True, 16))
+            missing = await client.post("/v1/chat/completions", json={**chat(), "model": "no-such-model"})
+        return answer, streamed, missing
+
+    answer, streamed, missing = asyncio.run(scenario())
+    assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
+    assert streamed.status_code == 200 and sse_events(streamed.content)[-1] == "[DONE]"
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="ok") == 2
