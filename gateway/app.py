@@ -22,6 +22,7 @@ from starlette.routing import Route
 from crossover.gateway import metrics as labels
 from crossover.gateway.admin import admin_routes
 from crossover.gateway.admission import Admission
+from crossover.gateway.auth import authorize_client
 from crossover.gateway.config import Settings
 from crossover.gateway.errors import EXCEPTION_HANDLERS, ModelNotFound
 from crossover.gateway.failover import Failover
@@ -96,12 +97,16 @@ def create_app(
     def model_card(name: str) -> dict:
         return {"id": name, "object": "model", "created": int(state.started_at), "owned_by": "crossover"}
 
+    client_keys = [key.encode() for key in settings.api_keys]
+
     async def list_models(request: Request) -> JSONResponse:
+        authorize_client(request.scope["headers"], client_keys)
         return JSONResponse(
             {"object": "list", "data": [model_card(name) for name in sorted(state.pools.model_names())]}
         )
 
     async def get_model(request: Request) -> JSONResponse:
+        authorize_client(request.scope["headers"], client_keys)
         name = request.path_params["model"]
         if name not in state.pools.model_names():
             raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
@@ -139,6 +144,9 @@ def create_app(
         *admin_routes(state),
     ]
     rest = Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
+    # A path with a slash too many is not found, as at OpenAI: Starlette's redirect would name a URL built
+    # from the client's own Host header.
+    rest.router.redirect_slashes = False
     return GatewayApp(state, proxies, live, rest)
 
 

@@ -1,16 +1,23 @@
-"""The client-facing HTTP/1.1 protocol: uvicorn's httptools protocol with a bounded request head, and word
-of a client that leaves.
+"""The client-facing HTTP/1.1 protocol: uvicorn's httptools protocol with bounded request heads, bounded waits,
+and a line from the app to the client's connection.
 
 uvicorn (with httptools) takes a request head of any size, for as long as the client likes: 40 connections
-each sending an unterminated 8 MiB header took a gateway from 58 to 402 MB. Here a head larger than
-`max_head_bytes` gets 431, a head not complete within `head_timeout` (from its first byte) and a body not
-complete within `body_timeout` (from the end of its head) get 408, and the connection closes; the parser's
-own 400s are OpenAI-style JSON too. Timers are armed only for a request that did not arrive whole in one
-read, so the usual request pays for none. Body sizes are bounded where bodies are read (gateway/proxy.py).
+each sending an unterminated 8 MiB header took a gateway from 58 to 402 MB. Here:
+- a head larger than `max_head_bytes` gets 431: counted as it arrives while it is unfinished (httptools holds an
+  unfinished header whole), and as the parser reads it, for a head that arrives whole in one read;
+- a head not complete within `head_timeout` of its first byte, and a body not complete within
+  `body_timeout` of the end of its head, get 408; a new connection that sends nothing for `head_timeout`
+  is closed;
+- the parser's own 400s are OpenAI-style JSON too, and every refusal carries an X-Request-Id.
+A refused connection is closed gracefully: the answer goes out, then what the client still sends is read and
+dropped for up to `LINGER_S` (closing with unread input would reset the connection and lose the answer).
+Per-request timers are armed only for a request that did not arrive whole in one read, so the usual request
+pays for none. Body sizes are bounded where bodies are read (gateway/proxy.py).
 
-A client that disconnects before its response is complete is reported to the app through the request's
-`scope["extensions"][CLIENT_GONE]` (a `ClientGone` whose `callback` the app sets): under plain ASGI an app
-learns of it only by awaiting `receive()`, which costs every request a task of its own.
+Each request's `scope["extensions"][CLIENT_LINK]` is a `ClientLink`: the app sets its `callback` to hear at once
+when the client disconnects (under plain ASGI an app learns of it only by awaiting `receive()`, which costs
+every request a task of its own), and may `abort()` a connection whose client stopped reading, so neither its
+buffers nor its descriptor outlive the request.
 
     config = uvicorn.Config(app, http=client_protocol(65536, head_timeout=10.0, body_timeout=30.0), ...)
 """
@@ -18,17 +25,23 @@ learns of it only by awaiting `receive()`, which costs every request a task of i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
+import struct
 from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from crossover.gateway.errors import error_body
+from crossover.gateway.headers import REQUEST_ID, request_id
 
 log = logging.getLogger("crossover.client_http")
 
-CLIENT_GONE = "crossover.client_gone"
+CLIENT_LINK = "crossover.client_link"
+# How long a refused connection's further input is read and dropped before it is closed.
+LINGER_S = 2.0
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
 
@@ -44,13 +57,39 @@ def client_protocol(max_head_bytes: int, head_timeout: float, body_timeout: floa
     return ClientProtocol
 
 
-class ClientGone:
-    """`callback` (set by the app) is called once if the client disconnects before the response is complete."""
+class ClientLink:
+    """The app's line to its client's connection: `callback` (set by the app) is called once if the client
+    disconnects before the response is complete; `abort()` drops the connection at once."""
 
-    __slots__ = ("callback",)
+    __slots__ = ("_protocol", "callback")
 
-    def __init__(self) -> None:
+    def __init__(self, protocol: _BoundedHead) -> None:
+        self._protocol = protocol
         self.callback: Callable[[], None] | None = None
+
+    def abort(self) -> None:
+        """Reset the connection: what the kernel still holds for the client is dropped, not sent."""
+        self.callback = None
+        protocol = self._protocol
+        transport = protocol.transport
+        if transport is None or transport.is_closing():
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # without SO_LINGER 0 a close still sends every queued byte, however long it takes
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        if protocol.cycle is not None:
+            protocol.cycle.disconnected = True  # the app's end is no incomplete response of uvicorn's to report
+        transport.abort()
+
+    def gone(self) -> None:
+        callback, self.callback = self.callback, None
+        if callback is not None:
+            callback()
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback: the parser stops, and uvicorn asks for a 400, which becomes a 431."""
 
 
 class _BoundedHead(HttpToolsProtocol):
@@ -60,24 +99,46 @@ class _BoundedHead(HttpToolsProtocol):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._head_bytes = 0
-        self._in_head = False
+        # A head's size two ways: bytes received while it is unfinished, and what the parser has read of it.
+        self._head_received = self._head_parsed = 0
+        self._in_head = self._lingering = False
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        # uvicorn's keep-alive timer starts only after a first response: a connection that never sends a byte
+        # would hold its descriptor for ever.
+        self._head_timer = self.loop.call_later(self.head_timeout, self._silent_too_long)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         # The first byte of a request: its head must now be complete in time and in size.
         self._end_head()
         self._in_head = True
-        self._head_bytes = 0
+        self._head_received = self._head_parsed = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)  # ": " and CRLF
+        super().on_header(name, value)
+
+    def _count_head(self, size: int) -> None:
+        self._head_parsed += size
+        if self._head_parsed > self.max_head_bytes:
+            raise _HeadTooLarge
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:  # refused: read and drop, so the close does not reset the answer away
+            return
         super().data_received(data)
         if self._in_head:
-            self._head_bytes += len(data)
-            if self._head_bytes > self.max_head_bytes:
-                self._refuse(431, f"the request head exceeds {self.max_head_bytes} bytes", "request_header_too_large")
+            self._head_received += len(data)
+            if self._head_received > self.max_head_bytes:
+                self._refuse_too_large()
             elif self._head_timer is None:
                 # Armed only for a head that did not arrive whole in one read: the usual request costs no timer.
                 self._head_timer = self.loop.call_later(self.head_timeout, self._head_too_slow)
@@ -90,7 +151,7 @@ class _BoundedHead(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._end_head()
-        self.scope.setdefault("extensions", {})[CLIENT_GONE] = ClientGone()
+        self.scope.setdefault("extensions", {})[CLIENT_LINK] = ClientLink(self)
         super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -99,13 +160,15 @@ class _BoundedHead(HttpToolsProtocol):
         super().connection_lost(exc)
         cycle = self.cycle
         if cycle is not None and cycle.disconnected:
-            gone = cycle.scope.get("extensions", {}).get(CLIENT_GONE)
-            if gone is not None and gone.callback is not None:
-                callback, gone.callback = gone.callback, None
-                callback()
+            link = cycle.scope.get("extensions", {}).get(CLIENT_LINK)
+            if link is not None:
+                link.gone()
 
     def send_400_response(self, msg: str) -> None:
-        self._refuse(400, msg, "invalid_http_request")
+        if self._head_parsed > self.max_head_bytes:
+            self._refuse_too_large()
+        else:
+            self._refuse(400, msg, "invalid_http_request")
 
     def _end_head(self) -> None:
         self._in_head = False
@@ -118,11 +181,15 @@ class _BoundedHead(HttpToolsProtocol):
             self._body_timer.cancel()
             self._body_timer = None
 
+    def _silent_too_long(self) -> None:
+        self._head_timer = None
+        if self.cycle is None and not self._in_head and self.transport is not None:
+            self.transport.close()
+
     def _body_too_slow(self) -> None:
         self._body_timer = None
         cycle = self.cycle
         if cycle is not None and cycle.more_body and not cycle.response_started:
-            # The app waits in receive() for the rest; closing tells it the client is gone.
             self._refuse(408, f"the request body did not arrive within {self.body_timeout:g} s", "request_timeout")
 
     def _head_too_slow(self) -> None:
@@ -130,14 +197,33 @@ class _BoundedHead(HttpToolsProtocol):
         if self._in_head:
             self._refuse(408, f"the request head did not arrive within {self.head_timeout:g} s", "request_timeout")
 
+    def _refuse_too_large(self) -> None:
+        self._refuse(431, f"the request head exceeds {self.max_head_bytes} bytes", "request_header_too_large")
+
     def _refuse(self, status: int, message: str, code: str) -> None:
         self._end_head()
-        if self.transport is None or self.transport.is_closing():
+        self._end_body()
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._lingering:
             return
         log.info("refused a request from %s: %s", self.client, message)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # The app may be waiting in receive() for the rest of the body: it hears that the client is gone,
+            # and whatever it still sends goes nowhere.
+            cycle.disconnected = True
+            cycle.message_event.set()
+            link = cycle.scope.get("extensions", {}).get(CLIENT_LINK)
+            if link is not None:
+                link.gone()
         body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
-        self.transport.write(
-            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
-            % (status, _REASONS[status], len(body), body)
+        transport.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n"
+            b"%s: %s\r\n\r\n%s"
+            % (status, _REASONS[status], len(body), REQUEST_ID, request_id(self.headers or []), body)
         )
-        self.transport.close()
+        self._lingering = True
+        self.flow.resume_reading()
+        if transport.can_write_eof():
+            transport.write_eof()
+        self.loop.call_later(LINGER_S, transport.close)

@@ -46,7 +46,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"crossover serve: {exc}", file=sys.stderr)
         return 2
     server.run()
-    return 0
+    return 130 if server.interrupted else 0  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 def run_demo(args: argparse.Namespace) -> int:

@@ -120,6 +120,12 @@ class PoolSettings(_Section):
                 raise ValueError(f"{url!r} is not an http(s) URL like http://127.0.0.1:30000")
             if parts.query or parts.fragment:
                 raise ValueError(f"{url!r}: a backend URL takes no query or fragment")
+            try:
+                port = parts.port  # None when not given
+            except ValueError:  # not a number, or past 65535
+                port = 0
+            if port == 0 or (port is None and ":" in parts.netloc.rpartition("@")[2].rpartition("]")[2]):
+                raise ValueError(f"{url!r}: the port must be a number from 1 to 65535")
             cleaned.append(url.rstrip("/"))
         return cleaned
 

@@ -39,6 +39,8 @@ class GatewayError(Exception):
     status = 500
     type = "api_error"
     code: str | None = None
+    # The pool whose backend's failure this is, when one answered (after a failover, the last one tried).
+    pool: str | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)

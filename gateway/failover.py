@@ -168,6 +168,7 @@ class Failover:
                 tried.add(backend)
                 following = self._choose(pool, tried, other_pool) if failure.failover else None
                 if following is None or failovers == self.max_failovers:
+                    failure.error.pool = backend.pool
                     raise failure.error from None
                 failovers += 1
                 self.metrics.failovers.labels(failure.failover).inc()

@@ -27,7 +27,7 @@ import httpx
 from crossover.gateway import metrics as labels
 from crossover.gateway.admission import Admission
 from crossover.gateway.auth import authorize_client
-from crossover.gateway.client_http import CLIENT_GONE, ClientGone
+from crossover.gateway.client_http import CLIENT_LINK, ClientLink
 from crossover.gateway.config import Settings
 from crossover.gateway.errors import (
     BackendFailed,
@@ -134,6 +134,8 @@ class Exchange:
         self.send = send
         self.started = time.perf_counter()
         self.request_id = request_id(scope["headers"])
+        # Our server's line to the client's connection (gateway/client_http.py); None under another server.
+        self.link: ClientLink | None = scope.get("extensions", {}).get(CLIENT_LINK)
         self.loop = asyncio.get_running_loop()
         timeouts = endpoint.settings.timeouts
         self.timeouts = timeouts
@@ -153,6 +155,7 @@ class Exchange:
         # Backend silence and blocked client writes are timed apart: only the first is the backend's.
         self.last_chunk_at = 0.0
         self.writing_since: float | None = None
+        self.streaming = False
         self.timer: asyncio.TimerHandle | None = None
         # The last chunk streamed to the client: an error event must not be glued to half an event.
         self.last_chunk = b""
@@ -161,7 +164,6 @@ class Exchange:
         endpoint = self.endpoint
         admitted = False
         watcher: asyncio.Task | None = None
-        gone: ClientGone | None = None
         tokens = 0
         endpoint.live.requests.add(self)
         try:
@@ -178,9 +180,8 @@ class Exchange:
                 self.outcome = _outcome(exc)
                 await self._tell(exc)
                 return
-            gone = self.scope.get("extensions", {}).get(CLIENT_GONE)
-            if gone is not None:  # our server says when the client leaves
-                gone.callback = self._client_left
+            if self.link is not None:  # our server says when the client leaves
+                self.link.callback = self._client_left
             else:  # any other ASGI server: only receive() says
                 watcher = asyncio.create_task(self._watch_disconnect(receive))
             try:
@@ -191,6 +192,7 @@ class Exchange:
             except TimeoutError:
                 await self._timed_out(generation.stream)
             except GatewayError as exc:
+                self.pool = exc.pool or self.pool
                 self.outcome = _outcome(exc)
                 await self._tell(exc)
             except httpx.HTTPError as exc:  # the backend broke off a stream already under way
@@ -211,8 +213,8 @@ class Exchange:
                 self.timer.cancel()
             if watcher is not None:
                 watcher.cancel()
-            if gone is not None:
-                gone.callback = None  # the connection's scope would keep this request alive until its next one
+            if self.link is not None:
+                self.link.callback = None  # the connection's scope would keep this request alive until its next one
             endpoint.metrics.request_ended(self.pool, self.outcome, time.perf_counter() - self.started, tokens)
             opened = self.opened
             if opened is not None:
@@ -298,8 +300,9 @@ class Exchange:
         else:
             self.outcome = labels.OK
         headers.append((b"content-length", str(len(body)).encode()))
-        await self.send(self._start(status, headers))
-        await self.send({"type": "http.response.body", "body": body})
+        self._watch(streaming=False)
+        await self._write(self._start(status, headers))
+        await self._write({"type": "http.response.body", "body": body})
         return usage_tokens(body) if status == 200 else 0
 
     async def _send_stream(self, opened: Opened) -> int:
@@ -309,6 +312,7 @@ class Exchange:
         head, pending = split_events(opened.head)
         # A stream that opens with the request's own error (not queue-full: that failed over) is passed on.
         rejected = error_in(head) is not None
+        self._watch(streaming=True)
         await self._write(self._start(response.status_code, response_headers(response.headers)))
         # The piece that ends the backend's body also ends the client's: one write less per stream.
         ended = response.ended()
@@ -318,8 +322,6 @@ class Exchange:
         self.endpoint.metrics.first_event(self.pool, time.perf_counter() - self.started)
         # Only the last two chunks are kept: the usage event, if any, sits just before [DONE].
         previous, self.last_chunk = b"", head
-        self.last_chunk_at = clock()
-        self._arm(self.last_chunk_at + self.timeouts.between_chunks)
         async for chunk in opened.chunks:
             self.last_chunk_at = clock()
             if pending:
@@ -347,24 +349,34 @@ class Exchange:
         self.writing_since = None
         self.last_chunk_at = self.loop.time()
 
+    def _watch(self, streaming: bool) -> None:
+        """From the response's first byte: a write blocked on the client for `client_write` is the client's
+        slowness; a stream's backend silent for `between_chunks` (not counting blocked writes) is a stall."""
+        self.streaming = streaming
+        self.last_chunk_at = now = self.loop.time()
+        timeouts = self.timeouts
+        self._arm(now + (min(timeouts.client_write, timeouts.between_chunks) if streaming else timeouts.client_write))
+
     def _arm(self, due: float) -> None:
         self.timer = self.loop.call_at(due, self._check)
 
     def _check(self) -> None:
-        now = self.loop.time()
+        now, timeouts = self.loop.time(), self.timeouts
         if self.writing_since is not None:
-            due = self.writing_since + self.timeouts.client_write
+            due = self.writing_since + timeouts.client_write
             if now >= due:
                 self.client_slow = True
                 self._expire_now()
                 return
-        else:
-            due = self.last_chunk_at + self.timeouts.between_chunks
+        elif self.streaming:
+            due = self.last_chunk_at + timeouts.between_chunks
             if now >= due:
                 self.stalled = True
                 self._expire_now()
                 return
-        self._arm(min(due, now + self.timeouts.client_write))
+        else:
+            due = now + timeouts.client_write
+        self._arm(min(due, now + timeouts.client_write))
 
     def _move_deadline(self, when: float) -> None:
         """The next phase's deadline - unless the request was cut early: the cut arrives at the next await,
@@ -407,6 +419,8 @@ class Exchange:
         elif self.client_slow:
             self.outcome = labels.CLIENT_SLOW
             log.info("request %s: the client read nothing for %g s", self.request_id.decode(), timeouts.client_write)
+            if self.link is not None:  # what it left unread would keep its buffers and descriptor for a long while
+                self.link.abort()
         elif self.shutdown:
             self.outcome = labels.SHUTDOWN
             await self._tell(Unavailable(SHUTDOWN_MESSAGE))

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import resource
+import signal
 
 import uvicorn
+import uvicorn.config
 
 from crossover.gateway.app import GatewayApp, create_app
 from crossover.gateway.client_http import client_protocol
@@ -28,8 +31,10 @@ log = logging.getLogger("crossover.server")
 
 # Descriptors beyond the requests': listening socket, logs, health checks and load scrapes, the event loop.
 FD_MARGIN = 64
-# How long requests cut at shutdown get to write their last event before they are cancelled.
+# How long requests cut at shutdown (or at a forced exit) get to write their last event before they are cancelled.
 CUT_GRACE_S = 5.0
+# How long the app's own shutdown may take after a forced exit.
+LIFESPAN_FORCED_S = 5.0
 POLL_S = 0.1
 
 
@@ -64,6 +69,15 @@ def fit_descriptors(settings: Settings) -> Settings:
     return settings.model_copy(update={"limits": fitted})
 
 
+def log_config(level: str) -> dict:
+    """uvicorn's logging set-up, with the gateway's own loggers (`crossover.*`) beside uvicorn's, at `level`:
+    without it they would reach only Python's last-resort handler (warnings and worse, unformatted). They still
+    propagate: the root logger has no handler under `crossover serve`, and a host process's may want them."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["loggers"]["crossover"] = {"handlers": ["default"], "level": level.upper(), "propagate": True}
+    return config
+
+
 def protocol_options(settings: Settings) -> dict:
     """The uvicorn.Config options that make the client side what the gateway serves (tests run these too)."""
     return {
@@ -88,6 +102,7 @@ def make_server(settings: Settings, host: str | None = None, port: int | None = 
         loop="uvloop",
         lifespan="on",
         **protocol_options(settings),
+        log_config=log_config(settings.log_level),
         log_level=settings.log_level,
         timeout_keep_alive=int(settings.timeouts.client_keepalive),
         timeout_graceful_shutdown=int(settings.timeouts.graceful_shutdown),
@@ -100,6 +115,16 @@ class GatewayServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: GatewayApp) -> None:
         super().__init__(config)
         self.app = app
+        self.interrupted = False  # stopped by Ctrl-C (SIGINT): `crossover serve` exits 130
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        with super().capture_signals():
+            yield
+            # uvicorn raises the signals it handled again once it has stopped: SIGTERM then ends the process
+            # as SIGTERM does, but SIGINT would only print a KeyboardInterrupt traceback.
+            self.interrupted = signal.SIGINT in self._captured_signals
+            self._captured_signals = [sig for sig in self._captured_signals if sig != signal.SIGINT]
 
     async def shutdown(self, sockets=None) -> None:
         state, timeouts = self.app.state, self.app.state.settings.timeouts
@@ -117,29 +142,37 @@ class GatewayServer(uvicorn.Server):
 
         if not await self._wait(self._idle, timeouts.graceful_shutdown):
             live = self.app.live
-            log.warning(
-                "graceful shutdown ran out after %g s: ending %d request(s) with an error",
-                timeouts.graceful_shutdown,
-                len(live.requests),
-            )
+            if self.force_exit:
+                log.warning("forced exit: ending %d request(s) with an error now", len(live.requests))
+            else:
+                log.warning(
+                    "graceful shutdown ran out after %g s: ending %d request(s) with an error",
+                    timeouts.graceful_shutdown,
+                    len(live.requests),
+                )
             live.cut_all()
-            if not await self._wait(self._idle, CUT_GRACE_S):
+            # Even a forced exit lets cut requests say so (an error event and [DONE]), briefly.
+            if not await self._wait(self._idle, CUT_GRACE_S, forced_too=True):
                 for task in self.server_state.tasks:
                     task.cancel()
         for server in self.servers:
             await server.wait_closed()
-        if not self.force_exit:
-            await self.lifespan.shutdown()
+        # Forced or not, the app's own shutdown runs (it stops its checks and closes its backend connections; a
+        # lifespan left to be cancelled logs a traceback), bounded when forced.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LIFESPAN_FORCED_S if self.force_exit else None):
+                await self.lifespan.shutdown()
 
     def _idle(self) -> bool:
         return not self.server_state.connections and not self.server_state.tasks
 
-    async def _wait(self, done, timeout: float) -> bool:
-        """Poll `done` for up to `timeout` s (a second Ctrl-C ends the wait); True if it came true."""
+    async def _wait(self, done, timeout: float, forced_too: bool = False) -> bool:
+        """Poll `done` for up to `timeout` s (a second Ctrl-C ends the wait, unless `forced_too`); True if it
+        came true."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while not done():
-            if self.force_exit or loop.time() >= deadline:
+            if (self.force_exit and not forced_too) or loop.time() >= deadline:
                 return False
             await asyncio.sleep(POLL_S)
         return True

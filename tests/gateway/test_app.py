@@ -23,6 +23,8 @@ BAD_INPUTS = [
     ("unknown path", "GET", "/v1/engines", b"", 404, "not_found"),
     ("wrong method", "GET", "/v1/chat/completions", b"", 405, "method_not_allowed"),
     ("unknown model card", "GET", "/v1/models/gpt-5", b"", 404, "model_not_found"),
+    # Not a redirect to a URL made of the client's Host header.
+    ("a slash too many", "POST", "/v1/chat/completions/", json.dumps(chat()).encode(), 404, "not_found"),
 ]
 
 

@@ -22,6 +22,11 @@ def test_clients_must_present_a_configured_key(sims, gateway):
             assert response.status_code == 401, headers
             assert response.json()["error"]["code"] == "invalid_api_key"
             assert response.headers["www-authenticate"] == "Bearer"
+            for path in ("/v1/models", f"/v1/models/{MODEL}"):  # which models a gateway serves is behind the key too
+                listed = client.get(path, headers=headers)
+                assert listed.status_code == 401 and listed.json()["error"]["code"] == "invalid_api_key", path
+        keyed = {"authorization": f"Bearer {CLIENT_KEY}"}
+        assert client.get("/v1/models", headers=keyed).json()["data"][0]["id"] == MODEL
         # A client key is not the admin token, and the admin token is not a client key.
         assert client.get("/admin/threshold", headers={"authorization": f"Bearer {CLIENT_KEY}"}).status_code == 401
         assert (

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.gateway.gateway_helpers import chat
+from tests.waiting import wait_until
 
 BOUNDS = """
 [timeouts]
@@ -33,8 +34,8 @@ def connect(port: int) -> socket.socket:
     return sock
 
 
-def response_of(sock: socket.socket) -> tuple[int, dict, bool]:
-    """(status, JSON body, whether the server then closed the connection)."""
+def response_of(sock: socket.socket, headers: dict | None = None) -> tuple[int, dict, bool]:
+    """(status, JSON body, whether the server then closed the connection); `headers` gets the response's."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
@@ -42,16 +43,18 @@ def response_of(sock: socket.socket) -> tuple[int, dict, bool]:
             break
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
-    )
+    lines = head.split(b"\r\n")
+    fields = {name.strip().lower(): value.strip() for name, _, value in (line.partition(b":") for line in lines[1:])}
+    if headers is not None:
+        headers.update(fields)
+    length = int(fields[b"content-length"])
     while len(body) < length:
         body += sock.recv(65536)
     try:
         closed = sock.recv(1) == b""
     except ConnectionResetError:  # closed with the client's unread bytes still queued: a reset, still a close
         closed = True
-    return int(head.split(b" ")[1]), json.loads(body), closed
+    return int(lines[0].split(b" ")[1]), json.loads(body), closed
 
 
 def test_an_oversized_head_is_431_and_closes(sims, gateway_process):
@@ -63,12 +66,40 @@ def test_an_oversized_head_is_431_and_closes(sims, gateway_process):
     assert body["error"]["code"] == "request_header_too_large" and body["error"]["type"] == "invalid_request_error"
 
 
-def test_a_head_that_never_ends_is_408(sims, gateway_process):
+@pytest.mark.parametrize("size", [20_000, 4_000_000], ids=["just-over", "4MB"])
+def test_a_whole_oversized_head_in_one_write_is_431_with_the_answer_readable(sims, gateway_process, size):
+    # The head is complete and arrives in one piece: counted as the parser reads it, never forwarded. The
+    # refusal reads and drops the rest, so even 4 MB the client is still writing cannot reset the answer away.
+    gw = gateway_process(pools(sims) + BOUNDS)
+    body = json.dumps(chat()).encode()
+    with connect(gw.port) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: big-one\r\nX-Pad: %s\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (b"a" * size, len(body), body)
+        )
+        headers: dict = {}
+        status, error, closed = response_of(sock, headers)
+    assert status == 431 and closed and error["error"]["code"] == "request_header_too_large"
+    assert headers[b"x-request-id"] == b"big-one"
+    assert not any(name == "crossover_requests_total" for name, _ in gw.metrics())  # it never reached the proxy
+
+
+def test_a_connection_that_sends_nothing_is_closed(sims, gateway_process):
     gw = gateway_process(pools(sims) + BOUNDS)
     with connect(gw.port) as sock:
+        assert sock.recv(1) == b""  # within request_head (0.5 s); READ_S bounds the wait
+
+
+def test_a_head_that_never_ends_is_408_and_the_log_says_so(sims, gateway_process):
+    gw = gateway_process(pools(sims) + BOUNDS, env={"CROSSOVER_LOG_LEVEL": "info"})
+    with connect(gw.port) as sock:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
-        status, body, closed = response_of(sock)
+        headers: dict = {}
+        status, body, closed = response_of(sock, headers)
     assert status == 408 and closed and body["error"]["code"] == "request_timeout"
+    assert len(headers[b"x-request-id"]) == 32  # a fresh one: the client's head never finished
+    # The gateway's own loggers go where uvicorn's go, formatted, at the configured level.
+    wait_until(lambda: "INFO:" in gw.log() and "refused a request from" in gw.log(), what="the refusal logged")
 
 
 @pytest.mark.parametrize("sent", [b"{", b""], ids=["trickled", "none"])

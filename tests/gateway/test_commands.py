@@ -13,6 +13,12 @@ from crossover.gateway.cli import build_parser
 from tests.gateway.gateway_helpers import chat
 
 
+def refused_serve(config, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`crossover serve --config CONFIG` that is expected to stop at once (bounded all the same)."""
+    argv = [sys.executable, "-m", "crossover.gateway.cli", "serve", "--config", str(config)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, env=env)
+
+
 def test_serve_runs_a_config_file_and_stops_on_sigterm(sims, gateway_process):
     speculative, plain = sims
     gw = gateway_process(
@@ -29,13 +35,7 @@ def test_serve_runs_a_config_file_and_stops_on_sigterm(sims, gateway_process):
 def test_serve_refuses_bad_settings_naming_the_field(tmp_path):
     config = tmp_path / "bad.toml"
     config.write_text('threshold = -3\n[pools.speculative]\nbackends = ["ftp://x"]\n[pools.plain]\nbackends = []\n')
-    result = subprocess.run(
-        [sys.executable, "-m", "crossover.gateway.cli", "serve", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = refused_serve(config)
     assert result.returncode == 2
     for field in ("threshold", "pools.speculative.backends", "pools.plain.backends"):
         assert f"  {field}: " in result.stderr, result.stderr
@@ -51,14 +51,7 @@ def test_environment_overrides_the_file(sims, gateway_process, tmp_path):
 
     config = tmp_path / "ok.toml"
     config.write_text(pools)
-    result = subprocess.run(
-        [sys.executable, "-m", "crossover.gateway.cli", "serve", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "CROSSOVER_TIMEOUTS__CONNECT": "-1"},
-    )
+    result = refused_serve(config, env={**os.environ, "CROSSOVER_TIMEOUTS__CONNECT": "-1"})
     assert result.returncode == 2 and "  timeouts.connect: " in result.stderr, result.stderr
 
 

@@ -68,6 +68,16 @@ def test_environment_overrides_the_file_with_nesting(tmp_path, monkeypatch):
             "not an http(s) URL",
         ),
         (
+            '[pools.speculative]\nbackends = ["http://a:1"]\n[pools.plain]\nbackends = ["http://127.0.0.1:abc"]\n',
+            "pools.plain.backends",
+            "the port must be a number from 1 to 65535",
+        ),
+        (
+            '[pools.speculative]\nbackends = ["http://a:99999"]\n[pools.plain]\nbackends = ["http://a:1"]\n',
+            "pools.speculative.backends",
+            "the port must be a number from 1 to 65535",
+        ),
+        (
             '[pools.speculative]\nbackends = []\n[pools.plain]\nbackends = ["http://a:1"]\n',
             "pools.speculative.backends",
             "at least 1 item",

@@ -113,6 +113,18 @@ def test_failover_is_bounded_and_ends_in_502(serve, gateway):
     assert gw.metric("crossover_failovers_total", reason="backend_unavailable") == 2
 
 
+def test_a_failure_after_failover_is_the_last_pool_tried(serve, gateway):
+    # Speculative answers 503, plain then 502: the client's 502 is plain's, and says so.
+    speculative, plain = Scripted(status=503, body=b"busy"), Scripted(status=502, body=b"bad gateway")
+    gw = gateway([serve(speculative).url], [serve(plain).url], health={"interval": 60})
+    response = httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=10, trust_env=False)
+    assert response.status_code == 502 and "502" in response.json()["error"]["message"]
+    assert response.headers["x-crossover-pool"] == "plain"
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="plain", outcome="backend_error") == 1
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="backend_error") == 0
+
+
 @pytest.mark.parametrize("concurrent", [3, 30])
 def test_requests_that_make_every_backend_answer_500_take_no_pool_down(serve, gateway, concurrent):
     """SGLang answers 500 to an exception while handling a request: the request's fault. However many such

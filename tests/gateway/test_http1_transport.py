@@ -22,6 +22,7 @@ import uvloop
 from crossover.gateway import _http1 as http1
 from crossover.gateway._http1 import HIGH_WATER, Http1Transport
 from tests.gateway.gateway_helpers import LONG, chat, sim_running, sse_events, wait_until
+from tests.gateway.gateway_helpers import read_all as read_request_body
 
 SCENARIO_TIMEOUT_S = 30.0
 SHORT = 0.3  # a timeout meant to expire
@@ -76,15 +77,6 @@ async def wait_for_condition(condition: Callable[[], bool], what: str, timeout: 
 # -- uvicorn: normal traffic ---------------------------------------------------------------------------------
 
 
-async def _body(receive) -> bytes:
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            return body
-
-
 def make_app(seen_ports: list[int]):
     """/sse: EVENTS events; /json: echoes the request; /large?n=: n bytes in 64 KiB pieces."""
 
@@ -92,7 +84,7 @@ def make_app(seen_ports: list[int]):
         if scope["type"] != "http":
             return
         seen_ports.append(scope["client"][1])
-        body = await _body(receive)
+        body = await read_request_body(receive)
         path = scope["path"]
         if path == "/sse":
             await send(

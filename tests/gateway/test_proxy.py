@@ -315,25 +315,29 @@ def test_a_slow_reader_gets_its_whole_stream_and_the_backend_is_not_blamed(serve
     assert all(backend.healthy for backend in gw.state.pools.all())
 
 
-def test_a_client_that_stops_reading_is_its_own_outcome(serve, gateway):
+def test_a_client_that_stops_reading_is_its_own_outcome_and_its_connection_is_dropped(serve, gateway):
+    # The backend never goes silent (between_chunks is long): only the blocked write can cut this, after
+    # client_write. The client's connection is then aborted - a graceful close would keep the descriptor and
+    # every buffered byte for as long as the client cares not to read.
     backend = Scripted(chunks=[BIG_EVENT] * 512 + [b"data: [DONE]\n\n"], headers=SSE)
     url = serve(backend).url
-    gw = gateway([url], [url], timeouts={"between_chunks": 0.3, "client_write": 0.5})
-
-    async def scenario():
-        async with (
-            httpx.AsyncClient(base_url=gw.url, timeout=30, trust_env=False) as client,
-            client.stream("POST", "/v1/chat/completions", json=chat(True)) as response,
-        ):
-            chunks = response.aiter_raw()  # kept: a dropped iterator would close the response
-            await anext(chunks)
-            await asyncio.to_thread(
-                wait_until,
-                lambda: gw.metric("crossover_requests_total", pool="speculative", outcome="client_slow") == 1,
-                what="the stalled client's stream to end",
-            )
-
-    asyncio.run(asyncio.wait_for(scenario(), 60))
+    gw = gateway([url], [url], timeouts={"between_chunks": 60, "client_write": 0.5})
+    body = json.dumps(chat(True)).encode()
+    with socket.create_connection(("127.0.0.1", int(gw.url.rsplit(":", 1)[1])), timeout=10) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        assert sock.recv(100).startswith(b"HTTP/1.1 200")
+        wait_until(
+            lambda: gw.metric("crossover_requests_total", pool="speculative", outcome="client_slow") == 1,
+            timeout=10,
+            what="the stalled client's stream to be cut after client_write, not between_chunks",
+        )
+        with pytest.raises(ConnectionResetError):
+            while sock.recv(65536):
+                pass
     gw.settled()
     assert gw.metric("crossover_requests_total", pool="speculative", outcome="timeout") == 0
     assert all(backend.healthy and backend.failures == 0 for backend in gw.state.pools.all())

@@ -102,6 +102,28 @@ def test_shutdown_turns_health_503_first_then_ends_streams_cleanly(sims, gateway
     assert "Traceback" not in gw.log() and "Exception in ASGI" not in gw.log()
 
 
+def test_a_forced_exit_still_ends_streams_with_an_error_event(sims, gateway_process):
+    # Ctrl-C twice: no waiting for graceful_shutdown, but cut streams still say so, and nothing is a traceback.
+    gw = gateway_process(gateway_config(sims, "[timeouts]\ngraceful_shutdown = 60\n"))
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30, trust_env=False) as client:
+            request = client.build_request("POST", "/v1/chat/completions", json=chat(True, LONG))
+            stream = await client.send(request, stream=True)
+            chunks = stream.aiter_raw()
+            first = await anext(chunks)
+            gw.proc.send_signal(signal.SIGINT)
+            await asyncio.to_thread(wait_until, lambda: _health(gw.url) is None, what="the listener to close")
+            gw.proc.send_signal(signal.SIGINT)
+            return first + b"".join([chunk async for chunk in chunks])
+
+    events = sse_events(asyncio.run(asyncio.wait_for(scenario(), 60)))
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "gateway_unavailable"
+    gw.proc.wait(30)
+    assert "forced exit" in gw.log()
+    assert "Traceback" not in gw.log() and "Exception in ASGI" not in gw.log()
+
+
 def _health(url: str) -> int | None:
     try:
         return httpx.get(url + "/health", timeout=2, trust_env=False).status_code
