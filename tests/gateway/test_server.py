@@ -78,50 +78,59 @@ def test_a_descriptor_limit_too_small_is_said_at_start_and_met_with_429s(serve, 
     assert not any(name == "crossover_backend_ejections_total" for name, _ in samples)
 
 
+async def stream_through_a_stop(gw, client: httpx.AsyncClient, stop) -> bytes:
+    """A long stream through `gw`; once its first chunk is in, `await stop()`; then the whole stream."""
+    request = client.build_request("POST", "/v1/chat/completions", json=chat(True, LONG))
+    stream = await client.send(request, stream=True)
+    chunks = stream.aiter_raw()
+    first = await anext(chunks)
+    await stop()
+    return first + b"".join([chunk async for chunk in chunks])
+
+
+def assert_cut_cleanly(streamed: bytes, gw) -> None:
+    events = sse_events(streamed)
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "gateway_unavailable"
+    gw.proc.wait(30)
+    assert "Traceback" not in gw.log() and "Exception in ASGI" not in gw.log()
+
+
 def test_shutdown_turns_health_503_first_then_ends_streams_cleanly(sims, gateway_process):
     gw = gateway_process(gateway_config(sims, "[timeouts]\nshutdown_delay = 1.0\ngraceful_shutdown = 1.0\n"))
+    served = []
 
     async def scenario():
         async with httpx.AsyncClient(base_url=gw.url, timeout=30, trust_env=False) as client:
-            request = client.build_request("POST", "/v1/chat/completions", json=chat(True, LONG))
-            stream = await client.send(request, stream=True)
-            chunks = stream.aiter_raw()
-            first = await anext(chunks)
-            gw.proc.send_signal(signal.SIGTERM)
-            await asyncio.to_thread(wait_until, lambda: _health(gw.url) == 503, what="/health to turn 503")
-            # Still serving during the delay: a load balancer has time to notice.
-            served = await client.post("/v1/chat/completions", json=chat())
-            rest = b"".join([chunk async for chunk in chunks])
-            return first + rest, served
 
-    streamed, served = asyncio.run(asyncio.wait_for(scenario(), 60))
-    assert served.status_code == 200
-    events = sse_events(streamed)
-    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "gateway_unavailable"
-    assert gw.proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
-    assert "Traceback" not in gw.log() and "Exception in ASGI" not in gw.log()
+            async def sigterm():
+                gw.proc.send_signal(signal.SIGTERM)
+                await asyncio.to_thread(wait_until, lambda: _health(gw.url) == 503, what="/health to turn 503")
+                # Still serving during the delay: a load balancer has time to notice.
+                served.append(await client.post("/v1/chat/completions", json=chat()))
+
+            return await stream_through_a_stop(gw, client, sigterm)
+
+    streamed = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert served[0].status_code == 200
+    assert_cut_cleanly(streamed, gw)
+    assert gw.proc.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
 
 
 def test_a_forced_exit_still_ends_streams_with_an_error_event(sims, gateway_process):
     # Ctrl-C twice: no waiting for graceful_shutdown, but cut streams still say so, and nothing is a traceback.
     gw = gateway_process(gateway_config(sims, "[timeouts]\ngraceful_shutdown = 60\n"))
 
+    async def twice_ctrl_c():
+        gw.proc.send_signal(signal.SIGINT)
+        await asyncio.to_thread(wait_until, lambda: _health(gw.url) is None, what="the listener to close")
+        gw.proc.send_signal(signal.SIGINT)
+
     async def scenario():
         async with httpx.AsyncClient(base_url=gw.url, timeout=30, trust_env=False) as client:
-            request = client.build_request("POST", "/v1/chat/completions", json=chat(True, LONG))
-            stream = await client.send(request, stream=True)
-            chunks = stream.aiter_raw()
-            first = await anext(chunks)
-            gw.proc.send_signal(signal.SIGINT)
-            await asyncio.to_thread(wait_until, lambda: _health(gw.url) is None, what="the listener to close")
-            gw.proc.send_signal(signal.SIGINT)
-            return first + b"".join([chunk async for chunk in chunks])
+            return await stream_through_a_stop(gw, client, twice_ctrl_c)
 
-    events = sse_events(asyncio.run(asyncio.wait_for(scenario(), 60)))
-    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "gateway_unavailable"
-    gw.proc.wait(30)
-    assert "forced exit" in gw.log()
-    assert "Traceback" not in gw.log() and "Exception in ASGI" not in gw.log()
+    assert_cut_cleanly(asyncio.run(asyncio.wait_for(scenario(), 60)), gw)
+    assert "forced exit" in gw.log() and gw.proc.returncode == 130  # Ctrl-C, as a shell reports it
 
 
 def _health(url: str) -> int | None:
