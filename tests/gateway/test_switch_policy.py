@@ -38,6 +38,15 @@ def samples_of(loads: list[float], *, end: float, period: float = 1.0) -> list[L
     return [LoadSample(start + i * period, load) for i, load in enumerate(loads)]
 
 
+def decide_after(
+    loads: list[float], *, end: float = 1000.0, mode: str = SPECULATIVE, cost_s: float = 1.0, settings=SETTINGS
+) -> SwitchDecision:
+    """The decision once `loads` were sampled every second up to `end`, `mode` held since for ever."""
+    return decide(
+        samples_of(loads, end=end), now=end, mode=mode, mode_since=-math.inf, switch_cost_s=cost_s, settings=settings
+    )
+
+
 def run(
     load_at,
     *,
@@ -86,14 +95,7 @@ def test_no_samples_means_stay():
 
 def test_one_spike_in_the_window_does_not_switch():
     loads = [4] * 29 + [1000]
-    decision = decide(
-        samples_of(loads, end=100.0),
-        now=100.0,
-        mode=SPECULATIVE,
-        mode_since=-math.inf,
-        switch_cost_s=1.0,
-        settings=SETTINGS,
-    )
+    decision = decide_after(loads, end=100.0)
     assert (decision.switch, decision.reason, decision.load) == (False, LOAD_FITS_MODE, 4)
 
 
@@ -112,14 +114,7 @@ def test_one_spike_in_the_window_does_not_switch():
     ],
 )
 def test_hysteresis_band(mode, load, expected):
-    decision = decide(
-        samples_of([load] * 30, end=1000.0),
-        now=1000.0,
-        mode=mode,
-        mode_since=-math.inf,
-        switch_cost_s=1.0,
-        settings=SETTINGS,
-    )
+    decision = decide_after([load] * 30, mode=mode)
     assert (decision.mode, decision.reason) == expected
     assert decision.switch == (decision.mode != mode)
     assert decision.reason in REASONS
@@ -183,14 +178,7 @@ def test_a_short_burst_is_not_worth_a_restart():
 
 def test_the_same_burst_reason_is_gain_below_cost():
     settings = SwitchSettings(threshold=32, hysteresis=8, min_dwell_s=0, window_s=10, expected_phase_s=10)
-    decision = decide(
-        samples_of([100] * 10, end=310.0),
-        now=310.0,
-        mode=SPECULATIVE,
-        mode_since=-math.inf,
-        switch_cost_s=240,
-        settings=settings,
-    )
+    decision = decide_after([100] * 10, end=310.0, cost_s=240, settings=settings)
     assert decision.reason == GAIN_BELOW_COST
     assert decision.gain == 0.0  # the burst is over before the restart is
     assert decision.loss == pytest.approx(240.0)  # r_old = 1 (ThresholdRates units) x 240 s
@@ -200,14 +188,7 @@ def test_gain_against_cost_break_even():
     # ThresholdRates: the right mode is 10% faster. Switch iff 0.1 x (H - c) > 1 x c, i.e. H > 11 c.
     def decision_for(phase_s: float) -> SwitchDecision:
         settings = SwitchSettings(threshold=32, hysteresis=8, min_dwell_s=0, expected_phase_s=phase_s)
-        return decide(
-            samples_of([100] * 30, end=1000.0),
-            now=1000.0,
-            mode=SPECULATIVE,
-            mode_since=-math.inf,
-            switch_cost_s=10.0,
-            settings=settings,
-        )
+        return decide_after([100] * 30, cost_s=10.0, settings=settings)
 
     assert decision_for(109.0).reason == GAIN_BELOW_COST
     assert decision_for(111.0).reason == LOAD_ABOVE_THRESHOLD
@@ -222,14 +203,7 @@ def test_a_long_phase_is_worth_even_a_restart():
 def test_curves_that_say_the_other_mode_is_slower_mean_no_gain():
     rates = CurveRates.from_points(speculative=[(1, 100), (100, 400)], plain=[(1, 90), (100, 380)])
     settings = SwitchSettings(threshold=32, hysteresis=8, min_dwell_s=0, expected_phase_s=3600, rates=rates)
-    decision = decide(
-        samples_of([64] * 30, end=1000.0),
-        now=1000.0,
-        mode=SPECULATIVE,
-        mode_since=-math.inf,
-        switch_cost_s=1.0,
-        settings=settings,
-    )
+    decision = decide_after([64] * 30, settings=settings)
     assert decision.reason == NO_GAIN
 
 
@@ -244,14 +218,7 @@ def test_curves_weigh_the_gain_at_the_measured_rates():
 
     def reason(phase_s: float) -> str:
         settings = SwitchSettings(threshold=32, hysteresis=8, min_dwell_s=0, expected_phase_s=phase_s, rates=rates)
-        return decide(
-            samples_of([100] * 30, end=1000.0),
-            now=1000.0,
-            mode=SPECULATIVE,
-            mode_since=-math.inf,
-            switch_cost_s=60.0,
-            settings=settings,
-        ).reason
+        return decide_after([100] * 30, cost_s=60.0, settings=settings).reason
 
     assert reason(1070.0) == GAIN_BELOW_COST
     assert reason(1090.0) == LOAD_ABOVE_THRESHOLD

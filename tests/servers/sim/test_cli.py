@@ -65,43 +65,23 @@ def test_bad_arguments_fail_clearly(args, message):
     assert done.returncode == 2 and message in done.stderr
 
 
+def results_file(tmp_path, concurrencies: tuple[int, ...]):
+    """A `crossover bench` results.json of one plain target, TPOT growing with concurrency."""
+    levels = [
+        {"target": "plain", "concurrency": c, "completed": 5, "mean_ttft_ms": 200.0, "mean_tpot_ms": 20.0 * c}
+        for c in concurrencies
+    ]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"schema_version": 1, "metadata": {"model": "real/model"}, "levels": levels}))
+    return path
+
+
 def test_serve_says_it_is_a_simulator_and_replays_a_results_file(tmp_path):
-    results = tmp_path / "results.json"
-    results.write_text(
-        json.dumps(
-            {
-                "schema_version": 1,
-                "metadata": {"model": "real/model"},
-                "levels": [
-                    {
-                        "target": "plain",
-                        "concurrency": c,
-                        "completed": 5,
-                        "mean_ttft_ms": 200.0,
-                        "mean_tpot_ms": 20.0 * c,
-                    }
-                    for c in (1, 4)
-                ],
-            }
-        )
-    )
+    results = results_file(tmp_path, (1, 4))
+    serve = ["sim", "serve", "--profile", str(results), "--target", "plain", "--port", "0", "--time-scale", "100"]
     with open(os.devnull, "wb") as devnull:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "crossover.gateway.cli",
-                "sim",
-                "serve",
-                "--profile",
-                str(results),
-                "--target",
-                "plain",
-                "--port",
-                "0",
-                "--time-scale",
-                "100",
-            ],
+            [sys.executable, "-m", "crossover.gateway.cli", *serve],
             stdout=devnull,
             stderr=subprocess.PIPE,
             text=True,
@@ -116,19 +96,7 @@ def test_serve_says_it_is_a_simulator_and_replays_a_results_file(tmp_path):
 
 
 def test_measured_profile_serves_its_model(sim, tmp_path):
-    results = tmp_path / "results.json"
-    results.write_text(
-        json.dumps(
-            {
-                "schema_version": 1,
-                "metadata": {"model": "real/model"},
-                "levels": [
-                    {"target": "plain", "concurrency": 1, "completed": 5, "mean_ttft_ms": 200.0, "mean_tpot_ms": 20.0}
-                ],
-            }
-        )
-    )
-    server = sim(str(results), "--time-scale", "100")
+    server = sim(str(results_file(tmp_path, (1,))), "--time-scale", "100")
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
     with httpx.Client(timeout=10.0) as client:
         assert client.get(f"{server.url}/v1/models").json()["data"][0]["id"] == "real/model"
