@@ -390,7 +390,7 @@ class RawResponse:
     Its body must be read to the end (`aread`, or iterating `stream`) or closed (`aclose`)."""
 
     status_code: int
-    headers: list[tuple[bytes, bytes]]
+    headers: RawHeaders
     stream: httpx.AsyncByteStream
     http_version: bytes = b"HTTP/1.1"
     reason_phrase: bytes = b""

@@ -22,7 +22,7 @@ from starlette.routing import Route
 from crossover.gateway import metrics as labels
 from crossover.gateway.admin import admin_routes
 from crossover.gateway.admission import Admission
-from crossover.gateway.auth import authorize_client
+from crossover.gateway.auth import authorize_client, client_keys
 from crossover.gateway.config import Settings
 from crossover.gateway.errors import EXCEPTION_HANDLERS, ModelNotFound
 from crossover.gateway.failover import Failover
@@ -97,16 +97,16 @@ def create_app(
     def model_card(name: str) -> dict:
         return {"id": name, "object": "model", "created": int(state.started_at), "owned_by": "crossover"}
 
-    client_keys = [key.encode() for key in settings.api_keys]
+    keys = client_keys(settings.api_keys)
 
     async def list_models(request: Request) -> JSONResponse:
-        authorize_client(request.scope["headers"], client_keys)
+        authorize_client(request.scope["headers"], keys)
         return JSONResponse(
             {"object": "list", "data": [model_card(name) for name in sorted(state.pools.model_names())]}
         )
 
     async def get_model(request: Request) -> JSONResponse:
-        authorize_client(request.scope["headers"], client_keys)
+        authorize_client(request.scope["headers"], keys)
         name = request.path_params["model"]
         if name not in state.pools.model_names():
             raise ModelNotFound(f"The model `{name}` does not exist.", param="model")

@@ -1,7 +1,8 @@
 """Who may call what: client API keys on the OpenAI endpoints, the admin token on /admin. Both are bearer
 tokens compared in constant time; they are separate, so a client key never opens the admin API.
 
-    authorize_client(scope["headers"], settings.api_keys)     # raises Unauthorized (401) when keys are set
+    keys = client_keys(settings.api_keys)                     # once, when the app is built
+    authorize_client(scope["headers"], keys)                  # raises Unauthorized (401) when keys are set
     authorize_admin(request.headers.get("authorization"), settings.admin_token)
 """
 
@@ -26,6 +27,11 @@ def _matches(given: bytes | None, keys: list[bytes]) -> bool:
     for key in keys:
         matched |= secrets.compare_digest(given or b"", key)
     return matched and given is not None
+
+
+def client_keys(api_keys: list[str]) -> list[bytes]:
+    """`settings.api_keys` as `authorize_client` compares them."""
+    return [key.encode() for key in api_keys]
 
 
 def authorize_client(headers: list[tuple[bytes, bytes]], keys: list[bytes]) -> None:

@@ -88,6 +88,13 @@ class ClientLink:
             callback()
 
 
+def _client_gone(cycle) -> None:
+    """Tell the app of `cycle` (uvicorn's request-response cycle) that its client is gone."""
+    link = cycle.scope.get("extensions", {}).get(CLIENT_LINK)
+    if link is not None:
+        link.gone()
+
+
 class _HeadTooLarge(Exception):
     """Raised from a parser callback: the parser stops, and uvicorn asks for a 400, which becomes a 431."""
 
@@ -158,11 +165,8 @@ class _BoundedHead(HttpToolsProtocol):
         self._end_head()
         self._end_body()
         super().connection_lost(exc)
-        cycle = self.cycle
-        if cycle is not None and cycle.disconnected:
-            link = cycle.scope.get("extensions", {}).get(CLIENT_LINK)
-            if link is not None:
-                link.gone()
+        if self.cycle is not None and self.cycle.disconnected:
+            _client_gone(self.cycle)
 
     def send_400_response(self, msg: str) -> None:
         if self._head_parsed > self.max_head_bytes:
@@ -213,9 +217,7 @@ class _BoundedHead(HttpToolsProtocol):
             # and whatever it still sends goes nowhere.
             cycle.disconnected = True
             cycle.message_event.set()
-            link = cycle.scope.get("extensions", {}).get(CLIENT_LINK)
-            if link is not None:
-                link.gone()
+            _client_gone(cycle)
         body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
         transport.write(
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n"

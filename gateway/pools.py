@@ -125,7 +125,7 @@ class Pools:
         if self.served_model_names:
             return self.served_model_names
         # Asked once per request; the answer changes only when a backend reports other names.
-        reported = tuple(backend.models for backend in self.speculative + self.plain)
+        reported = tuple(backend.models for backend in self.all())
         if reported != self._reported:
             self._reported = reported
             self._names = frozenset(name for models in reported for name in models)

@@ -26,7 +26,7 @@ import httpx
 
 from crossover.gateway import metrics as labels
 from crossover.gateway.admission import Admission
-from crossover.gateway.auth import authorize_client
+from crossover.gateway.auth import authorize_client, client_keys
 from crossover.gateway.client_http import CLIENT_LINK, ClientLink
 from crossover.gateway.config import Settings
 from crossover.gateway.errors import (
@@ -111,7 +111,7 @@ class ProxyEndpoint:
         self.live = live
         # Time-shared topology: the switch controller says which mode serves (and holds requests during a switch).
         self.switching = switching
-        self.api_keys = [key.encode() for key in settings.api_keys]
+        self.api_keys = client_keys(settings.api_keys)
         self.socket_timeout = backend_timeout(settings.timeouts).as_dict()
 
     async def __call__(self, scope, receive, send) -> None:
