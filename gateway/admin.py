@@ -3,6 +3,7 @@
     curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8000/admin/threshold
     curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"threshold": 24}' http://127.0.0.1:8000/admin/threshold
     curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"mode": "plain"}' http://127.0.0.1:8000/admin/mode
+    curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"mode": "plain", "pin": true}' .../admin/mode  # until unpinned
 
 With no admin token configured the API answers 403: it is never open.
 """
@@ -49,11 +50,19 @@ class ThresholdUpdate(BaseModel):
 
 
 class ModeUpdate(BaseModel):
-    """PUT /admin/mode."""
+    """PUT /admin/mode: a mode to switch to now, and/or `pin` (true: the policy leaves the mode alone until
+    unpinned; false: unpin). At least one."""
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Mode
+    mode: Mode = None  # type: ignore[assignment]
+    pin: bool = None  # type: ignore[assignment]
+
+    @model_validator(mode="after")
+    def _something(self) -> ModeUpdate:
+        if not self.model_fields_set:
+            raise PydanticCustomError("empty_update", "send mode, pin, or both")
+        return self
 
 
 def parse_body(model: type[_Body], body: bytes) -> _Body:
@@ -112,8 +121,14 @@ def admin_routes(state: GatewayState) -> list[Route]:
         authorize_admin(request.headers.get("authorization"), token)
         snapshot = state.snapshot()
         snapshot["topology"] = state.settings.topology
-        if state.switching is not None:
-            snapshot.update(state.switching.view())
+        switching = state.switching
+        if switching is not None:
+            # One GPU set serves everything: no routing policy applies, whatever [routing] says.
+            snapshot["policy"] = "time-shared"
+            # A request held by the switch queue holds an admission slot too: count it once, as queued.
+            snapshot["inflight"] -= switching.queued
+            snapshot["queued"] += switching.queued
+            snapshot.update(switching.view())
         return JSONResponse(snapshot)
 
     async def get_mode(request: Request) -> JSONResponse:
@@ -125,10 +140,10 @@ def admin_routes(state: GatewayState) -> list[Route]:
     async def put_mode(request: Request) -> JSONResponse:
         """Force a mode now (the policy is bypassed): 202 while the switch runs, 200 if it already serves."""
         authorize_admin(request.headers.get("authorization"), token)
-        mode = parse_body(ModeUpdate, await read_admin_body(request)).mode
+        update = parse_body(ModeUpdate, await read_admin_body(request))
         if state.switching is None:
             raise InvalidRequest("mode switching needs topology = 'time-shared'", code="not_time_shared")
-        started = state.switching.request_switch(mode)
+        started = state.switching.request_switch(update.mode, pin=update.pin)
         return JSONResponse(state.switching.view(), status_code=202 if started else 200)
 
     return [

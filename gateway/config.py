@@ -17,14 +17,16 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-SPECULATIVE = "speculative"
-PLAIN = "plain"
-POOL_NAMES = (SPECULATIVE, PLAIN)
+from crossover.gateway.agent_contract import TOKEN_ENV
+from crossover.gateway.modes import MODES as POOL_NAMES
+from crossover.gateway.modes import PLAIN, SPECULATIVE, Mode
+
+# Re-exported: the rest of the gateway reads the words from here or from modes.py, never types them again.
+__all__ = ["PLAIN", "POOL_NAMES", "SPECULATIVE", "Mode"]
 
 Policy = Literal["switch", "spillover"]
 LoadSignal = Literal["local", "scraped", "max"]
 Topology = Literal["partitioned", "time-shared"]
-Mode = Literal["speculative", "plain"]
 Mechanism = Literal["restart", "sleep", "manual"]
 
 DEFAULT_HOST = "127.0.0.1"
@@ -98,7 +100,14 @@ DEFAULT_RESTART_COST_S = 300.0
 DEFAULT_SLEEP_COST_S = 30.0
 DEFAULT_MANUAL_COST_S = 0.0
 INITIAL_COSTS_S = {"restart": DEFAULT_RESTART_COST_S, "sleep": DEFAULT_SLEEP_COST_S, "manual": DEFAULT_MANUAL_COST_S}
-DEFAULT_AGENT_TOKEN_ENV = "CROSSOVER_AGENT_TOKEN"
+DEFAULT_AGENT_TOKEN_ENV = TOKEN_ENV
+# Self-healing: the serving mode with no usable backend for this many health intervals is recovered.
+DEFAULT_DEAD_AFTER_PROBES = 3
+# Failed switch attempts are spaced by a capped exponential backoff.
+DEFAULT_BACKOFF_S = 5.0
+DEFAULT_BACKOFF_MAX_S = 300.0
+# An operator's PUT /admin/mode at most this often (a script in a loop must not thrash the GPU set).
+DEFAULT_OPERATOR_INTERVAL_S = 10.0
 
 
 class _Section(BaseModel):
@@ -208,6 +217,10 @@ class SwitchingSettings(_Section):
     agent_url: str = ""
     agent_token: str = ""
     agent_servers: dict[Mode, str] = {}
+    dead_after_probes: int = Field(DEFAULT_DEAD_AFTER_PROBES, ge=1)
+    backoff: float = Field(DEFAULT_BACKOFF_S, gt=0)
+    backoff_max: float = Field(DEFAULT_BACKOFF_MAX_S, gt=0)
+    operator_interval: float = Field(DEFAULT_OPERATOR_INTERVAL_S, ge=0)
 
     @field_validator("agent_url")
     @classmethod

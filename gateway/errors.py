@@ -11,10 +11,13 @@ GatewayError
 ├── RequestTimeout ........ 408  invalid_request_error  (the request head or body arrived too slowly)
 ├── BodyTooLarge .......... 413  invalid_request_error
 ├── HeadersTooLarge ....... 431  invalid_request_error  (the request head exceeds its limit)
+├── SwitchConflict ........ 409  invalid_request_error  (PUT /admin/mode while a switch is under way)
 ├── Overloaded ............ 429  rate_limit_error       (over max_inflight + max_queued; Retry-After)
+├── SwitchRateLimited ..... 429  rate_limit_error       (PUT /admin/mode too soon after the last; Retry-After)
 ├── BackendFailed ......... 502  api_error              (the backend failed the request: connection lost, ...)
 ├── Unavailable ........... 503  api_error              (shutting down, or the gateway's own resources ran out)
-│   └── NoHealthyBackend .. 503  api_error              (no pool has a usable backend; Retry-After)
+│   ├── NoHealthyBackend .. 503  api_error              (no pool has a usable backend; Retry-After)
+│   └── SwitchUnavailable . 503  api_error              (time-shared: switching or recovering; Retry-After)
 └── BackendTimeout ........ 504  timeout_error          (first byte or total timeout; x-should-retry: false)
 
 Errors a backend answers itself (a 4xx, or a 500 about the request) go back with the backend's status and
@@ -124,6 +127,29 @@ class Unavailable(GatewayError):
 
 class NoHealthyBackend(Unavailable):
     code = "no_healthy_backend"
+
+
+class SwitchUnavailable(Unavailable):
+    """A time-shared GPU set is between modes: its switch queue is full or too slow, no mode serves (recovery
+    is under way), or a switch cut the request. The message says what is under way, never a backend's URL."""
+
+    def __init__(self, message: str, *, code: str, retry_after_s: int = 1) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.code = code
+
+
+class SwitchConflict(GatewayError):
+    status, type, code = 409, "invalid_request_error", "switch_in_progress"
+
+
+class SwitchRateLimited(GatewayError):
+    """PUT /admin/mode again too soon after the last operator change."""
+
+    status, type, code = 429, "rate_limit_error", "mode_change_rate_limited"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.headers["retry-after"] = str(retry_after_s)
 
 
 class BackendTimeout(GatewayError):

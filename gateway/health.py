@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from crossover.gateway.config import HealthSettings
 from crossover.gateway.headers import bearer
 from crossover.gateway.pools import Backend, Pools
+from crossover.gateway.sglang import LEGACY_LOAD_PATH, LOADS_PATH, load_from_loads
 
 log = logging.getLogger("crossover.health")
 
@@ -50,6 +51,19 @@ class Breaker:
         # Set by the HealthMonitor while it runs: probe this backend now (no-op if a probe is under way).
         self.probe: Callable[[Backend], None] = lambda backend: None
         self.suspects: set[Backend] = set()
+        # Backends put out of service on purpose (the mode a time-shared GPU set does not serve): their failed
+        # probes are expected, not ejections - no warning, no ejection counted.
+        self.resting: set[Backend] = set()
+
+    def rest(self, backend: Backend) -> None:
+        self.resting.add(backend)
+        self.suspects.discard(backend)
+        backend.healthy = False
+
+    def wake(self, backend: Backend) -> None:
+        """Back in service (it just generated): any failure from its off time is forgotten."""
+        self.resting.discard(backend)
+        self.succeeded(backend)
 
     def succeeded(self, backend: Backend, *, probe: bool = False) -> None:
         if probe:
@@ -63,6 +77,9 @@ class Breaker:
 
     def failed_probe(self, backend: Backend) -> None:
         backend.failures += 1
+        if backend in self.resting:
+            backend.healthy = False
+            return
         decisive = backend in self.suspects  # a probe asked for by a failed request decides at once
         self.suspects.discard(backend)
         if backend.healthy is None:
@@ -100,22 +117,6 @@ class Breaker:
         self.on_eject(backend, source)
 
 
-def load_from_loads(payload: object) -> int:
-    """`/v1/loads` (`{"loads": [rank, ...]}`) or `/get_load` (`[rank, ...]`): running + waiting, summed over ranks."""
-    ranks = payload.get("loads", payload) if isinstance(payload, dict) else payload
-    if isinstance(ranks, dict):
-        ranks = [ranks]
-    if not isinstance(ranks, list) or not ranks:
-        raise ValueError("no load entries")
-    total = 0
-    for rank in ranks:
-        running = rank.get("num_running_reqs", rank.get("num_reqs"))
-        if running is None:
-            raise ValueError("no running-request count")
-        total += int(running) + int(rank.get("num_waiting_reqs", 0))
-    return total
-
-
 def load_from_metrics(text: str) -> int:
     """Prometheus text: running + queued gauges; TP ranks repeat their DP rank's value, DP ranks add up."""
     by_rank: dict[tuple[str, str], float] = {}
@@ -131,8 +132,8 @@ def load_from_metrics(text: str) -> int:
 
 
 LOAD_SOURCES: tuple[tuple[str, Callable[[httpx.Response], int]], ...] = (
-    ("/v1/loads", lambda response: load_from_loads(response.json())),
-    ("/get_load", lambda response: load_from_loads(response.json())),
+    (LOADS_PATH, lambda response: load_from_loads(response.json())),
+    (LEGACY_LOAD_PATH, lambda response: load_from_loads(response.json())),
     ("/metrics", lambda response: load_from_metrics(response.text)),
 )
 

@@ -110,6 +110,13 @@ class Metrics:
             buckets=SWITCH_BUCKETS_S,
             registry=registry,
         )
+        self.recoveries = Counter(
+            "crossover_switch_recoveries",
+            "Recoveries of a time-shared GPU set without an operator (the serving mode died, or none served), "
+            "by mechanism and outcome (ok: a mode serves again; unavailable: none does yet).",
+            ["mechanism", "outcome"],
+            registry=registry,
+        )
         self.switch_dropped = Counter(
             "crossover_switch_dropped",
             "Requests a mode switch did not serve: cut at the drain deadline, or refused by the switch queue.",

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from crossover.gateway.config import PLAIN, POOL_NAMES, SPECULATIVE, HealthSettings, Settings
+from crossover.gateway.modes import other as other_mode
 from crossover.gateway.policy import least_loaded
 
 # Scraped engine load older than this many load intervals is ignored (the engine stopped answering).
@@ -79,9 +80,7 @@ class Pools:
     def all(self) -> list[Backend]:
         return self.speculative + self.plain
 
-    @staticmethod
-    def other(name: str) -> str:
-        return PLAIN if name == SPECULATIVE else SPECULATIVE
+    other = staticmethod(other_mode)
 
     def lease(self, backend: Backend) -> Lease:
         return Lease(backend)

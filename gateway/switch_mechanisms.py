@@ -1,10 +1,25 @@
 """How a time-shared GPU set changes mode: the server-side half of a switch (the controller drives it).
 
-    mechanism = make_mechanism(settings.switching, urls, client, headers, inflight)  # each per mode
-    await mechanism.hand_over("speculative", "plain")
-    await verify(client, urls["plain"], timeout, headers["plain"])  # a 1-token generation: it really serves
-    await mechanism.restore("speculative")       # after a failure: bring the old mode back
+    mechanism = make_mechanism(settings.switching, targets, client, inflight)   # targets: per mode, url + headers
+    await mechanism.preflight("speculative", "plain")  # can it succeed? before anything is drained
+    await mechanism.hand_over("speculative", "plain")  # take the GPU set from one mode, give it to the other
+    await mechanism.verify("plain")                    # a 1-token generation: it really serves
+    await mechanism.restore("speculative", failed="plain")   # after a failure: bring the old mode back
+    await mechanism.mode_state("plain")                # what the mechanism can tell of a mode now
 
+The interface (`Mechanism`), which another way of switching (the in-engine speculation gate) implements too:
+- `preflight(old, new)`: raise `SwitchFailed("preflight", ...)` if the switch cannot succeed now (whatever
+  drives the switch does not answer, the target is missing or not in the state the mechanism expects). It
+  changes nothing: a switch that fails here has cut and held nothing.
+- `hand_over(old, new)`: `old` None means nothing serves (dead or unknown): nothing is released from it.
+- `verify(mode)`: the mode serves, proved by a generation; per-mode URLs and credentials live here only.
+- `wake(mode)`, `restore(mode, failed)`: undo a drain's pause; make `mode` serve again after a failure.
+- `adopted(mode)`: the controller found `mode` serving; the mechanism's own bookkeeping follows.
+- `mode_state(mode)`: a `ModeState` - serving, asleep (can be woken), stopped (can be started), dead
+  (its process is gone), unknown (the mechanism cannot tell). Recovery starts with what can serve soonest.
+- `recovery_order(dead)`: the modes to try when `dead` stopped serving, soonest first.
+
+Kinds:
 - `restart`: the GPU-host agent (`crossover servers agent`) stops the old server and starts the other; its
   start waits for a 1-token generation before it says `ready`.
 - `sleep`: SGLang's own endpoints, both servers started with `--enable-memory-saver
@@ -20,13 +35,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Literal
+from dataclasses import dataclass, field
+from enum import StrEnum
 
 import httpx
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
+from crossover.gateway import sglang
+from crossover.gateway.agent_contract import ServerStatus
 from crossover.gateway.config import SwitchingSettings
-from crossover.gateway.health import load_from_loads
+from crossover.gateway.modes import Mode, other
 
 # Between polls of the agent's view of a server while it starts or stops.
 AGENT_POLL_S = 0.1
@@ -34,13 +52,13 @@ AGENT_POLL_S = 0.1
 IDLE_POLL_S = 0.05
 # How long an old server may take to finish the requests /pause_generation aborted.
 IDLE_WAIT_S = 10.0
-VERIFY_PROMPT = "ping"
-
-AgentState = Literal["stopped", "starting", "ready", "released", "stopping", "failed"]
+# A preflight's question to a server or the agent: a live one answers at once.
+PREFLIGHT_TIMEOUT_S = 5.0
 
 
 class SwitchFailed(Exception):
-    """One step of a switch failed; `step` names it (drain, stop, start, release, resume, continue, verify)."""
+    """One step of a switch failed; `step` names it (preflight, drain, stop, start, release, resume, continue,
+    verify). The message is for the log and /admin/state: it may name URLs, never shown to clients."""
 
     def __init__(self, step: str, message: str) -> None:
         super().__init__(f"{step}: {message}")
@@ -52,86 +70,69 @@ class AgentBusy(SwitchFailed):
     """The agent answered 409: another operation on the same GPU set is under way."""
 
 
-class ServerStatus(BaseModel):
-    """One server as the GPU-host agent reports it (the agent contract's ServerStatus)."""
+class ModeState(StrEnum):
+    SERVING = "serving"
+    ASLEEP = "asleep"
+    STOPPED = "stopped"
+    DEAD = "dead"
+    UNKNOWN = "unknown"
 
-    model_config = ConfigDict(extra="ignore")
 
-    name: str
-    role: str
-    state: AgentState
-    pid: int | None = None
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One mode's server as the gateway calls it: its URL and what every call carries (its SGLang --api-key)."""
+
     url: str
-    last_start_s: float | None = None
-    error: str | None = None
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        payload = response.json()
-    except ValueError:
-        return response.text.strip()[:200] or f"HTTP {response.status_code}"
-    error = payload.get("error") if isinstance(payload, dict) else None
-    if isinstance(error, dict) and "message" in error:
-        return str(error["message"])
-    return str(payload)[:200]
-
-
-async def verify(client: httpx.AsyncClient, url: str, timeout: float, headers: dict[str, str] | None = None) -> None:
-    """A real 1-token generation on `url` (`headers`: the backend's API key), or SwitchFailed("verify", why)."""
-    try:
-        async with asyncio.timeout(timeout):
-            models = await client.get(url + "/v1/models", timeout=timeout, headers=headers)
-            if models.status_code != 200:
-                raise SwitchFailed("verify", f"{url}/v1/models answered HTTP {models.status_code}")
-            model = models.json()["data"][0]["id"]
-            response = await client.post(
-                url + "/v1/completions",
-                json={"model": model, "prompt": VERIFY_PROMPT, "max_tokens": 1, "stream": False},
-                timeout=timeout,
-                headers=headers,
-            )
-            if response.status_code != 200:
-                raise SwitchFailed(
-                    "verify",
-                    f"a 1-token generation on {url} got HTTP {response.status_code}: {_error_message(response)}",
-                )
-            if not response.json().get("choices"):
-                raise SwitchFailed("verify", f"a 1-token generation on {url} returned no choices")
-    except TimeoutError:
-        raise SwitchFailed("verify", f"no 1-token generation from {url} within {timeout:g} s") from None
-    except httpx.HTTPError as exc:
-        raise SwitchFailed("verify", f"a 1-token generation on {url} failed: {exc!r}") from None
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise SwitchFailed("verify", f"{url} answered something that is not an OpenAI response: {exc!r}") from None
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class Mechanism:
-    """The manual mechanism, and the interface of the others: every step a no-op the operator performs."""
+    """The manual mechanism, and the interface of the others (see the module docstring)."""
 
     name = "manual"
 
-    def __init__(
-        self,
-        settings: SwitchingSettings,
-        urls: dict[str, str],
-        client: httpx.AsyncClient,
-        headers: dict[str, dict[str, str]] | None = None,
-    ) -> None:
+    def __init__(self, settings: SwitchingSettings, targets: dict[Mode, Target], client: httpx.AsyncClient) -> None:
         self.settings = settings
-        self.urls = urls
+        self.targets = targets
         self.client = client
-        # Per mode: what every call to that mode's server carries (its SGLang --api-key).
-        self.headers = headers or {mode: {} for mode in urls}
 
-    async def hand_over(self, old: str | None, new: str) -> None:
+    async def preflight(self, old: Mode | None, new: Mode) -> None:
+        """The operator moves the servers: nothing to check before the drain."""
+
+    async def hand_over(self, old: Mode | None, new: Mode) -> None:
         """Take the GPU set from `old` (None: nothing serves) and give it to `new`."""
 
-    async def wake(self, mode: str) -> None:
+    async def verify(self, mode: Mode) -> None:
+        target = self.targets[mode]
+        problem = await sglang.generate_once(
+            self.client, target.url, headers=target.headers, timeout=self.settings.verify_timeout
+        )
+        if problem is not None:
+            raise SwitchFailed("verify", problem)
+
+    async def wake(self, mode: Mode) -> None:
         """After a failed switch: undo what the drain did to `mode` (a pause), if anything."""
 
-    async def restore(self, mode: str, failed: str | None) -> None:
+    async def restore(self, mode: Mode, failed: Mode | None) -> None:
         """After a failed switch: make `mode` serve again; `failed` is the mode that did not come up."""
+
+    async def mode_state(self, mode: Mode) -> ModeState:
+        return ModeState.UNKNOWN
+
+    def adopted(self, mode: Mode) -> None:
+        """The controller found `mode` serving (it generated): whatever was believed, it holds the GPU set."""
+
+    def recovery_order(self, dead: Mode) -> tuple[Mode, ...]:
+        return (other(dead), dead)
+
+    async def _answers(self, mode: Mode) -> bool:
+        """The server's HTTP side answers at all (a dead process refuses the connection)."""
+        target = self.targets[mode]
+        try:
+            await self.client.get(target.url + "/health", timeout=PREFLIGHT_TIMEOUT_S, headers=target.headers)
+        except httpx.HTTPError:
+            return False
+        return True
 
 
 class SleepMechanism(Mechanism):
@@ -142,58 +143,64 @@ class SleepMechanism(Mechanism):
     def __init__(
         self,
         settings: SwitchingSettings,
-        urls: dict[str, str],
+        targets: dict[Mode, Target],
         client: httpx.AsyncClient,
-        headers: dict[str, dict[str, str]],
-        gateway_inflight: Callable[[str], int],
+        gateway_inflight: Callable[[Mode], int],
     ) -> None:
-        super().__init__(settings, urls, client, headers)
+        super().__init__(settings, targets, client)
         self.gateway_inflight = gateway_inflight
         # Which servers hold no weights now. SGLang 0.5.23 dies (not errs) on a resume of memory it holds, so
         # only what this gateway released - or `crossover servers up` left released: the mode not started
-        # with - is ever resumed, and nothing is released twice.
-        self.released = {_other(settings.initial_mode)}
+        # with - is ever resumed, and nothing is released twice. A server found dead leaves the set: the
+        # process that replaces it starts holding its memory.
+        self.released = {other(settings.initial_mode)}
 
-    async def _release(self, mode: str) -> None:
-        await self._post(mode, "/release_memory_occupation", {"tags": None}, "release")
+    async def _control(self, mode: Mode, call: sglang.ControlCall) -> None:
+        target = self.targets[mode]
+        try:
+            await sglang.control(
+                self.client, target.url, call, headers=target.headers, timeout=self.settings.control_timeout
+            )
+        except sglang.SGLangError as exc:
+            raise SwitchFailed(call.name, str(exc)) from None
+
+    async def _release(self, mode: Mode) -> None:
+        await self._control(mode, sglang.RELEASE)
         self.released.add(mode)
 
-    async def _resume(self, mode: str) -> None:
+    async def _resume(self, mode: Mode) -> None:
         if mode in self.released:
-            await self._post(mode, "/resume_memory_occupation", {"tags": None}, "resume")
+            await self._control(mode, sglang.RESUME)
             self.released.discard(mode)
 
-    async def _post(self, mode: str, path: str, body: dict, step: str) -> None:
-        url = self.urls[mode] + path
-        timeout = self.settings.control_timeout
-        try:
-            async with asyncio.timeout(timeout):
-                response = await self.client.post(url, json=body, timeout=timeout, headers=self.headers[mode])
-        except TimeoutError:
-            raise SwitchFailed(step, f"{url} did not answer within {timeout:g} s") from None
-        except httpx.HTTPError as exc:
-            raise SwitchFailed(step, f"{url} failed: {exc!r}") from None
-        if response.status_code != 200:
-            raise SwitchFailed(step, f"{url} answered HTTP {response.status_code}: {_error_message(response)}")
-
-    async def server_load(self, mode: str) -> int:
+    async def server_load(self, mode: Mode) -> int:
         """Running + waiting requests the server itself reports (other clients' included)."""
-        url = self.urls[mode] + "/v1/loads"
+        target = self.targets[mode]
         try:
-            response = await self.client.get(url, timeout=self.settings.control_timeout, headers=self.headers[mode])
-            response.raise_for_status()
-            return load_from_loads(response.json())
-        except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:
-            raise SwitchFailed("release", f"cannot read {url} to check that the server is idle: {exc!r}") from None
+            return await sglang.server_load(
+                self.client, target.url, headers=target.headers, timeout=self.settings.control_timeout
+            )
+        except sglang.SGLangError as exc:
+            raise SwitchFailed("release", f"{exc}: cannot check that the server is idle") from None
 
-    async def quiesce(self, mode: str) -> None:
-        """End the requests of other clients on `mode` (SGLang's pause, abort mode)."""
-        await self._post(mode, "/pause_generation", {"mode": "abort"}, "pause")
+    async def preflight(self, old: Mode | None, new: Mode) -> None:
+        if not await self._answers(new):
+            self.released.discard(new)
+            raise SwitchFailed("preflight", f"the {new} server at {self.targets[new].url} does not answer")
 
-    async def wake(self, mode: str) -> None:
-        await self._post(mode, "/continue_generation", {}, "continue")
+    async def mode_state(self, mode: Mode) -> ModeState:
+        if not await self._answers(mode):
+            self.released.discard(mode)
+            return ModeState.DEAD
+        return ModeState.ASLEEP if mode in self.released else ModeState.SERVING
 
-    async def _wait_idle(self, mode: str) -> None:
+    async def wake(self, mode: Mode) -> None:
+        await self._control(mode, sglang.CONTINUE)
+
+    def adopted(self, mode: Mode) -> None:
+        self.released.discard(mode)
+
+    async def _wait_idle(self, mode: Mode) -> None:
         """Both counts at zero (the gateway's and the server's), or SwitchFailed: never release a busy server."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + IDLE_WAIT_S
@@ -204,7 +211,7 @@ class SleepMechanism(Mechanism):
                 return
             if gateway == 0 and not paused:
                 # Requests the gateway did not send (other clients): SGLang's pause aborts them.
-                await self.quiesce(mode)
+                await self._control(mode, sglang.PAUSE)
                 paused = True
             if loop.time() >= deadline:
                 raise SwitchFailed(
@@ -214,23 +221,23 @@ class SleepMechanism(Mechanism):
                 )
             await asyncio.sleep(IDLE_POLL_S)
 
-    async def hand_over(self, old: str | None, new: str) -> None:
+    async def hand_over(self, old: Mode | None, new: Mode) -> None:
         if old is not None and old not in self.released:
             await self._wait_idle(old)
             await self._release(old)
         elif old is None:
-            await self._release_if_idle(_other(new))  # from no serving mode: whatever the other holds
+            await self._release_if_idle(other(new))  # from no serving mode: whatever the other holds
         await self._resume(new)
-        await self._post(new, "/continue_generation", {}, "continue")
+        await self._control(new, sglang.CONTINUE)
 
-    async def restore(self, mode: str, failed: str | None) -> None:
+    async def restore(self, mode: Mode, failed: Mode | None) -> None:
         if failed is not None and failed != mode:
             # Whatever the failed mode holds must leave the GPUs first; it has served nothing yet.
             await self._release_if_idle(failed)
         await self._resume(mode)
-        await self._post(mode, "/continue_generation", {}, "continue")
+        await self._control(mode, sglang.CONTINUE)
 
-    async def _release_if_idle(self, mode: str) -> None:
+    async def _release_if_idle(self, mode: Mode) -> None:
         if mode in self.released:
             return
         try:
@@ -245,13 +252,13 @@ class RestartMechanism(Mechanism):
 
     name = "restart"
 
-    def __init__(self, settings: SwitchingSettings, urls: dict[str, str], client: httpx.AsyncClient) -> None:
-        super().__init__(settings, urls, client)
+    def __init__(self, settings: SwitchingSettings, targets: dict[Mode, Target], client: httpx.AsyncClient) -> None:
+        super().__init__(settings, targets, client)
         self.agent_headers = {"authorization": f"Bearer {settings.agent_token}"}
 
-    async def _call(self, method: str, path: str, step: str) -> ServerStatus:
+    async def _call(self, method: str, path: str, step: str, timeout: float | None = None) -> ServerStatus:
         url = self.settings.agent_url + path
-        timeout = self.settings.control_timeout
+        timeout = timeout or self.settings.control_timeout
         try:
             async with asyncio.timeout(timeout):
                 response = await self.client.request(method, url, headers=self.agent_headers, timeout=timeout)
@@ -260,20 +267,47 @@ class RestartMechanism(Mechanism):
         except httpx.HTTPError as exc:
             raise SwitchFailed(step, f"the agent at {self.settings.agent_url} failed: {exc!r}") from None
         if response.status_code == 409:
-            raise AgentBusy(step, f"the agent refused {method} {path}: {_error_message(response)}")
+            raise AgentBusy(step, f"the agent refused {method} {path}: {sglang.error_message(response)}")
         if response.status_code not in (200, 202):
             raise SwitchFailed(
-                step, f"the agent answered {method} {path} with HTTP {response.status_code}: {_error_message(response)}"
+                step,
+                f"the agent answered {method} {path} with HTTP {response.status_code}: "
+                f"{sglang.error_message(response)}",
             )
         try:
             return ServerStatus.model_validate_json(response.content)
         except ValidationError as exc:
             raise SwitchFailed(step, f"the agent's answer to {method} {path} is not a server status: {exc}") from None
 
-    async def status(self, mode: str) -> ServerStatus:
-        return await self._call("GET", f"/servers/{self.settings.agent_servers[mode]}", "status")
+    def _path(self, mode: Mode) -> str:
+        return f"/servers/{self.settings.agent_servers[mode]}"
 
-    async def _until(self, mode: str, wanted: set[str], step: str, timeout: float) -> None:
+    async def status(self, mode: Mode, step: str = "status", timeout: float | None = None) -> ServerStatus:
+        return await self._call("GET", self._path(mode), step, timeout)
+
+    async def preflight(self, old: Mode | None, new: Mode) -> None:
+        # The agent answers and knows both servers; the target is not in the middle of another operation.
+        for mode in {new} | ({old} if old is not None else set()):
+            status = await self.status(mode, "preflight", PREFLIGHT_TIMEOUT_S)
+            if mode == new and status.state == "stopping":
+                raise SwitchFailed("preflight", f"server {status.name!r} is stopping: another operation is under way")
+
+    async def mode_state(self, mode: Mode) -> ModeState:
+        try:
+            status = await self.status(mode, "status", PREFLIGHT_TIMEOUT_S)
+        except SwitchFailed:
+            return ModeState.UNKNOWN
+        return {
+            "ready": ModeState.SERVING,
+            "released": ModeState.ASLEEP,
+            "failed": ModeState.DEAD,
+        }.get(status.state, ModeState.STOPPED)
+
+    def recovery_order(self, dead: Mode) -> tuple[Mode, ...]:
+        # Either way it is one start; restarting the dead mode keeps the mode the load called for.
+        return (dead, other(dead))
+
+    async def _until(self, mode: Mode, wanted: set[str], step: str, timeout: float) -> None:
         name = self.settings.agent_servers[mode]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -287,12 +321,12 @@ class RestartMechanism(Mechanism):
                 raise SwitchFailed(step, f"server {name!r} is still {status.state} after {timeout:g} s")
             await asyncio.sleep(AGENT_POLL_S)
 
-    async def stop(self, mode: str) -> None:
+    async def stop(self, mode: Mode) -> None:
         status = await self.status(mode)
         if status.state == "stopped":
             return
         if status.state != "stopping":
-            path = f"/servers/{self.settings.agent_servers[mode]}/stop"
+            path = f"{self._path(mode)}/stop"
             try:
                 await self._call("POST", path, "stop")
             except AgentBusy:
@@ -303,39 +337,34 @@ class RestartMechanism(Mechanism):
                 await self._call("POST", path, "stop")
         await self._until(mode, {"stopped"}, "stop", self.settings.control_timeout)
 
-    async def start(self, mode: str) -> None:
+    async def start(self, mode: Mode) -> None:
         status = await self.status(mode)
         if status.state == "ready":
             return
         if status.state != "starting":
-            await self._call("POST", f"/servers/{self.settings.agent_servers[mode]}/start", "start")
+            await self._call("POST", f"{self._path(mode)}/start", "start")
         await self._until(mode, {"ready"}, "start", self.settings.switch_timeout)
 
-    async def hand_over(self, old: str | None, new: str) -> None:
+    async def hand_over(self, old: Mode | None, new: Mode) -> None:
         # From no serving mode (old None) the other server may still hold the GPUs: stop it all the same.
-        await self.stop(old if old is not None else _other(new))
+        await self.stop(old if old is not None else other(new))
         await self.start(new)
 
-    async def restore(self, mode: str, failed: str | None) -> None:
+    async def restore(self, mode: Mode, failed: Mode | None) -> None:
         if failed is not None and failed != mode:
             await self.stop(failed)  # one GPU set: the agent refuses (409) to start while the other runs
         await self.start(mode)
 
 
-def _other(mode: str) -> str:
-    return "plain" if mode == "speculative" else "speculative"
-
-
 def make_mechanism(
     settings: SwitchingSettings,
-    urls: dict[str, str],
+    targets: dict[Mode, Target],
     client: httpx.AsyncClient,
-    headers: dict[str, dict[str, str]],
-    gateway_inflight: Callable[[str], int],
+    gateway_inflight: Callable[[Mode], int],
 ) -> Mechanism:
-    """`urls` and `headers` (each server's API key) per mode; `gateway_inflight(mode)`: the gateway's count."""
+    """`targets` per mode (URL and API key); `gateway_inflight(mode)`: the gateway's own count on that mode."""
     if settings.mechanism == "restart":
-        return RestartMechanism(settings, urls, client)
+        return RestartMechanism(settings, targets, client)
     if settings.mechanism == "sleep":
-        return SleepMechanism(settings, urls, client, headers, gateway_inflight)
-    return Mechanism(settings, urls, client, headers)
+        return SleepMechanism(settings, targets, client, gateway_inflight)
+    return Mechanism(settings, targets, client)

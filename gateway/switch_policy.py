@@ -48,14 +48,12 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-Mode = Literal["speculative", "plain"]
-SPECULATIVE: Mode = "speculative"
-PLAIN: Mode = "plain"
-MODES: tuple[Mode, ...] = (SPECULATIVE, PLAIN)
+from crossover.gateway.modes import MODES, PLAIN, SPECULATIVE, Mode
 
 # Reasons (stable strings: metric labels and log messages).
 NO_SAMPLES = "no_samples"
@@ -342,3 +340,41 @@ def decide(
         return SwitchDecision(mode, False, GAIN_BELOW_COST, load, remaining, gain, loss)
     reason = LOAD_ABOVE_THRESHOLD if target == PLAIN else LOAD_BELOW_BAND
     return SwitchDecision(target, True, reason, load, remaining, gain, loss)
+
+
+class Switcher:
+    """The policy's stepper: load samples in, a decision out. Pure (no I/O, the clock passed in), so the live
+    controller (gateway/switching.py) and the replay (`crossover sim replay`) run this very code.
+
+        switcher = Switcher(SwitchCost(prior_s=240.0))
+        switcher.observe(now, load, settings)        # every sampling period, whatever the GPU set is doing
+        decision = switcher.decide(now, mode=mode, mode_since=since, settings=settings)  # when free to switch
+        switcher.switched(duration_s)                # a switch that succeeded: what it really cost
+    """
+
+    def __init__(self, cost: SwitchCost) -> None:
+        self.cost = cost
+        self.phases = PhaseHistory()
+        self.samples: deque[LoadSample] = deque()
+
+    def observe(self, now: float, load: float, settings: SwitchSettings) -> None:
+        """One sample: trim the window to (now - window_s, now] and follow the load's phases."""
+        self.samples.append(LoadSample(now, load))
+        while self.samples and self.samples[0].t <= now - settings.window_s:
+            self.samples.popleft()
+        self.phases = self.phases.observe(window_load(self.samples, now, settings.window_s), now, settings)
+
+    def decide(self, now: float, *, mode: Mode, mode_since: float, settings: SwitchSettings) -> SwitchDecision:
+        return decide(
+            self.samples,
+            now=now,
+            mode=mode,
+            mode_since=mode_since,
+            switch_cost_s=self.cost.estimate_s,
+            settings=settings,
+            phases=self.phases,
+        )
+
+    def switched(self, duration_s: float) -> None:
+        """Only switches that succeeded teach the cost: a failed one says nothing about what a switch takes."""
+        self.cost = self.cost.observe(duration_s)

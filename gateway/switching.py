@@ -1,25 +1,33 @@
 """The switch controller of a time-shared GPU set: one mode serves at a time and takes all traffic.
 
     controller = SwitchController(settings, pools, routing, metrics, breaker)  # built with the gateway's state
-    await controller.start(client)          # in the app's lifespan: verify the initial mode, start the timer
+    await controller.start(client)          # in the app's lifespan: adopt the mode that serves, start the timer
     lease = await controller.admit()        # per request: the mode that serves it (waits during a switch)
     lease.on_cut(callback)                  # called if the drain deadline cuts the request
     ...; lease.close()                      # in `finally`
-    controller.request_switch("plain")      # PUT /admin/mode
+    controller.request_switch("plain", pin=True)   # PUT /admin/mode
     await controller.stop()
 
-Phases of one switch (each step bounded by a named timeout; a failure at any step recovers):
+What the controller does is the run of a switch; the rest is beside it: *when* is the pure stepper
+(`switch_policy.Switcher`, which `crossover sim replay` runs too), *how* the mechanism
+(gateway/switch_mechanisms.py), *holding requests meanwhile* the switch queue (gateway/switch_queue.py).
 
-    active --> draining --> switching --> verifying --> active (new mode)
-                  |             |             |
-                  +-------------+-------------+--> recovering --> active (a mode that verifies)
-                                                              \\-> unavailable (503s; retried every
-                                                                  RECOVERY_INTERVAL_S, or by the operator)
+One switch, each step bounded by a named timeout:
 
-While a switch is under way new requests wait in a bounded queue (`queue_max`, `queue_timeout`) and are
-served by whatever mode serves next; past the bound or the deadline they get 503 with Retry-After. Requests
-in flight on the old mode finish, up to `drain_deadline`; then they are cut (an SSE error event and
-[DONE]) and counted. The decision itself is gateway/switch_policy.py's, on a timer, with the real clock.
+    active --preflight--> draining --> switching --> verifying --> active (new mode)
+       |  (refused: nothing cut,          |             |
+       |   nothing held; backoff)         +-------------+--> recovering --> active (a mode that verifies)
+       |                                                                \\-> unavailable (503s; retried with
+    serving mode dead for dead_after_probes health intervals --> recovering      backoff, or by the operator)
+
+A GPU set that heals itself: when the serving mode has no usable backend for `dead_after_probes` health
+intervals, the controller brings up whichever mode can serve soonest (the mechanism's `recovery_order`),
+verifies it with a generation and serves; counted as a switch with reason `recovery`. A failed attempt
+backs off (capped exponential, in /admin/state) and never teaches the switch-cost estimate.
+
+While a switch is under way new requests wait in the switch queue and are served by whatever mode serves
+next; past its bound or deadline they get 503 with Retry-After. Requests in flight on the old mode finish,
+up to `drain_deadline`; then they are cut (an SSE error event and [DONE]) and counted.
 """
 
 from __future__ import annotations
@@ -29,7 +37,6 @@ import contextlib
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -37,27 +44,29 @@ from enum import StrEnum
 import httpx
 
 from crossover.gateway import switch_policy
-from crossover.gateway.config import PLAIN, SPECULATIVE, Settings
-from crossover.gateway.errors import GatewayError, Unavailable
+from crossover.gateway.config import Settings
+from crossover.gateway.errors import SwitchConflict, SwitchRateLimited, SwitchUnavailable
 from crossover.gateway.headers import bearer
 from crossover.gateway.health import Breaker
 from crossover.gateway.metrics import Metrics
+from crossover.gateway.modes import MODES, Mode, other
 from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
-from crossover.gateway.switch_mechanisms import Mechanism, SwitchFailed, make_mechanism, verify
+from crossover.gateway.switch_mechanisms import Mechanism, ModeState, SwitchFailed, Target, make_mechanism
+from crossover.gateway.switch_queue import SwitchQueue
+
+__all__ = ["ACTIVE_MODE", "Lease", "Phase", "SwitchController", "SwitchUnavailable"]
 
 log = logging.getLogger("crossover.switching")
 
 # Requests cut at the drain deadline must be gone within this long (their streams end at once).
 CUT_GRACE_S = 5.0
 DRAIN_POLL_S = 0.02
-# With no mode serving: how often the controller tries a 1-token generation on each mode's server.
-RECOVERY_INTERVAL_S = 5.0
 MIN_RETRY_AFTER_S = 1
 
 # Outcomes (the `outcome` label of crossover_mode_switches_total).
 OK = "ok"
-FAILED = "failed"  # the switch failed; the gateway serves a mode again (usually the old one)
+FAILED = "failed"  # the switch failed (or could not start); the gateway serves a mode again (usually the old one)
 UNAVAILABLE = "unavailable"  # the switch failed and no mode serves: 503s until one does
 
 # The route decision reason (crossover_route_decisions_total) of every request a time-shared GPU set serves.
@@ -65,12 +74,11 @@ ACTIVE_MODE = "active_mode"
 
 # Reasons a switch starts besides the policy's.
 OPERATOR = "operator"
-RECOVERY = "recovery"
+RECOVERY = "recovery"  # the serving mode died (or none served): brought up without an operator
+STARTUP = "startup"
 
-# The `reason` label of crossover_switch_dropped_total.
+# The `reason` label of crossover_switch_dropped_total (the switch queue's own: switch_queue.py).
 CUT = "cut"
-QUEUE_FULL = "queue_full"
-QUEUE_TIMEOUT = "queue_timeout"
 NO_MODE = "no_mode"
 
 
@@ -84,24 +92,12 @@ class Phase(StrEnum):
     UNAVAILABLE = "unavailable"
 
 
-class SwitchUnavailable(Unavailable):
-    """503 with Retry-After: the switch queue is full or too slow, no mode serves, or a switch cut the request."""
-
-    def __init__(self, message: str, *, code: str, retry_after_s: int = MIN_RETRY_AFTER_S) -> None:
-        super().__init__(message, retry_after_s=retry_after_s)
-        self.code = code
-
-
-class SwitchConflict(GatewayError):
-    status, type, code = 409, "invalid_request_error", "switch_in_progress"
-
-
 class Lease:
     """One request admitted to a mode; the drain waits for it, and may cut it, until it is closed."""
 
     __slots__ = ("_callback", "_leases", "cut_reason", "mode")
 
-    def __init__(self, mode: str, leases: set[Lease]) -> None:
+    def __init__(self, mode: Mode, leases: set[Lease]) -> None:
         self.mode = mode
         self.cut_reason: str | None = None
         self._callback: Callable[[str], None] | None = None
@@ -125,7 +121,7 @@ class Lease:
 
 @dataclass
 class SwitchRecord:
-    """One switch, for /admin/state and the logs."""
+    """One switch (or recovery), for /admin/state and the logs."""
 
     from_mode: str | None
     to_mode: str
@@ -157,6 +153,28 @@ class SwitchRecord:
         }
 
 
+@dataclass
+class Backoff:
+    """Capped exponential spacing of failed attempts: base, 2 x base, 4 x base ... up to `cap`."""
+
+    base: float
+    cap: float
+    failures: int = 0
+    next_at: float = -math.inf
+
+    def failed(self, now: float) -> float:
+        delay = min(self.cap, self.base * 2**self.failures)
+        self.failures += 1
+        self.next_at = now + delay
+        return delay
+
+    def succeeded(self) -> None:
+        self.failures, self.next_at = 0, -math.inf
+
+    def ready(self, now: float) -> bool:
+        return now >= self.next_at
+
+
 class SwitchController:
     """Owns the active mode of a time-shared GPU set; see the module docstring."""
 
@@ -172,41 +190,45 @@ class SwitchController:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings.switching
+        self.health_interval = settings.health.interval
         self.pools = pools
         self.routing = routing
         self.metrics = metrics
         self.breaker = breaker
         self.queued_elsewhere = queued_elsewhere
         self.clock = clock
-        self.mode: str | None = self.settings.initial_mode
+        self.mode: Mode | None = self.settings.initial_mode
         self.phase = Phase.STARTING
         self.mode_since = clock()
-        self.target: str | None = None
+        self.target: Mode | None = None
         self.last_switch: SwitchRecord | None = None
         self.last_decision: switch_policy.SwitchDecision | None = None
         self.switches = 0
-        self.cost = switch_policy.SwitchCost(prior_s=self.settings.initial_cost)
-        self.phases = switch_policy.PhaseHistory()
-        self.samples: deque[switch_policy.LoadSample] = deque()
-        self.urls = {name: pools.pool(name)[0].url for name in (SPECULATIVE, PLAIN)}
-        self.headers = {name: bearer(pools.pool(name)[0].api_key) for name in (SPECULATIVE, PLAIN)}
-        self.leases: dict[str, set[Lease]] = {SPECULATIVE: set(), PLAIN: set()}
-        self._waiters: deque[asyncio.Future[None]] = deque()
-        self._client: httpx.AsyncClient | None = None
+        self.recoveries = 0
+        self.switcher = switch_policy.Switcher(switch_policy.SwitchCost(prior_s=self.settings.initial_cost))
+        self.backoff = Backoff(self.settings.backoff, self.settings.backoff_max)
+        self.pinned = False
+        self.dead_since: float | None = None
+        self.targets = {mode: Target(pools.pool(mode)[0].url, bearer(pools.pool(mode)[0].api_key)) for mode in MODES}
+        self.leases: dict[Mode, set[Lease]] = {mode: set() for mode in MODES}
+        self.queue = SwitchQueue(
+            self.settings.queue_max,
+            self.settings.queue_timeout,
+            on_drop=lambda reason: metrics.switch_dropped.labels(reason).inc(),
+        )
         self._mechanism: Mechanism | None = None
         self._timer: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
-        self._last_recovery = -math.inf
+        self._last_operator = -math.inf
         self._closed = False
         metrics.switch_source = lambda: (self.mode if self.phase is not Phase.UNAVAILABLE else None, self.queued)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self, client: httpx.AsyncClient) -> None:
-        """Begin serving: verify the initial mode (or whichever serves) in the background; start the timer."""
-        self._client = client
-        self._mechanism = make_mechanism(self.settings, self.urls, client, self.headers, self.inflight)
-        self._task = asyncio.create_task(self._recover_task(self.settings.initial_mode, first=True))
+        """Begin serving: adopt whichever mode serves (or bring one up) in the background; start the timer."""
+        self._mechanism = make_mechanism(self.settings, self.targets, client, self.inflight)
+        self._task = asyncio.create_task(self._adopt())
         self._timer = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
@@ -217,104 +239,106 @@ class SwitchController:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._timer = self._task = None
-        self._settle()
+        self.queue.settle()
 
     # -- the request path -----------------------------------------------------------------------
 
     @property
     def queued(self) -> int:
-        return len(self._waiters)
+        return len(self.queue)
 
-    def inflight(self, mode: str) -> int:
+    @property
+    def busy(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def inflight(self, mode: Mode) -> int:
         """Requests on `mode`: admitted ones (leases) and whatever pools counts on its backends."""
         return max(len(self.leases[mode]), self.pools.inflight(mode))
 
     async def admit(self) -> Lease:
         """The lease of the mode that serves this request; waits while a switch is under way, else 503."""
-        if self.phase is Phase.ACTIVE:
-            return Lease(self.mode, self.leases[self.mode])
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.queue_timeout
-        while True:
-            if self.phase is Phase.ACTIVE:
-                return Lease(self.mode, self.leases[self.mode])
-            if self._closed:
-                raise SwitchUnavailable("the gateway is shutting down; retry the request", code="gateway_unavailable")
-            if self.phase is Phase.UNAVAILABLE:
-                self.metrics.switch_dropped.labels(NO_MODE).inc()
-                raise SwitchUnavailable(
-                    f"no mode of the time-shared GPU set serves: {self._why_unavailable()}",
-                    code="no_serving_mode",
-                    retry_after_s=math.ceil(RECOVERY_INTERVAL_S),
-                )
-            if len(self._waiters) >= self.settings.queue_max:
-                self.metrics.switch_dropped.labels(QUEUE_FULL).inc()
-                raise SwitchUnavailable(
-                    f"{self._under_way()} and {self.settings.queue_max} requests already wait for it",
-                    code="switch_queue_full",
-                    retry_after_s=self._retry_after(),
-                )
-            waiter = loop.create_future()
-            self._waiters.append(waiter)
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await waiter
-            except TimeoutError:
-                self.metrics.switch_dropped.labels(QUEUE_TIMEOUT).inc()
-                raise SwitchUnavailable(
-                    f"waited {self.settings.queue_timeout:g} s while {self._under_way()}",
-                    code="switch_queue_timeout",
-                    retry_after_s=self._retry_after(),
-                ) from None
-            finally:
-                # A client that leaves (cancellation) or times out frees its place at once.
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(waiter)
+        if self.phase is not Phase.ACTIVE:
+            await self.queue.wait(self._may_serve, self._under_way, self._retry_after)
+        return Lease(self.mode, self.leases[self.mode])
 
-    def _settle(self) -> None:
-        """A switch ended (a mode serves, or none does): every waiting request looks again."""
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+    def _may_serve(self) -> bool:
+        if self.phase is Phase.ACTIVE:
+            return True
+        if self._closed:
+            raise SwitchUnavailable("the gateway is shutting down; retry the request", code="gateway_unavailable")
+        if self.phase is Phase.UNAVAILABLE:
+            self.metrics.switch_dropped.labels(NO_MODE).inc()
+            raise SwitchUnavailable(
+                "no mode of the time-shared GPU set serves; the gateway is bringing one up by itself",
+                code="no_serving_mode",
+                retry_after_s=self._retry_after(),
+            )
+        return False
 
     def _retry_after(self) -> int:
+        now = self.clock()
+        if self.phase is Phase.UNAVAILABLE:
+            return max(MIN_RETRY_AFTER_S, math.ceil(self.backoff.next_at - now + self.switcher.cost.estimate_s))
         elapsed = time.time() - self.last_switch.started_at if self.last_switch else 0.0
-        return max(MIN_RETRY_AFTER_S, math.ceil(self.cost.estimate_s - elapsed))
-
-    def _why_unavailable(self) -> str:
-        record = self.last_switch
-        if record is not None and record.error:
-            switch = f"{record.from_mode} -> {record.to_mode}"
-            return f"the last switch ({switch}) failed at {record.failed_step}: {record.error}"
-        return "neither mode's server answers a 1-token generation"
+        return max(MIN_RETRY_AFTER_S, math.ceil(self.switcher.cost.estimate_s - elapsed))
 
     def _under_way(self) -> str:
+        """What clients are told: what is under way, never a URL or an exception (those go to the log)."""
         if self.target is None:
-            return "the gateway is still finding out which mode serves"
+            return "the gateway is still finding out which mode of the GPU set serves"
+        if self.phase is Phase.RECOVERING:
+            return f"the GPU set is recovering: {self.target} mode is being brought up"
         return f"the GPU set is switching to {self.target} mode (phase {self.phase})"
 
     # -- operator -------------------------------------------------------------------------------
 
-    def request_switch(self, mode: str, reason: str = OPERATOR) -> bool:
-        """Start a switch to `mode` now (policy bypassed); False when it already serves. SwitchConflict if busy."""
-        if self._task is not None and not self._task.done():
+    def request_switch(self, mode: Mode | None, *, pin: bool | None = None, reason: str = OPERATOR) -> bool:
+        """PUT /admin/mode: switch to `mode` now (policy bypassed) and/or pin (True) or unpin (False) it.
+
+        True when a switch started; SwitchConflict while one runs, SwitchRateLimited if the last operator
+        change was under `operator_interval` ago. A dead active server needs no release: one call recovers.
+        """
+        if mode is not None and self.busy:
             raise SwitchConflict(f"{self._under_way()}; try again when it has ended", param="mode")
         if self.phase is Phase.ACTIVE and self.mode == mode:
+            mode = None  # it serves already: nothing to switch (and nothing to rate-limit)
+        now = self.clock()
+        wait = self._last_operator + self.settings.operator_interval - now
+        if mode is not None and wait > 0:
+            raise SwitchRateLimited(
+                f"the mode was changed by an operator {now - self._last_operator:.1f} s ago; one change per "
+                f"{self.settings.operator_interval:g} s",
+                retry_after_s=max(MIN_RETRY_AFTER_S, math.ceil(wait)),
+            )
+        if pin is not None:
+            self.pinned = pin
+            log.info("mode %s by the operator", "pinned" if pin else "unpinned")
+        if mode is None:
             return False
+        self._last_operator = now
+        self.backoff.succeeded()  # the operator's call is the next attempt
         self._begin(mode, reason)
         return True
 
     def view(self) -> dict:
         decision = self.last_decision
+        now = self.clock()
         return {
             "mode": self.mode if self.phase is not Phase.UNAVAILABLE else None,
             "phase": str(self.phase),
             "target": self.target,
             "mechanism": self.settings.mechanism,
-            "in_mode_s": round(self.clock() - self.mode_since, 3),
-            "queued": self.queued,
+            "pinned": self.pinned,
+            "in_mode_s": round(now - self.mode_since, 3),
+            "switch_queued": self.queued,
             "switches": self.switches,
-            "switch_cost_s": round(self.cost.estimate_s, 4),
+            "recoveries": self.recoveries,
+            "switch_cost_s": round(self.switcher.cost.estimate_s, 4),
+            "backoff": {
+                "failures": self.backoff.failures,
+                "next_attempt_in_s": round(max(0.0, self.backoff.next_at - now), 3) if self.backoff.failures else 0.0,
+            },
+            "serving_dead_for_s": None if self.dead_since is None else round(now - self.dead_since, 3),
             "last_switch": self.last_switch.view() if self.last_switch else None,
             "last_decision": None
             if decision is None
@@ -327,7 +351,7 @@ class SwitchController:
         while True:
             await asyncio.sleep(self.settings.interval)
             try:
-                self._tick()
+                self.tick()
             except Exception:  # a bug in one tick must not end switching for the gateway's lifetime
                 log.exception("switch controller tick failed")
 
@@ -343,83 +367,137 @@ class SwitchController:
             rates=switch_policy.ThresholdRates(self.routing.threshold, s.advantage),
         )
 
-    def _tick(self) -> None:
+    def tick(self) -> None:
+        """One sampling period (the timer calls it every `interval`; tests may call it with their own clock)."""
         now = self.clock()
         settings = self.policy_settings()
         load = self.pools.total_load() + self.queued + self.queued_elsewhere()
-        self.samples.append(switch_policy.LoadSample(now, load))
-        while self.samples and self.samples[0].t <= now - settings.window_s:
-            self.samples.popleft()
-        self.phases = self.phases.observe(
-            switch_policy.window_load(self.samples, now, settings.window_s), now, settings
-        )
-        busy = self._task is not None and not self._task.done()
-        if busy:
+        self.switcher.observe(now, load, settings)
+        if self.busy:
             return
         if self.phase is Phase.UNAVAILABLE:
-            if now - self._last_recovery >= RECOVERY_INTERVAL_S:
-                self._last_recovery = now
-                self._task = asyncio.create_task(self._recover_task(self.target or self.settings.initial_mode))
+            if self.backoff.ready(now):
+                self._task = asyncio.create_task(self._recover_task(None))
             return
-        if self.phase is not Phase.ACTIVE or self.settings.mechanism == "manual":
+        if self.phase is not Phase.ACTIVE:
             return
-        decision = switch_policy.decide(
-            self.samples,
-            now=now,
-            mode=self.mode,
-            mode_since=self.mode_since,
-            switch_cost_s=self.cost.estimate_s,
-            settings=settings,
-            phases=self.phases,
-        )
-        self.last_decision = decision
-        if decision.switch:
+        if self._serving_dead(now):
+            if self.backoff.ready(now):
+                self._task = asyncio.create_task(self._recover_task(self.mode))
+            return
+        if self.settings.mechanism == "manual" or self.pinned or not self.backoff.ready(now):
+            return
+        decision = self.switcher.decide(now, mode=self.mode, mode_since=self.mode_since, settings=settings)
+        last = self.last_decision
+        if last is None or (last.switch, last.reason, last.mode) != (decision.switch, decision.reason, decision.mode):
             log.info(
-                "switching %s -> %s: %s (window load %s, expected gain %.3g > loss %.3g)",
-                self.mode,
-                decision.mode,
+                "switch policy: %s (%s; window load %s, expected gain %.3g vs loss %.3g, switch cost %.3g s)",
+                f"switch {self.mode} -> {decision.mode}" if decision.switch else f"stay in {self.mode} mode",
                 decision.reason,
                 decision.load,
                 decision.gain,
                 decision.loss,
+                self.switcher.cost.estimate_s,
             )
+        self.last_decision = decision
+        if decision.switch:
             self._begin(decision.mode, decision.reason)
+
+    def _serving_dead(self, now: float) -> bool:
+        """No usable backend in the serving mode for `dead_after_probes` health intervals."""
+        if any(backend.usable for backend in self.pools.pool(self.mode)):
+            self.dead_since = None
+            return False
+        if self.dead_since is None:
+            self.dead_since = now
+            log.warning("%s mode has no usable backend: recovering if it stays so", self.mode)
+        return now - self.dead_since >= self.settings.dead_after_probes * self.health_interval
 
     # -- one switch -----------------------------------------------------------------------------
 
-    def _begin(self, target: str, reason: str) -> None:
+    def _begin(self, target: Mode, reason: str) -> None:
         self.target = target
         self._task = asyncio.create_task(self._switch(target, reason))
 
     def _enter(self, phase: Phase) -> None:
         self.phase = phase
         if phase in (Phase.ACTIVE, Phase.UNAVAILABLE):
-            self._settle()
+            self.queue.settle()
 
-    def _activate(self, mode: str) -> None:
+    def _activate(self, mode: Mode) -> None:
         if mode != self.mode or self.phase is not Phase.ACTIVE:
             self.mode_since = self.clock()
         self.mode = mode
         self.target = None
+        self.dead_since = None
+        self._mechanism.adopted(mode)
         for backend in self.pools.pool(mode):
-            self.breaker.succeeded(backend)  # it just generated: any ejection from its off time is over
+            self.breaker.wake(backend)  # it just generated: any failure from its off time is over
+        for backend in self.pools.pool(other(mode)):
+            self.breaker.rest(backend)  # out of service on purpose: its failed probes are not ejections
         self._enter(Phase.ACTIVE)
 
-    async def _switch(self, target: str, reason: str) -> None:
-        old = self.mode if self.phase is not Phase.UNAVAILABLE else None
+    def _finish(self, record: SwitchRecord, serving: Mode | None, started: float) -> None:
+        """Account for a switch or recovery that ended, and serve what serves."""
+        record.duration_s = self.clock() - started
+        record.mode_after = serving
+        record.outcome = OK if serving == record.to_mode else (FAILED if serving else UNAVAILABLE)
+        self.switches += 1
+        self.metrics.mode_switches.labels(record.mechanism, record.to_mode, record.outcome).inc()
+        self.metrics.switch_duration.observe(record.duration_s)
+        if record.reason == RECOVERY:
+            self.metrics.recoveries.labels(record.mechanism, record.outcome).inc()
+        if record.outcome == OK:
+            self.backoff.succeeded()
+            if record.reason not in (RECOVERY, STARTUP):
+                self.switcher.switched(record.duration_s)  # only a switch that succeeded says what one costs
+        else:
+            delay = self.backoff.failed(self.clock())
+            log.warning("next switch or recovery attempt in %.3g s at the earliest (backoff)", delay)
+        if serving is None:
+            log.error(
+                "no mode serves after the %s to %s: answering 503 until one does (retried by itself)",
+                "recovery" if record.reason == RECOVERY else "switch",
+                record.to_mode,
+            )
+            self.target = None
+            self._enter(Phase.UNAVAILABLE)
+            return
+        self._activate(serving)
+        if record.outcome == OK:
+            log.info("now serving %s mode (%s took %.3f s)", serving, record.reason, record.duration_s)
+        else:
+            log.warning("switch to %s failed (%s); serving %s mode again", record.to_mode, record.error, serving)
+
+    async def _switch(self, target: Mode, reason: str) -> None:
+        old = self.mode if self.phase is Phase.ACTIVE else None
         mechanism = self._mechanism
         record = SwitchRecord(old, target, mechanism.name, reason)
-        self.last_switch = record
         started = self.clock()
+        try:
+            # Before anything is drained: can it succeed? A switch refused here has cut and held nothing.
+            await mechanism.preflight(old, target)
+        except SwitchFailed as failure:
+            record.failed_step, record.error = failure.step, failure.message
+            self.last_switch = record
+            log.error("switch %s -> %s (%s) not started: %s", old, target, mechanism.name, failure)
+            self._finish(record, old if old is not None and self.phase is Phase.ACTIVE else None, started)
+            return
+        if old is not None and old != target and await mechanism.mode_state(old) is ModeState.DEAD:
+            log.warning("the %s server is dead: nothing to drain or release", old)
+            old = None
+        self.last_switch = record
         try:
             if old is not None and old != target:
                 self._enter(Phase.DRAINING)
                 record.cut_requests = await self._drain(old, target)
                 record.drain_s = self.clock() - started
             self._enter(Phase.SWITCHING)
+            for backend in self.pools.pool(old or other(target)):
+                self.breaker.rest(backend)  # released or stopped on purpose from here on
             await mechanism.hand_over(old if old != target else None, target)
             self._enter(Phase.VERIFYING)
-            await self._verify(target)
+            await mechanism.verify(target)
         except SwitchFailed as failure:
             record.failed_step, record.error = failure.step, failure.message
             log.error(
@@ -434,28 +512,9 @@ class SwitchController:
             serving = await self._recover_safely(old, target)
         else:
             serving = target
-        finally:
-            # Cancelled (shutdown): nothing to recover to; waiters are told by stop().
-            record.duration_s = self.clock() - started
-        record.mode_after = serving
-        record.outcome = OK if serving == target else (FAILED if serving else UNAVAILABLE)
-        self.cost = self.cost.observe(record.duration_s)
-        self.switches += 1
-        self.metrics.mode_switches.labels(mechanism.name, target, record.outcome).inc()
-        self.metrics.switch_duration.observe(record.duration_s)
-        if serving is None:
-            self.mode = old or target
-            self._last_recovery = self.clock()
-            log.error("no mode serves after the failed switch to %s: answering 503 until one does", target)
-            self._enter(Phase.UNAVAILABLE)
-            return
-        self._activate(serving)
-        if record.outcome == OK:
-            log.info("now serving %s mode (switch took %.3f s)", serving, record.duration_s)
-        else:
-            log.warning("switch to %s failed (%s); serving %s mode again", target, record.error, serving)
+        self._finish(record, serving, started)
 
-    async def _drain(self, old: str, target: str) -> int:
+    async def _drain(self, old: Mode, target: Mode) -> int:
         """Wait for the old mode's requests, up to the drain deadline; then cut them. Returns how many were cut."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.drain_deadline
@@ -479,17 +538,14 @@ class SwitchController:
             await asyncio.sleep(DRAIN_POLL_S)
         return len(leases)
 
-    async def _verify(self, mode: str) -> None:
-        await verify(self._client, self.urls[mode], self.settings.verify_timeout, self.headers[mode])
-
-    async def _recover_safely(self, old: str | None, target: str) -> str | None:
+    async def _recover_safely(self, old: Mode | None, target: Mode) -> Mode | None:
         try:
             return await self._recover(old, target)
         except Exception:
             log.exception("recovery from the failed switch to %s failed unexpectedly", target)
             return None
 
-    async def _recover(self, old: str | None, target: str) -> str | None:
+    async def _recover(self, old: Mode | None, target: Mode) -> Mode | None:
         """After a failed switch, the first of these that verifies: old as it is, old restored, the target."""
         mechanism = self._mechanism
         candidates = [old] if old is not None and old != target else []
@@ -497,37 +553,77 @@ class SwitchController:
             with contextlib.suppress(SwitchFailed):
                 await mechanism.wake(mode)
             try:
-                await self._verify(mode)
+                await mechanism.verify(mode)
                 return mode
             except SwitchFailed as failure:
                 log.warning("%s mode does not serve as it is (%s); restoring it", mode, failure)
             try:
                 await mechanism.restore(mode, failed=target)
-                await self._verify(mode)
+                await mechanism.verify(mode)
                 return mode
             except SwitchFailed as failure:
                 log.error("%s mode could not be restored: %s", mode, failure)
         try:
-            await self._verify(target)
+            await mechanism.verify(target)
             return target
         except SwitchFailed as failure:
             log.error("%s mode does not serve either: %s", target, failure)
         return None
 
-    async def _recover_task(self, preferred: str, first: bool = False) -> None:
-        """No switch in sight: find a mode that serves (preferred first) by a 1-token generation, else unavailable."""
-        for mode in (preferred, PLAIN if preferred == SPECULATIVE else SPECULATIVE):
-            try:
-                await self._verify(mode)
-            except SwitchFailed as failure:
-                if first:
-                    log.warning("%s mode does not serve: %s", mode, failure)
+    async def _adopt(self) -> None:
+        """At start-up: serve the mode that really serves (the initial one first), else bring one up."""
+        mechanism = self._mechanism
+        initial = self.settings.initial_mode
+        states = {mode: await mechanism.mode_state(mode) for mode in MODES}
+        order = sorted((initial, other(initial)), key=lambda mode: states[mode] is not ModeState.SERVING)
+        for mode in order:
+            if states[mode] in (ModeState.DEAD, ModeState.STOPPED, ModeState.ASLEEP):
                 continue
-            if first or self.phase is Phase.UNAVAILABLE:
-                log.info("serving %s mode", mode)
+            try:
+                await mechanism.verify(mode)
+            except SwitchFailed as failure:
+                log.warning("%s mode does not serve: %s", mode, failure)
+                continue
+            log.info("serving %s mode (found serving at start-up)", mode)
             self._activate(mode)
             return
-        if first:
-            log.error("neither mode serves at start-up: answering 503 until one does")
-        self._last_recovery = self.clock()
-        self._enter(Phase.UNAVAILABLE)
+        log.warning("no mode serves at start-up (%s): bringing one up", ", ".join(f"{m} {states[m]}" for m in MODES))
+        await self._recover_task(None, reason=STARTUP)
+
+    async def _recover_task(self, dead: Mode | None, reason: str = RECOVERY) -> None:
+        """The serving mode died (`dead`), or none serves: bring up whichever mode can serve soonest."""
+        mechanism = self._mechanism
+        order = mechanism.recovery_order(dead if dead is not None else other(self.settings.initial_mode))
+        started = self.clock()
+        record = SwitchRecord(None, order[0], mechanism.name, reason)
+        self.last_switch = record
+        if dead is not None:
+            self.recoveries += 1
+            log.error(
+                "%s mode has had no usable backend for %.3g s: recovering without an operator (trying %s)",
+                dead,
+                self.clock() - (self.dead_since or started),
+                ", then ".join(order),
+            )
+        self.target = order[0]
+        self._enter(Phase.RECOVERING)
+        for backend in self.pools.pool(dead) if dead is not None else ():
+            self.breaker.rest(backend)
+        for mode in order:
+            record.to_mode = self.target = mode
+            try:
+                await mechanism.preflight(None, mode)
+                await mechanism.hand_over(None, mode)
+                await mechanism.verify(mode)
+            except SwitchFailed as failure:
+                record.failed_step, record.error = failure.step, failure.message
+                log.error("recovery: %s mode does not come up: %s", mode, failure)
+                continue
+            except Exception as exc:  # a bug must not leave the gateway holding requests forever
+                record.failed_step, record.error = "internal", repr(exc)
+                log.exception("recovery: bringing %s mode up failed unexpectedly", mode)
+                continue
+            record.failed_step = record.error = None
+            self._finish(record, mode, started)
+            return
+        self._finish(record, None, started)

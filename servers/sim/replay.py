@@ -10,11 +10,12 @@ loop (each sends its next request the moment its last one ends). Only one mode s
 
 - `always-speculative`, `always-plain`: one mode throughout, no switches.
 - `restart`, `sleep`: every sampling period the load (requests in flight + held) is sampled and
-  `switch_policy.decide` called with the virtual clock. On a switch, the requests in flight drain (finish)
-  on the old mode up to the drain deadline (then they are cut and counted), new requests wait for the new
-  mode, and the switch itself takes the profiles' cost: restart = stop + the new server's `startup_s`;
-  sleep = the old server's `release_s` + the new one's `resume_s`. The measured duration (decision to
-  serving again) feeds the running switch-cost estimate, as in the live controller.
+  `switch_policy.Switcher` - the live controller's own stepper - stepped with the virtual clock. On a
+  switch, the requests in flight drain (finish) on the old mode up to the drain deadline (then they are
+  cut and counted), new requests wait for the new mode, and the switch itself takes the profiles' cost:
+  restart = stop + the new server's `startup_s`; sleep = the old server's `release_s` + the new one's
+  `resume_s`. The measured duration (decision to serving again) feeds the running switch-cost estimate, as
+  in the live controller.
 - `oracle`: knows the trace, picks the faster mode for each phase (the same curves the policy weighs) and
   switches for free at the phase boundary: requests in flight move to the new mode with what they have
   generated (a prefill of their context there) and nothing waits.
@@ -46,13 +47,10 @@ from crossover.gateway.switch_policy import (
     PLAIN,
     SPECULATIVE,
     CurveRates,
-    LoadSample,
     Mode,
-    PhaseHistory,
     SwitchCost,
+    Switcher,
     SwitchSettings,
-    decide,
-    window_load,
 )
 from crossover.servers.sim.curve import run_level
 from crossover.servers.sim.engine import Engine, Sequence
@@ -328,9 +326,8 @@ class _Replay:
         self.step_end = math.inf
         self.target: Mode = self.mode
         self.switch_started = self.switch_done = self.drain_deadline = math.inf
-        self.cost = SwitchCost(prior_s=setup.times.prior_s(mechanism))
-        self.phases = PhaseHistory()
-        self.samples: deque[LoadSample] = deque()
+        # The controller's own stepper (gateway/switch_policy.py): the replay decides as production does.
+        self.switcher = Switcher(SwitchCost(prior_s=setup.times.prior_s(mechanism)))
         self.ttfts: list[float] = []
         self.completed = self.cut = self.switches = 0
         self.switching_s = 0.0
@@ -431,21 +428,10 @@ class _Replay:
 
     def _tick(self, now: float) -> None:
         setup = self.setup
-        self.samples.append(LoadSample(now, self.outstanding))
-        while self.samples and self.samples[0].t <= now - setup.settings.window_s:
-            self.samples.popleft()
-        self.phases = self.phases.observe(window_load(self.samples, now, setup.settings.window_s), now, setup.settings)
+        self.switcher.observe(now, self.outstanding, setup.settings)
         if self.mechanism not in (RESTART, SLEEP) or self.state != SERVING:
             return
-        decision = decide(
-            self.samples,
-            now=now,
-            mode=self.mode,
-            mode_since=self.mode_since,
-            switch_cost_s=self.cost.estimate_s,
-            settings=setup.settings,
-            phases=self.phases,
-        )
+        decision = self.switcher.decide(now, mode=self.mode, mode_since=self.mode_since, settings=setup.settings)
         if decision.switch:
             self.switches += 1
             self.target = decision.mode
@@ -472,7 +458,7 @@ class _Replay:
     def _finish_switch(self, now: float) -> None:
         duration = now - self.switch_started
         self.switching_s += duration
-        self.cost = self.cost.observe(duration)
+        self.switcher.switched(duration)
         self.mode, self.mode_since, self.state = self.target, now, SERVING
         self.switch_started = self.switch_done = math.inf
         while self.held:

@@ -60,6 +60,18 @@ def wait_phase(gw, phase: str, mode: str | None = None, timeout: float = SWITCH_
     return seen
 
 
+def wait_last_switch(gw, timeout: float = SWITCH_WAIT_S) -> dict:
+    """The state once the latest switch (or attempt) has an outcome."""
+    seen: dict = {}
+
+    def ended() -> bool:
+        seen.update(admin_state(gw))
+        return seen["last_switch"] is not None and seen["last_switch"]["outcome"] is not None
+
+    wait_until(ended, timeout, what="the switch attempt to end")
+    return seen
+
+
 @dataclass
 class ClosedLoop:
     """Streaming clients that each send a request as soon as their last one ended; `resize` changes how many.
@@ -138,6 +150,7 @@ def time_shared(gateway):
             # Phases long enough, switches cheap enough: a switch always pays, so only the load decides.
             "expected_phase": 3600.0,
             "initial_cost": 0.5,
+            "operator_interval": 0.0,
             **switching,
         }
         return gateway(
@@ -194,35 +207,42 @@ def test_the_new_server_dying_mid_switch_brings_the_old_mode_back(sleep_pair, ti
     assert any("switch speculative -> plain (sleep) failed" in r.getMessage() for r in caplog.records)
 
 
-def test_a_failed_resume_resumes_the_old_mode_instead(sleep_pair, time_shared, caplog):
+def test_an_operator_switch_to_a_dead_server_is_refused_before_anything_is_drained_or_released(
+    sleep_pair, time_shared, caplog
+):
     speculative, plain = sleep_pair
     gw = time_shared(speculative.url, plain.url, dwell=3600.0)
     wait_phase(gw, "active", "speculative")
     caplog.set_level(logging.WARNING, logger="crossover.switching")
-    plain.kill()  # its resume cannot succeed
+    cost = admin_state(gw)["switch_cost_s"]
+    plain.kill()  # its resume cannot succeed: the preflight sees that before the drain
     assert put_mode(gw, "plain").status_code == 202
-    state = wait_phase(gw, "active", "speculative")
+    state = wait_last_switch(gw)
     last = state["last_switch"]
-    assert (last["outcome"], last["failed_step"], last["mode_after"]) == ("failed", "resume", "speculative"), last
+    assert (last["outcome"], last["failed_step"], last["mode_after"]) == ("failed", "preflight", "speculative"), last
+    assert (last["drain_s"], last["cut_requests"]) == (None, 0)
+    assert (state["phase"], state["mode"]) == ("active", "speculative")
+    assert state["switch_cost_s"] == cost  # a switch that never ran says nothing about what one costs
+    assert state["backoff"]["failures"] == 1
     stats = memory(speculative.url)
-    assert (stats["release_total"], stats["resume_total"], stats["release_refused_total"]) == (1, 1, 0), stats
+    assert (stats["release_total"], stats["resume_total"]) == (0, 0), stats
     assert httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=10, trust_env=False).status_code == 200
-    assert any("failed at resume" in r.getMessage() for r in caplog.records)
+    assert any("not started: preflight" in r.getMessage() for r in caplog.records)
 
 
 def test_with_no_mode_left_the_gateway_says_so_and_recovers_when_one_comes_back(sim, time_shared, caplog):
     speculative, plain = sim("k25-eagle3", *SCALE), sim("k25-plain", *SCALE)
     release(plain.url)
-    gw = time_shared(speculative.url, plain.url, dwell=3600.0)
+    gw = time_shared(speculative.url, plain.url, dwell=3600.0, backoff=0.2, backoff_max=1.0)
     wait_phase(gw, "active", "speculative")
     caplog.set_level(logging.WARNING, logger="crossover.switching")
     plain.kill()
     speculative.kill()
-    assert put_mode(gw, "plain").status_code == 202
     state = wait_phase(gw, "unavailable")
     assert state["mode"] is None
     assert state["last_switch"]["outcome"] == "unavailable"
-    assert gw.metric("crossover_mode_switches_total", mechanism="sleep", to="plain", outcome="unavailable") == 1
+    assert state["last_switch"]["reason"] == "recovery"
+    assert gw.metric("crossover_switch_recoveries_total", mechanism="sleep", outcome="unavailable") >= 1
     assert gw.metric("crossover_active_mode", mode="speculative") == 0
     assert gw.metric("crossover_active_mode", mode="plain") == 0
     assert any("no mode serves" in r.getMessage() for r in caplog.records)

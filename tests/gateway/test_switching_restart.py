@@ -184,6 +184,7 @@ def restart_gateway(gateway):
             "agent_url": box.agent_url,
             "agent_token": AGENT_TOKEN,
             "agent_servers": {"speculative": "speculative", "plain": "plain"},
+            "operator_interval": 0.0,
             **switching,
         }
         return gateway(
