@@ -222,6 +222,9 @@ class SleepMechanism(Mechanism):
             await asyncio.sleep(IDLE_POLL_S)
 
     async def hand_over(self, old: Mode | None, new: Mode) -> None:
+        if old is not None and old not in self.released and not await self._answers(old):
+            self.released.discard(old)
+            old = None  # it died (during the drain, say): a dead server holds no memory to release
         if old is not None and old not in self.released:
             await self._wait_idle(old)
             await self._release(old)

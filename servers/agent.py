@@ -10,9 +10,12 @@ perform restart switches (stop one configuration, start the other) on this box.
     POST /servers/{name}/start     202 ServerStatus (starting); ready after a real 1-token generation
     POST /servers/{name}/stop      202 ServerStatus (stopping); stopped once no process of its group is left
 
-ServerStatus = {"name", "role", "state": stopped|starting|ready|released|stopping|failed, "pid", "url",
-"last_start_s", "error"}. Everything but /health and /metrics needs `Authorization: Bearer <token>` (401
-otherwise). One operation at a time per GPU set: a second one on overlapping GPUs gets 409, and so does a
+ServerStatus is the agent contract's (crossover/gateway/agent_contract.py, with its JSON Schema). Everything
+but /health and /metrics needs `Authorization: Bearer <token>` (401 otherwise): the check sits on the routes
+themselves, so no URL a client can shape (its Host header, a `?` or `#` in it) decides whether it runs. The
+request head is bounded in size and time as the gateway's is (gateway/client_http.py). The token comes from a
+file or the environment (argv shows in `ps`), is never empty or blank, and is never passed on to the servers
+the agent starts. One operation at a time per GPU set: a second one on overlapping GPUs gets 409, and so does a
 start while another server holds the GPUs (stop it first: that is what a restart switch is). Operations run
 as tasks on the event loop; poll GET /servers/{name} for the outcome. Servers outlive the agent: a new agent
 reads the state dir and reports them, it never starts a duplicate.
@@ -25,23 +28,24 @@ import contextlib
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from crossover.gateway.agent_contract import OPERATIONS, SERVER_STATES, Operation, ServerList, ServerStatus
+from crossover.gateway.client_http import client_protocol
 from crossover.servers.profile import Profile, Server
-from crossover.servers.supervisor import ServerStatus, Supervisor
+from crossover.servers.supervisor import Supervisor
 
-STATES = ("stopped", "starting", "ready", "released", "stopping", "failed")
 # How often the state gauge is refreshed when nobody asks (a server that crashed shows up as failed).
 STATE_REFRESH_S = 5.0
-OPEN_PATHS = ("/health", "/metrics")
-
-Operation = Literal["start", "stop"]
+# The request head: a gateway's request is a few hundred bytes, sent at once.
+MAX_HEAD_BYTES = 16 * 1024
+HEAD_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 10.0
 
 
 class AgentSettings(BaseModel):
@@ -51,6 +55,20 @@ class AgentSettings(BaseModel):
     state_dir: Path
     token: str
     host: str = "127.0.0.1"
+
+    @field_validator("token")
+    @classmethod
+    def _token(cls, token: str) -> str:
+        # A blank token would be accepted here and then match nothing a client can send: refuse it at start.
+        if not token.strip():
+            raise ValueError("the agent never runs open: its token is empty or blank")
+        if token != token.strip() or any(c.isspace() or not c.isprintable() for c in token):
+            raise ValueError("the agent's token must be printable, with no spaces (it travels in a header)")
+        return token
+
+
+class AgentUnauthorized(Exception):
+    """Missing or wrong bearer token (401)."""
 
 
 def error_response(status: int, message: str, err_type: str, code: str, param: str | None = None) -> JSONResponse:
@@ -80,12 +98,12 @@ class AgentMetrics:
             ["server"],
             registry=registry,
         )
-        for operation in ("start", "stop"):
+        for operation in OPERATIONS:
             for outcome in ("ok", "failed", "conflict"):
                 self.operations.labels(operation, outcome)
 
     def set_state(self, server: Server, state: str) -> None:
-        for candidate in STATES:
+        for candidate in SERVER_STATES:
             self.state.labels(server.name, server.role, candidate).set(1 if candidate == state else 0)
 
 
@@ -112,9 +130,14 @@ class Agent:
         if busy is not None:
             record = self.supervisor.record(name)
             state = "starting" if busy.operation == "start" else "stopping"
-            status = ServerStatus(name, server.role, state, record.pid if record else None, server.url, None)
-            if record is not None:
-                status.last_start_s = record.ready_s
+            status = ServerStatus(
+                name=name,
+                role=server.role,
+                state=state,
+                pid=record.pid if record else None,
+                url=server.url,
+                last_start_s=record.ready_s if record else None,
+            )
         else:
             status = await self.supervisor.server_status(name)
             # A failed start leaves the server stopped, a failed stop leaves it (partly) running: both failed.
@@ -179,8 +202,6 @@ def _gpus(server: Server) -> str:
 
 def create_app(settings: AgentSettings, *, registry: CollectorRegistry | None = None) -> FastAPI:
     token = settings.token.encode()
-    if not token:
-        raise ValueError("the agent needs a token")
     metrics = AgentMetrics(registry or CollectorRegistry())
     agent = Agent(Supervisor(settings.profile, settings.state_dir), metrics)
 
@@ -201,22 +222,25 @@ def create_app(settings: AgentSettings, *, registry: CollectorRegistry | None = 
                 with contextlib.suppress(Exception):  # a failed probe must not end the refresher
                     await agent.status(server.name)
 
-    app = FastAPI(title="crossover GPU-host agent", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.agent = agent
+    async def authenticated(request: Request) -> None:
+        """On every protected route (a dependency), never on a path: what runs is what is checked."""
+        values = request.headers.getlist("authorization")
+        scheme, _, given = (values[0] if len(values) == 1 else "").partition(" ")
+        if not (scheme.lower() == "bearer" and secrets.compare_digest(given.encode(), token)):
+            raise AgentUnauthorized
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        if request.url.path not in OPEN_PATHS:
-            scheme, _, given = (request.headers.get("authorization") or "").partition(" ")
-            valid = scheme.lower() == "bearer" and secrets.compare_digest(given.strip().encode(), token)
-            if not valid:
-                return error_response(
-                    401,
-                    "missing or invalid agent token: send 'Authorization: Bearer <token>'",
-                    "authentication_error",
-                    "invalid_agent_token",
-                )
-        return await call_next(request)
+    app = FastAPI(title="crossover GPU-host agent", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.agent = agent
+    protected = APIRouter(dependencies=[Depends(authenticated)])
+
+    @app.exception_handler(AgentUnauthorized)
+    async def unauthorized(_: Request, exc: AgentUnauthorized) -> JSONResponse:
+        return error_response(
+            401,
+            "missing or invalid agent token: send 'Authorization: Bearer <token>'",
+            "authentication_error",
+            "invalid_agent_token",
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -241,16 +265,16 @@ def create_app(settings: AgentSettings, *, registry: CollectorRegistry | None = 
     async def metrics_endpoint() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/servers")
+    @protected.get("/servers")
     async def list_servers() -> dict:
         statuses = await asyncio.gather(*(agent.status(s.name) for s in settings.profile.servers))
-        return {"servers": [s.as_json() for s in statuses]}
+        return ServerList(servers=list(statuses)).model_dump()
 
-    @app.get("/servers/{name}")
+    @protected.get("/servers/{name}")
     async def get_server(name: str):
         if name not in {s.name for s in settings.profile.servers}:
             return unknown(name)
-        return (await agent.status(name)).as_json()
+        return (await agent.status(name)).model_dump()
 
     async def operate(name: str, operation: Operation):
         if name not in {s.name for s in settings.profile.servers}:
@@ -260,20 +284,26 @@ def create_app(settings: AgentSettings, *, registry: CollectorRegistry | None = 
             metrics.operations.labels(operation, "conflict").inc()
             return error_response(409, f"cannot {operation} {name!r}: {reason}", "conflict_error", "gpu_set_busy")
         agent.begin(name, operation)
-        return JSONResponse((await agent.status(name)).as_json(), status_code=202)
+        return JSONResponse((await agent.status(name)).model_dump(), status_code=202)
 
-    @app.post("/servers/{name}/start")
+    @protected.post("/servers/{name}/start")
     async def start(name: str):
         return await operate(name, "start")
 
-    @app.post("/servers/{name}/stop")
+    @protected.post("/servers/{name}/stop")
     async def stop(name: str):
         return await operate(name, "stop")
 
+    app.include_router(protected)
     return app
+
+
+def uvicorn_options() -> dict:
+    """The bounded request head (size and time) of the agent's HTTP side, as the gateway's client side has it."""
+    return {"http": client_protocol(MAX_HEAD_BYTES, HEAD_TIMEOUT_S, BODY_TIMEOUT_S), "timeout_keep_alive": 5}
 
 
 def run(settings: AgentSettings, *, port: int, log_level: str = "warning") -> None:
     import uvicorn
 
-    uvicorn.run(create_app(settings), host=settings.host, port=port, log_level=log_level)
+    uvicorn.run(create_app(settings), host=settings.host, port=port, log_level=log_level, **uvicorn_options())

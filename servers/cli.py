@@ -22,9 +22,11 @@ import signal
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from crossover.gateway.agent_contract import TOKEN_ENV
 from crossover.gateway.cli import port
 
-TOKEN_ENV = "CROSSOVER_AGENT_TOKEN"
 FOREGROUND_CHECK_S = 1.0  # --foreground: how often it looks for servers that exited
 
 
@@ -90,7 +92,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _state_arg(agent)
     agent.add_argument("--port", type=port, required=True)
     agent.add_argument("--host", default="127.0.0.1", help="listen address (default: loopback only)")
-    agent.add_argument("--token", help=f"bearer token clients must send (default: ${TOKEN_ENV}); required")
+    agent.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help=f"a file holding the bearer token clients must send (default: ${TOKEN_ENV}); one of the two is required",
+    )
+    agent.add_argument("--token", help="the token itself (shows in `ps`: prefer --token-file or the environment)")
     agent.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     agent.set_defaults(run=_agent)
 
@@ -286,7 +294,7 @@ def _status(args: argparse.Namespace) -> int:
         return 2
     statuses = asyncio.run(_supervisor(args, profile).status())
     if args.json:
-        print(json.dumps([s.as_json() for s in statuses], indent=2))
+        print(json.dumps([s.model_dump() for s in statuses], indent=2))
         return 0
     print(f"{'server':<14} {'role':<12} {'state':<9} {'pid':>8}  {'url':<26} {'last start s':>12}  error")
     for s in statuses:
@@ -317,9 +325,18 @@ def _adaptive_config(args: argparse.Namespace) -> int:
 
 
 def _agent(args: argparse.Namespace) -> int:
-    token = args.token or os.environ.get(TOKEN_ENV)
-    if not token:
-        _say(f"error: the agent never runs open: give --token or set ${TOKEN_ENV}")
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text().strip()
+        except OSError as exc:
+            _say(f"error: cannot read the token file {args.token_file}: {exc.strerror}")
+            return 2
+    else:
+        token = args.token or os.environ.get(TOKEN_ENV, "")
+        if args.token:
+            _say("warning: --token shows in `ps`; prefer --token-file or the environment")
+    if not token.strip():
+        _say(f"error: the agent never runs open: its token (--token-file, ${TOKEN_ENV} or --token) is empty")
         return 2
     profile = _load(args)
     if profile is None:
@@ -332,11 +349,12 @@ def _agent(args: argparse.Namespace) -> int:
             "warning: plain HTTP beyond loopback - the token crosses the network in clear; keep the agent on a "
             "private network or put TLS (or an SSH tunnel) in front of it"
         )
-    run(
-        AgentSettings(
+    try:
+        settings = AgentSettings(
             profile=profile, state_dir=_supervisor(args, profile).store.directory, token=token, host=args.host
-        ),
-        port=args.port,
-        log_level=args.log_level,
-    )
+        )
+    except ValidationError as exc:
+        _say(f"error: {exc.errors()[0]['msg']}")
+        return 2
+    run(settings, port=args.port, log_level=args.log_level)
     return 0

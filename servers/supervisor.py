@@ -22,50 +22,26 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import httpx
 
+from crossover.gateway import sglang
+from crossover.gateway.agent_contract import TOKEN_ENV, ServerState, ServerStatus
 from crossover.servers import fit
 from crossover.servers.launch import launch_command
 from crossover.servers.process import spawn
 from crossover.servers.profile import Profile, Server
 from crossover.servers.state import ServerRecord, StateStore, record_alive, record_members, start_ticks
 
-State = Literal["stopped", "starting", "ready", "released", "stopping", "failed"]
-
 POLL_S = 0.1
 PROBE_TIMEOUT = httpx.Timeout(connect=2.0, read=30.0, write=5.0, pool=2.0)
 STATUS_TIMEOUT = httpx.Timeout(3.0)
 RELEASE_TIMEOUT_S = 300.0
 KILL_GRACE_S = 10.0  # after SIGKILL: how long the kernel gets to take the group down
-PROBE_PROMPT = "Say OK."
 
 
 class SupervisorError(RuntimeError):
     """A server did not start, release, resume or stop as asked; the message says which and why."""
-
-
-@dataclass
-class ServerStatus:
-    name: str
-    role: str
-    state: State
-    pid: int | None
-    url: str
-    last_start_s: float | None
-    error: str | None = None
-
-    def as_json(self) -> dict:
-        return {
-            "name": self.name,
-            "role": self.role,
-            "state": self.state,
-            "pid": self.pid,
-            "url": self.url,
-            "last_start_s": self.last_start_s,
-            "error": self.error,
-        }
 
 
 @dataclass
@@ -116,7 +92,8 @@ class Supervisor:
                 proc = spawn(
                     command.argv,
                     die_with_parent=False,
-                    env={**os.environ, **command.env},
+                    # The agent's token stays with the agent: a model server has no use for it.
+                    env={**{k: v for k, v in os.environ.items() if k != TOKEN_ENV}, **command.env},
                     stdout=log_file,
                     stderr=log_file,
                     stdin=subprocess.DEVNULL,
@@ -172,14 +149,14 @@ class Supervisor:
     async def release(self, name: str) -> None:
         """Sleep: hand the GPU memory back, weights to host memory. SGLang refuses while busy."""
         record = self._require(name)
-        await self._admin(record, "/release_memory_occupation")
+        await self._admin(record, sglang.RELEASE)
         self.store.update(name, released=True)
         self._log(f"{name}: released (weights in host memory)")
 
     async def resume(self, name: str) -> float:
         server, record = self.profile.server(name), self._require(name)
         began = time.monotonic()
-        await self._admin(record, "/resume_memory_occupation")
+        await self._admin(record, sglang.RESUME)
         self.store.update(name, released=False)
         # torch_memory_saver has corrupted weights after repeated cycles: verify before trusting a resume.
         await self._wait_generation(server, record, began + server.ready_timeout_s)
@@ -190,29 +167,39 @@ class Supervisor:
     async def server_status(self, name: str) -> ServerStatus:
         server = self.profile.server(name)
         record = self.record(name)
+
+        def status(
+            state: ServerState, pid: int | None, last_start_s: float | None, error: str | None = None
+        ) -> ServerStatus:
+            return ServerStatus(
+                name=name,
+                role=server.role,
+                state=state,
+                pid=pid,
+                url=server.url,
+                last_start_s=last_start_s,
+                error=error,
+            )
+
         if record is None:
-            return ServerStatus(name, server.role, "stopped", None, server.url, None)
+            return status("stopped", None, None)
         if record.stopping:
             if record_alive(record):
-                return ServerStatus(name, server.role, "stopping", record.pid, server.url, record.ready_s)
-            return ServerStatus(name, server.role, "stopped", None, server.url, record.ready_s)
+                return status("stopping", record.pid, record.ready_s)
+            return status("stopped", None, record.ready_s)
         if not record_alive(record):
-            return ServerStatus(
-                name, server.role, "failed", None, server.url, record.ready_s, f"exited; see {record.log}"
-            )
+            return status("failed", None, record.ready_s, f"exited; see {record.log}")
         if record.released:
-            return ServerStatus(name, server.role, "released", record.pid, server.url, record.ready_s)
+            return status("released", record.pid, record.ready_s)
         healthy = False
         async with httpx.AsyncClient(timeout=STATUS_TIMEOUT, trust_env=False) as client:
             with contextlib.suppress(httpx.HTTPError):
                 healthy = (await client.get(f"{server.url}/health")).status_code == 200
         if healthy:
-            return ServerStatus(name, server.role, "ready", record.pid, server.url, record.ready_s)
+            return status("ready", record.pid, record.ready_s)
         if record.ready_s is None:
-            return ServerStatus(name, server.role, "starting", record.pid, server.url, None)
-        return ServerStatus(
-            name, server.role, "failed", record.pid, server.url, record.ready_s, "running but /health is not 200"
-        )
+            return status("starting", record.pid, None)
+        return status("failed", record.pid, record.ready_s, "running but /health is not 200")
 
     # --- the whole profile ------------------------------------------------------------------------------
 
@@ -304,31 +291,15 @@ class Supervisor:
             f"{server.name}: no 1-token generation within {server.ready_timeout_s:g} s (last: {last}); see {record.log}"
         )
 
-    async def _admin(self, record: ServerRecord, path: str) -> None:
+    async def _admin(self, record: ServerRecord, call: sglang.ControlCall) -> None:
         async with httpx.AsyncClient(timeout=httpx.Timeout(RELEASE_TIMEOUT_S, connect=5.0), trust_env=False) as c:
             try:
-                response = await c.post(f"{record.url}{path}", json={})
-            except httpx.HTTPError as exc:
-                raise SupervisorError(f"{record.url}{path}: {type(exc).__name__}: {exc}") from None
-        if response.status_code != 200:
-            raise SupervisorError(f"{record.url}{path} answered {response.status_code}: {response.text[:300]}")
+                await sglang.control(c, record.url, call, headers=None, timeout=RELEASE_TIMEOUT_S)
+            except sglang.SGLangError as exc:
+                raise SupervisorError(str(exc)) from None
 
 
 async def _generate_once(client: httpx.AsyncClient, server: Server) -> str | None:
-    """None when the server generated one token, else why not."""
-    model = server.served_model_name
-    if model is None:
-        models = await client.get(f"{server.url}/v1/models")
-        if models.status_code != 200:
-            return f"/v1/models answered {models.status_code}"
-        model = models.json()["data"][0]["id"]
-    response = await client.post(
-        f"{server.url}/v1/completions",
-        json={"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0},
-    )
-    if response.status_code != 200:
-        return f"/v1/completions answered {response.status_code}"
-    body = response.json()
-    if not body.get("choices") or (body.get("usage") or {}).get("completion_tokens", 1) < 1:
-        return "/v1/completions answered without a token"
-    return None
+    """None when the server generated one token, else why not (the gateway's verify, shared)."""
+    timeout = PROBE_TIMEOUT.read or 30.0
+    return await sglang.generate_once(client, server.url, timeout=timeout, model=server.served_model_name)

@@ -28,6 +28,7 @@ from tests.gateway.test_switching import (
     release,
     released,
     run_load_step,
+    wait_last_switch,
     wait_phase,
 )
 from tests.waiting import wait_until
@@ -249,7 +250,7 @@ def test_a_server_that_never_becomes_ready_sends_the_gpu_set_back_to_the_old_mod
     wait_phase(gw, "active", "speculative")
     caplog.set_level(logging.WARNING, logger="crossover.switching")
     assert put_mode(gw, "plain").status_code == 202
-    state = wait_phase(gw, "active", "speculative", timeout=60)
+    state = wait_last_switch(gw, timeout=60)
     last = state["last_switch"]
     assert (last["outcome"], last["failed_step"], last["mode_after"]) == ("failed", "start", "speculative"), last
     assert box.status("speculative")["state"] == "ready"
@@ -279,6 +280,7 @@ def test_the_agent_dying_mid_switch_leaves_no_serving_mode_and_the_gateway_says_
     assert box.status("plain")["state"] == "stopped"
 
 
+@pytest.mark.slow  # compares two wall-clock durations: a benchmark, not a pass/fail test on shared cores
 def test_a_sleep_switch_is_several_times_faster_than_a_restart_with_the_same_stand_in_delays(
     agent_box, restart_gateway, sim, gateway
 ):

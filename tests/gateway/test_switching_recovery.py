@@ -1,0 +1,294 @@
+"""A time-shared GPU set that heals itself, live: stand-ins (sleep) and the real GPU-host agent (restart) on
+127.0.0.1, a server killed with SIGKILL under steady load, and no operator.
+
+Every request sent during a run is accounted for: it completes, or it gets an OpenAI-style 503 with
+Retry-After; only a request that was in flight on the server at the moment it died may end otherwise (a 502
+or an error event: its backend vanished mid-answer), and none hangs. No test here judges wall-clock time:
+each waits on a condition with a generous bound (benchmarks/recovery.py measures the times).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+
+import httpx
+
+from tests.gateway.gateway_helpers import LONG, chat
+from tests.gateway.test_switching import (
+    AUTH,
+    ClosedLoop,
+    admin_state,
+    put_mode,
+    sleep_pair,  # noqa: F401 - a fixture
+    time_shared,  # noqa: F401 - a fixture
+    until,
+    wait_last_switch,
+    wait_phase,
+)
+from tests.gateway.test_switching_restart import (
+    agent_box,  # noqa: F401 - a fixture
+    restart_gateway,  # noqa: F401 - a fixture
+)
+
+RECOVERY_WAIT_S = 90.0
+# The self-healing settings of these tests: a few 0.2 s health intervals, a short backoff.
+HEALING = {"dead_after_probes": 3, "backoff": 0.2, "backoff_max": 1.0}
+
+
+@dataclass
+class Outcome:
+    status: int
+    pool: str | None
+    retry_after: str | None
+    code: str | None
+    sent_before_kill: bool
+
+
+@dataclass
+class SteadyLoad:
+    """`clients` closed-loop clients sending short non-streamed requests; each outcome recorded."""
+
+    client: httpx.AsyncClient
+    clients: int = 3
+    killed: list[bool] = field(default_factory=lambda: [False])
+    outcomes: list[Outcome] = field(default_factory=list)
+    running: bool = True
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.tasks = [asyncio.create_task(self._client()) for _ in range(self.clients)]
+
+    async def _client(self) -> None:
+        while self.running:
+            before = not self.killed[0]
+            response = await self.client.post("/v1/chat/completions", json=chat(False, 8))
+            code = None
+            if response.status_code != 200:
+                error = response.json().get("error", {})
+                assert {"message", "type", "code"} <= error.keys(), response.text  # OpenAI-style, always
+                code = error["code"]
+            self.outcomes.append(
+                Outcome(
+                    response.status_code,
+                    response.headers.get("x-crossover-pool"),
+                    response.headers.get("retry-after"),
+                    code,
+                    before,
+                )
+            )
+            if response.status_code != 200:
+                await asyncio.sleep(0.05)  # pacing, as a client that honours Retry-After does (less eagerly)
+
+    def served_by(self, pool: str) -> bool:
+        return any(o.status == 200 and o.pool == pool and not o.sent_before_kill for o in self.outcomes)
+
+    async def stop(self) -> None:
+        self.running = False
+        await asyncio.gather(*self.tasks)
+
+    def check(self) -> None:
+        """Every request completed, or got a 503 with Retry-After; only those in flight at the kill may differ."""
+        assert self.outcomes
+        for outcome in self.outcomes:
+            if outcome.status == 200:
+                continue
+            if outcome.status == 503:
+                assert outcome.retry_after is not None and int(outcome.retry_after) >= 1, outcome
+                continue
+            assert outcome.sent_before_kill, outcome
+
+
+def kill_pid(pid: int) -> None:
+    os.killpg(pid, signal.SIGKILL)
+
+
+def run_kill_under_load(gw, kill, survivor_pool: str) -> SteadyLoad:
+    """Steady load; `kill()` once it is served; then wait until `survivor_pool` serves new requests again."""
+
+    async def scenario() -> SteadyLoad:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=120, trust_env=False) as client:
+            load = SteadyLoad(client)
+            load.start()
+            try:
+                await until(lambda: len(load.outcomes) >= 5, what="steady load served", gw=gw)
+                load.killed[0] = True
+                kill()
+                await until(lambda: load.served_by(survivor_pool), RECOVERY_WAIT_S, what="service again", gw=gw)
+                # A few more after the recovery: it serves, it does not just answer once.
+                count = len(load.outcomes)
+                await until(lambda: len(load.outcomes) >= count + 5, what="more requests served", gw=gw)
+            finally:
+                await load.stop()
+            return load
+
+    load = asyncio.run(scenario())
+    load.check()
+    return load
+
+
+def test_sleep_kill_9_of_the_serving_server_resumes_the_sleeping_one(sleep_pair, time_shared, caplog):  # noqa: F811
+    speculative, plain = sleep_pair
+    gw = time_shared(speculative.url, plain.url, dwell=3600.0, **HEALING)
+    wait_phase(gw, "active", "speculative")
+    caplog.set_level(logging.INFO, logger="crossover.switching")
+    load = run_kill_under_load(gw, speculative.kill, "plain")
+    state = admin_state(gw)
+    assert (state["phase"], state["mode"], state["recoveries"]) == ("active", "plain", 1), state
+    last = state["last_switch"]
+    assert (last["reason"], last["outcome"], last["to"]) == ("recovery", "ok", "plain"), last
+    assert gw.metric("crossover_switch_recoveries_total", mechanism="sleep", outcome="ok") == 1
+    assert any("recovering without an operator" in r.getMessage() for r in caplog.records)
+    assert any(o.status == 200 and o.pool == "plain" for o in load.outcomes)
+
+
+def test_restart_kill_9_of_the_serving_server_restarts_it_through_the_agent(
+    agent_box,  # noqa: F811
+    restart_gateway,  # noqa: F811
+    caplog,
+):
+    box = agent_box()
+    gw = restart_gateway(box, **HEALING)
+    wait_phase(gw, "active", "speculative")
+    caplog.set_level(logging.INFO, logger="crossover.switching")
+    pid = box.status("speculative")["pid"]
+    run_kill_under_load(gw, lambda: kill_pid(pid), "speculative")
+    state = admin_state(gw)
+    assert (state["phase"], state["mode"], state["recoveries"]) == ("active", "speculative", 1), state
+    assert state["last_switch"]["reason"] == "recovery"
+    assert box.status("speculative")["state"] == "ready"
+    assert box.status("speculative")["pid"] != pid
+    assert gw.metric("crossover_switch_recoveries_total", mechanism="restart", outcome="ok") == 1
+    assert any("recovering without an operator" in r.getMessage() for r in caplog.records)
+
+
+def test_sleep_kill_9_of_the_old_server_during_the_drain_still_ends_on_the_new_mode(sleep_pair, time_shared):  # noqa: F811
+    speculative, plain = sleep_pair
+    gw = time_shared(speculative.url, plain.url, dwell=3600.0, drain_deadline=60.0, **HEALING)
+    wait_phase(gw, "active", "speculative")
+
+    async def scenario() -> bytes:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=120, trust_env=False) as client:
+            request = client.build_request("POST", "/v1/chat/completions", json=chat(True, LONG))
+            response = await client.send(request, stream=True)
+            streaming = asyncio.create_task(response.aread())
+            await until(lambda: gw.inflight() == 1, what="a stream in flight")
+            switched = await client.put("/admin/mode", json={"mode": "plain"}, headers=AUTH)
+            assert switched.status_code == 202
+            await until(lambda: gw.state.switching.phase == "draining", what="the drain")
+            speculative.kill()
+            raw = await asyncio.wait_for(streaming, RECOVERY_WAIT_S)  # the cut stream ends, it does not hang
+            await until(lambda: gw.state.switching.phase == "active", RECOVERY_WAIT_S, what="serving", gw=gw)
+            after = await client.post("/v1/chat/completions", json=chat())
+            assert after.status_code == 200 and after.headers["x-crossover-pool"] == "plain", after.text
+            return raw
+
+    raw = asyncio.run(scenario())
+    assert raw.rstrip().endswith(b"data: [DONE]")
+    state = admin_state(gw)
+    assert state["mode"] == "plain", state
+
+
+def test_sleep_kill_9_of_the_new_server_right_after_a_switch_brings_the_old_mode_back(
+    sleep_pair,  # noqa: F811
+    time_shared,  # noqa: F811
+):
+    speculative, plain = sleep_pair
+    gw = time_shared(speculative.url, plain.url, dwell=3600.0, **HEALING)
+    wait_phase(gw, "active", "speculative")
+    assert put_mode(gw, "plain").status_code == 202
+    wait_phase(gw, "active", "plain")
+    load = run_kill_under_load(gw, plain.kill, "speculative")
+    state = admin_state(gw)
+    assert (state["mode"], state["last_switch"]["reason"], state["recoveries"]) == ("speculative", "recovery", 1)
+    assert any(o.pool == "speculative" and o.status == 200 for o in load.outcomes)
+
+
+def test_restart_kill_9_of_the_new_server_right_after_a_switch_recovers(
+    agent_box,  # noqa: F811
+    restart_gateway,  # noqa: F811
+):
+    box = agent_box()
+    gw = restart_gateway(box, **HEALING)
+    wait_phase(gw, "active", "speculative")
+    assert put_mode(gw, "plain").status_code == 202
+    wait_phase(gw, "active", "plain", timeout=RECOVERY_WAIT_S)
+    pid = box.status("plain")["pid"]
+    run_kill_under_load(gw, lambda: kill_pid(pid), "plain")
+    state = admin_state(gw)
+    assert (state["mode"], state["last_switch"]["reason"]) == ("plain", "recovery"), state
+
+
+def test_one_put_recovers_a_deployment_whose_active_server_is_dead(sleep_pair, time_shared):  # noqa: F811
+    speculative, plain = sleep_pair
+    # No self-healing here: the operator's one call does it.
+    gw = time_shared(speculative.url, plain.url, dwell=3600.0, dead_after_probes=100_000)
+    wait_phase(gw, "active", "speculative")
+    speculative.kill()
+    assert put_mode(gw, "plain").status_code == 202
+    state = wait_last_switch(gw)
+    last = state["last_switch"]
+    assert (last["outcome"], last["to"], last["from"]) == ("ok", "plain", "speculative"), last
+    assert state["mode"] == "plain"
+    assert httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=30, trust_env=False).status_code == 200
+
+
+def attempts_spaced_by_the_backoff(caplog, base: float, marker: str) -> list[float]:
+    times = [r.created for r in caplog.records if marker in r.getMessage()]
+    # A lower bound only: a busy machine makes attempts later, never sooner.
+    for i, (a, b) in enumerate(itertools.pairwise(times)):
+        assert b - a >= min(base * 2**i, HEALING["backoff_max"]) * 0.99, times
+    return times
+
+
+def run_policy_switch_that_cannot_start(gw, caplog, marker: str) -> None:
+    """Load far above the threshold calls for plain, which cannot come up: nothing is cut or held, ever."""
+    cost = admin_state(gw)["switch_cost_s"]
+
+    async def scenario() -> ClosedLoop:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=120, trust_env=False) as client:
+            load = ClosedLoop(client)
+            load.resize(12)
+            try:
+                await until(
+                    lambda: sum(marker in r.getMessage() for r in caplog.records) >= 3, RECOVERY_WAIT_S, what="3 tries"
+                )
+            finally:
+                await load.stop()
+            return load
+
+    load = asyncio.run(scenario())
+    assert load.results and [r for r in load.results if r != (200, "")] == []
+    state = admin_state(gw)
+    assert state["switch_cost_s"] == cost
+    assert state["backoff"]["failures"] >= 3
+    assert (state["phase"], state["mode"]) == ("active", "speculative")
+    for reason in ("cut", "queue_full", "queue_timeout", "no_mode"):
+        assert gw.metric("crossover_switch_dropped_total", reason=reason) == 0
+    attempts_spaced_by_the_backoff(caplog, HEALING["backoff"], marker)
+
+
+def test_sleep_a_policy_switch_to_a_dead_target_cuts_nothing_and_backs_off(sleep_pair, time_shared, caplog):  # noqa: F811
+    speculative, plain = sleep_pair
+    gw = time_shared(speculative.url, plain.url, **HEALING)
+    wait_phase(gw, "active", "speculative")
+    plain.kill()
+    caplog.set_level(logging.INFO, logger="crossover.switching")
+    run_policy_switch_that_cannot_start(gw, caplog, "not started: preflight")
+
+
+def test_restart_a_policy_switch_with_the_agent_down_cuts_nothing_and_backs_off(
+    agent_box,  # noqa: F811
+    restart_gateway,  # noqa: F811
+    caplog,
+):
+    box = agent_box()
+    gw = restart_gateway(box, dwell=1.0, expected_phase=3600.0, initial_cost=0.5, window=0.5, **HEALING)
+    wait_phase(gw, "active", "speculative")
+    box.kill_agent()
+    caplog.set_level(logging.INFO, logger="crossover.switching")
+    run_policy_switch_that_cannot_start(gw, caplog, "not started: preflight")

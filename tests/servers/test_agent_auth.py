@@ -1,0 +1,165 @@
+"""The GPU-host agent cannot be talked past: its token check is on the routes, not on a URL the client shapes
+(the Host-header trick, `?`/`#`/`//`/encoded paths), and 15+ other ways to send a wrong or partial token get
+401 and start nothing; request heads are bounded in size and time with memory flat; the token never reaches
+the servers it starts and a blank one is refused at start-up. Run against the agent as a process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from crossover.servers.process import free_port
+from tests.conftest import crossover_argv
+from tests.gateway.test_client_http import connect, response_of
+from tests.servers.test_agent import TOKEN, recorded_groups_of, start_agent  # noqa: F401 - a fixture
+
+# Raw requests: what a client that means harm sends (httpx would normalise most of these away).
+START = "POST /servers/plain/start HTTP/1.1\r\n"
+
+
+def raw(port: int, request: str) -> int:
+    line, _, rest = request.partition("\r\n")
+    with connect(port) as sock:  # closed after the answer: response_of waits for the close
+        sock.sendall(f"{line}\r\nConnection: close\r\n{rest}".encode("latin-1"))
+        status, _, _ = response_of(sock)
+    return status
+
+
+VARIANTS = {
+    # The Host-header trick: Starlette < 1.0.1 built request.url (and its path) from the Host header.
+    "host with a path and ?": f"{START}Host: x/health?\r\nContent-Length: 0\r\n\r\n",
+    "host with a path and #": f"{START}Host: x/metrics#\r\nContent-Length: 0\r\n\r\n",
+    "host that is a URL": f"{START}Host: http://x/health?a=\r\nContent-Length: 0\r\n\r\n",
+    "absolute-form target": (
+        "POST http://x/health?/servers/plain/start HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+    ),
+    "no token": f"{START}Host: x\r\nContent-Length: 0\r\n\r\n",
+    "wrong token": f"{START}Host: x\r\nAuthorization: Bearer wrong\r\nContent-Length: 0\r\n\r\n",
+    "token with a suffix": f"{START}Host: x\r\nAuthorization: Bearer {TOKEN}x\r\nContent-Length: 0\r\n\r\n",
+    "token prefix": f"{START}Host: x\r\nAuthorization: Bearer {TOKEN[:-1]}\r\nContent-Length: 0\r\n\r\n",
+    "empty bearer": f"{START}Host: x\r\nAuthorization: Bearer \r\nContent-Length: 0\r\n\r\n",
+    "scheme only": f"{START}Host: x\r\nAuthorization: Bearer\r\nContent-Length: 0\r\n\r\n",
+    "token without a scheme": f"{START}Host: x\r\nAuthorization: {TOKEN}\r\nContent-Length: 0\r\n\r\n",
+    "basic scheme": f"{START}Host: x\r\nAuthorization: Basic {TOKEN}\r\nContent-Length: 0\r\n\r\n",
+    "two spaces": f"{START}Host: x\r\nAuthorization: Bearer  {TOKEN}\r\nContent-Length: 0\r\n\r\n",
+    "trailing space inside": f"{START}Host: x\r\nAuthorization: Bearer {TOKEN} x\r\nContent-Length: 0\r\n\r\n",
+    "token in the query": f"POST /servers/plain/start?token={TOKEN} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+    "token in another header": f"{START}Host: x\r\nX-Token: {TOKEN}\r\nContent-Length: 0\r\n\r\n",
+    "token in a cookie": f"{START}Host: x\r\nCookie: token={TOKEN}\r\nContent-Length: 0\r\n\r\n",
+    "a wrong and a right header": (
+        f"{START}Host: x\r\nAuthorization: Bearer wrong\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 0\r\n\r\n"
+    ),
+    "double slash": "POST //servers/plain/start HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+    "encoded slash": "POST /servers%2Fplain/start HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+    "path with health prefix": "POST /health/../servers/plain/start HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+    "list with a forged host": "GET /servers HTTP/1.1\r\nHost: x/health?\r\n\r\n",
+    "status with a forged host": "GET /servers/plain HTTP/1.1\r\nHost: x/metrics?\r\n\r\n",
+}
+
+
+def test_no_url_a_client_shapes_and_no_partial_token_gets_past_the_agent(standin_profile, start_agent):  # noqa: F811
+    agent = start_agent(standin_profile("standin-time-shared"))
+    port = int(agent.url.rsplit(":", 1)[1])
+    assert len(VARIANTS) >= 16
+    statuses = {name: raw(port, request) for name, request in VARIANTS.items()}
+    # 401 wherever a protected route was reached; a refusal of another kind (404, 405) only where the path
+    # names no protected route at all. Never a 2xx.
+    assert all(400 <= status < 500 for status in statuses.values()), statuses
+    elsewhere = {"absolute-form target", "double slash", "encoded slash", "path with health prefix"}
+    assert {name for name, status in statuses.items() if status != 401} <= elsewhere, statuses
+    assert recorded_groups_of(agent) == {}, "a refused request starts nothing"
+    assert agent.client().get("/servers").status_code == 200  # the right token still works
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_an_oversized_head_is_refused_with_memory_flat_and_an_unfinished_one_times_out(
+    standin_profile,
+    start_agent,  # noqa: F811
+):
+    agent = start_agent(standin_profile("standin-time-shared"))
+    port = int(agent.url.rsplit(":", 1)[1])
+    before = rss_bytes(agent.proc.pid)
+    sockets = [connect(port) for _ in range(20)]
+    try:
+        for sock in sockets:
+            sock.sendall(b"GET /servers HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        payload = b"a" * (256 * 1024)
+        for sock in sockets:  # 8 MiB each, unless the agent hangs up first (it should, past 16 KiB)
+            for _ in range(32):
+                try:
+                    sock.sendall(payload)
+                except OSError:
+                    break
+        statuses = {response_of(sock)[0] for sock in sockets}
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert statuses == {431}
+    # Unbounded, 20 such heads took the agent from 67 to 253 MB.
+    assert rss_bytes(agent.proc.pid) - before < 40 * 1024 * 1024
+
+    with connect(port) as sock:  # a head that never ends: 408 after the head timeout, not an open socket forever
+        sock.sendall(b"GET /servers HTTP/1.1\r\nHost: x\r\n")
+        status, body, closed = response_of(sock)
+    assert status == 408 and closed, body
+
+
+@pytest.mark.parametrize("token", ["", "   ", "\t"])
+def test_a_blank_token_is_refused_at_start(standin_profile, token):
+    env = {**os.environ, "CROSSOVER_AGENT_TOKEN": token}
+    result = subprocess.run(
+        crossover_argv("servers", "agent", str(standin_profile("standin-time-shared")), "--port", str(free_port())),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "empty" in result.stderr
+
+
+def test_the_token_comes_from_a_file_and_never_reaches_the_servers_it_starts(standin_profile, tmp_path, state_dir):
+    from crossover.servers.process import spawn, stop, wait_ready
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    port = free_port()
+    env = {**os.environ, "CROSSOVER_AGENT_TOKEN": "not-this-one"}
+    argv = [
+        *crossover_argv("servers", "agent", str(standin_profile("standin-time-shared")), "--port", str(port)),
+        *("--state-dir", str(state_dir), "--token-file", str(token_file)),
+    ]
+    proc = spawn(argv, die_with_parent=False, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(f"{url}/health", proc, 30)
+        import httpx
+
+        headers = {"authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(base_url=url, headers=headers, timeout=10, trust_env=False) as client:
+            assert client.post("/servers/plain/start").status_code == 202
+            deadline = time.monotonic() + 60
+            while client.get("/servers/plain").json()["state"] != "ready":
+                assert time.monotonic() < deadline, client.get("/servers/plain").json()
+                time.sleep(0.05)
+            pid = client.get("/servers/plain").json()["pid"]
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert not [item for item in environ if item.startswith(b"CROSSOVER_AGENT_TOKEN=")]
+            client.post("/servers/plain/stop")
+            deadline = time.monotonic() + 60
+            while client.get("/servers/plain").json()["state"] != "stopped":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+    finally:
+        stop([proc])
