@@ -50,12 +50,12 @@ def build_state(settings: Settings, registry: CollectorRegistry | None = None) -
         on_eject=lambda backend, source: metrics.ejections.labels(backend.pool, backend.url, source).inc(),
     )
     failover = Failover(pools, breaker, metrics, limits.max_failovers)
-    state = GatewayState(settings, pools, routing, metrics, admission, breaker, failover)
-    if settings.topology == "time-shared":
-        state.switching = SwitchController(
-            settings, pools, routing, metrics, breaker, queued_elsewhere=lambda: admission.queued
-        )
-    return state
+    switching = (
+        SwitchController(settings, pools, routing, metrics, breaker, queued_elsewhere=lambda: admission.queued)
+        if settings.topology == "time-shared"
+        else None
+    )
+    return GatewayState(settings, pools, routing, metrics, admission, breaker, failover, switching=switching)
 
 
 def create_app(

@@ -279,7 +279,13 @@ class Exchange:
             target += "?" + self.scope["query_string"].decode("latin-1")
         outgoing = Outgoing(target, body, self.scope["headers"], self.request_id, stream, endpoint.socket_timeout)
         # A time-shared GPU set serves one mode: the other mode's server is stopped or asleep.
-        self.opened = opened = await endpoint.failover.open(pool, outgoing, other_pool=self.mode_lease is None)
+        try:
+            self.opened = opened = await endpoint.failover.open(pool, outgoing, other_pool=self.mode_lease is None)
+        except (BackendFailed, Unavailable):
+            if self.mode_lease is None:
+                raise
+            # Its one server failed it (dead, say): a 503 that says the GPU set is on it, with Retry-After.
+            raise endpoint.switching.serving_failed(pool) from None
         self.pool = opened.backend.pool
         endpoint.metrics.routed(self.pool, reason if self.pool == pool else FALLBACK)
         self._move_deadline(total_deadline)

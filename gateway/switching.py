@@ -275,6 +275,15 @@ class SwitchController:
             )
         return False
 
+    def serving_failed(self, mode: Mode) -> SwitchUnavailable:
+        """The error for a request that the serving mode's server failed before it answered (the proxy raises it):
+        a 503 that says what happens next, never the backend's URL or exception (the log has those)."""
+        return SwitchUnavailable(
+            f"the {mode} mode's server did not answer; the gateway recovers the GPU set by itself if it stays so",
+            code="serving_mode_failed",
+            retry_after_s=max(MIN_RETRY_AFTER_S, math.ceil(self.settings.dead_after_probes * self.health_interval)),
+        )
+
     def _retry_after(self) -> int:
         now = self.clock()
         if self.phase is Phase.UNAVAILABLE:

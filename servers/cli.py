@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -27,6 +28,7 @@ from pydantic import ValidationError
 from crossover.gateway.agent_contract import TOKEN_ENV
 from crossover.gateway.cli import port
 
+SERVERS_COMMAND_GROUP = "crossover.servers_commands"
 FOREGROUND_CHECK_S = 1.0  # --foreground: how often it looks for servers that exited
 
 
@@ -71,22 +73,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     status.add_argument("--json", action="store_true")
     status.set_defaults(run=_status)
 
-    adaptive = sub.add_parser(
-        "adaptive-config",
-        help="SGLang --speculative-adaptive-config JSON from a `crossover bench` run (speculative vs plain)",
-    )
-    adaptive.add_argument("results", type=Path, metavar="RESULTS_JSON", help="results.json or its run directory")
-    adaptive.add_argument("-o", "--output", type=Path, help="write the config here (default: stdout)")
-    adaptive.add_argument("--speculative", help="the speculative target's name (default: the run's)")
-    adaptive.add_argument("--plain", help="the plain target's name (default: the run's)")
-    adaptive.add_argument(
-        "--steps",
-        type=_steps_list,
-        metavar="S1,S2,...",
-        help="candidate draft steps below the crossover (default: 1..the measured server's num_steps, or 1,2,3)",
-    )
-    adaptive.set_defaults(run=_adaptive_config)
-
     agent = sub.add_parser("agent", help="authenticated HTTP API over the supervisor, for restart switches")
     _profile_arg(agent)
     _state_arg(agent)
@@ -102,6 +88,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     agent.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     agent.set_defaults(run=_agent)
 
+    # Subcommands of `crossover servers` that live in a higher layer (loadtest's adaptive-config reads a bench
+    # run): they register themselves here through their own entry points, so this package imports none of them.
+    for entry in sorted(entry_points(group=SERVERS_COMMAND_GROUP), key=lambda entry: entry.name):
+        entry.load()(sub)
+
 
 def _profile_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("profile", metavar="PROFILE", help="a shipped profile name or a TOML file")
@@ -114,16 +105,6 @@ def _state_arg(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="where pids and logs live (default: $XDG_STATE_HOME or ~/.local/state, /crossover/PROFILE)",
     )
-
-
-def _steps_list(text: str) -> list[int]:
-    try:
-        steps = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not steps or steps[0] < 1:
-        raise argparse.ArgumentTypeError(f"expected draft steps >= 1, got {text!r}")
-    return steps
 
 
 def _say(message: str) -> None:
@@ -300,27 +281,6 @@ def _status(args: argparse.Namespace) -> int:
     for s in statuses:
         last = f"{s.last_start_s:.1f}" if s.last_start_s is not None else "-"
         print(f"{s.name:<14} {s.role:<12} {s.state:<9} {s.pid or '-':>8}  {s.url:<26} {last:>12}  {s.error or ''}")
-    return 0
-
-
-def _adaptive_config(args: argparse.Namespace) -> int:
-    from crossover.servers.adaptive import AdaptiveConfigError, adaptive_config, read_results
-
-    try:
-        results = read_results(args.results)
-        config, notes = adaptive_config(results, speculative=args.speculative, plain=args.plain, steps=args.steps)
-    except AdaptiveConfigError as exc:
-        _say(f"error: {exc}")
-        return 2
-    text = json.dumps(config, indent=2) + "\n"
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text)
-        _say(f"wrote {args.output}")
-    else:
-        sys.stdout.write(text)
-    for note in notes:
-        _say(note)
     return 0
 
 

@@ -39,3 +39,78 @@ def test_every_module_is_on_the_map_and_the_map_names_only_what_exists():
         assert modules - listed == set(), f"{folder}: not on the map"
         for name in listed:
             assert (path / name.rstrip("/")).exists(), f"{folder}{name} is on the map but not in the tree"
+
+
+# --- layers: gateway below servers below loadtest ---------------------------------------------------------
+
+LAYERS = {"gateway": 0, "servers": 1, "loadtest": 2}
+# Imports that break the layering today and are on their way out, each with who moves it.
+ALLOWED_UPWARD = {
+    # moved by issue 19: the demo starts stand-ins, so it belongs with servers.
+    ("gateway/demo.py", "crossover.servers"),
+}
+
+
+def imported_modules(source: str) -> list[str]:
+    """Every module an import statement of `source` names (`from a import b` names a and a.b)."""
+    import ast
+
+    names: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+            names += [f"{node.module}.{alias.name}" for alias in node.names]
+    return names
+
+
+def upward_imports(package: str, source: str) -> set[str]:
+    """The crossover packages above `package` that `source` imports."""
+    found = set()
+    for name in imported_modules(source):
+        parts = name.split(".")
+        if parts[0] == "crossover" and len(parts) > 1 and LAYERS.get(parts[1], -1) > LAYERS[package]:
+            found.add(f"crossover.{parts[1]}")
+    return found
+
+
+def test_no_module_imports_a_package_above_its_layer():
+    violations = []
+    for package in LAYERS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            for target in upward_imports(package, path.read_text()):
+                if (relative, target) not in ALLOWED_UPWARD:
+                    violations.append(f"{relative} imports {target}")
+    assert violations == [], "imports above their layer (gateway < servers < loadtest):\n" + "\n".join(violations)
+
+
+def test_the_layer_check_sees_every_form_of_an_upward_import():
+    for source in (
+        "import crossover.servers.sim\n",
+        "from crossover.loadtest import bench\n",
+        "from crossover import servers\n",
+        "def late():\n    from crossover.servers.process import spawn\n",
+    ):
+        assert upward_imports("gateway", source), source
+    assert upward_imports("servers", "from crossover.loadtest.crossover import find_crossover\n")
+    assert not upward_imports("servers", "from crossover.gateway.modes import other\n")
+    assert not upward_imports("loadtest", "import crossover.servers.sim\n")
+
+
+def test_app_builds_its_objects_whole():
+    """No collaborator wired into an object after it was built, outside the lifespan (which builds what needs
+    the running loop: the backend client and the proxy's sender)."""
+    import ast
+
+    tree = ast.parse((ROOT / "gateway" / "app.py").read_text())
+    build_state = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "build_state")
+    assigned = [
+        ast.unparse(target)
+        for node in ast.walk(build_state)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Attribute)
+    ]
+    assert assigned == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -163,3 +164,85 @@ def test_the_token_comes_from_a_file_and_never_reaches_the_servers_it_starts(sta
                 time.sleep(0.05)
     finally:
         stop([proc])
+
+
+# The releases without the Host-header bypass, and the lowest fastapi that allows them.
+FIXED_STARLETTE, FLOOR_FASTAPI = (1, 0, 1), (0, 133)
+
+
+def floors() -> dict[str, tuple[int, ...]]:
+    import re
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    found = {}
+    for requirement in project["dependencies"]:
+        match = re.fullmatch(r"(fastapi|starlette)>=([\d.]+)", requirement)
+        if match:
+            found[match[1]] = tuple(int(part) for part in match[2].split("."))
+    return found
+
+
+def test_no_install_that_pyproject_allows_has_the_host_header_bypass():
+    found = floors()
+    assert found.get("starlette", ()) >= FIXED_STARLETTE, found
+    assert found.get("fastapi", ()) >= FLOOR_FASTAPI, found
+
+
+@pytest.mark.slow  # builds a venv from the package index (set CROSSOVER_FLOOR_VENV to reuse one)
+def test_the_agent_at_the_lowest_fastapi_and_starlette_pyproject_allows(standin_profile, state_dir, tmp_path):
+    import httpx
+
+    from crossover.servers.process import spawn, stop, wait_ready
+
+    found = floors()
+    venv = Path(os.environ.get("CROSSOVER_FLOOR_VENV") or tmp_path / "floor")
+    python = venv / "bin" / "python"
+    pins = [f"{name}=={'.'.join(map(str, found[name]))}" for name in ("fastapi", "starlette")]
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            *pins,
+            "uvicorn[standard]",
+            "httpx",
+            "prometheus-client",
+            "pydantic-settings",
+        ],
+        check=True,
+        timeout=900,
+    )
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(Path(__file__).parents[2])],
+        check=True,
+        timeout=300,
+    )
+    versions = subprocess.run(
+        [str(python), "-c", "import fastapi, starlette; print(fastapi.__version__, starlette.__version__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert versions == [pin.split("==")[1] for pin in pins], versions
+    port = free_port()
+    argv = [str(python), "-m", "crossover.gateway.cli", "servers", "agent", str(standin_profile("standin-time-shared"))]
+    proc = spawn(
+        [*argv, "--port", str(port), "--state-dir", str(state_dir)],
+        die_with_parent=False,
+        env={**os.environ, "CROSSOVER_AGENT_TOKEN": TOKEN},
+    )
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/health", proc, 60)
+        statuses = {name: raw(port, request) for name, request in VARIANTS.items()}
+        assert all(400 <= status < 500 for status in statuses.values()), (versions, statuses)
+        headers = {"authorization": f"Bearer {TOKEN}"}
+        listed = httpx.get(f"http://127.0.0.1:{port}/servers", headers=headers, timeout=10, trust_env=False).json()
+        assert all(server["pid"] is None for server in listed["servers"]), "a refused request started something"
+    finally:
+        stop([proc])
+    print("agent at the floor:", versions, statuses)

@@ -245,3 +245,34 @@ def test_the_command_table_and_its_errors(pair, tmp_path, capsys):
     assert "no phases" in capsys.readouterr().err
     assert main([*argv[:3], "no-such-profile", *argv[4:]]) == 2
     assert "no profile named" in capsys.readouterr().err
+
+
+# --- the replay runs the controller's own stepper -------------------------------------------------------
+
+
+def test_the_replay_and_the_live_controller_decide_the_same_at_the_same_times(pair):
+    """One sequence of load samples through the live controller's tick and the replay's: the same decisions."""
+    import dataclasses
+
+    from crossover.servers.sim.replay import SERVING, _Replay
+    from tests.gateway.ticking import TickingController, time_shared_settings
+
+    ticking = TickingController(time_shared_settings())
+    live = ticking.controller
+    trace = alternating(60)
+    setup = dataclasses.replace(setup_for(pair, trace), settings=live.policy_settings())
+    replayed = _Replay(setup, trace, SLEEP)
+    replayed.switcher = type(replayed.switcher)(live.switcher.cost)
+    replayed.mode_since = 0.0
+    decisions: list[tuple[float, str, str]] = []
+
+    loads = [2] * 40 + [40] * 60 + [30] * 20 + [3] * 80 + [12] * 30 + [20] * 40
+    for t, load in enumerate(loads, start=1):
+        ticking.step(float(t), load)
+        replayed.outstanding = load
+        replayed._tick(float(t))
+        if replayed.state != SERVING:  # the replay starts a switch: record it and have it over at once
+            decisions.append((float(t), replayed.target, live.last_decision.reason))
+            replayed.mode, replayed.mode_since, replayed.state = replayed.target, float(t), SERVING
+    assert ticking.switches == decisions
+    assert [target for _, target, _ in decisions] == ["plain", "speculative", "plain"], decisions

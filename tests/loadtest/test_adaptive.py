@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from crossover.servers.adaptive import AdaptiveConfigError, BenchResults, adaptive_config
+from crossover.loadtest.adaptive import AdaptiveConfigError, BenchResults, adaptive_config
 from crossover.servers.process import spawn, stop
 from crossover.servers.profile import load_profile
 from crossover.servers.sglang_check import load_adaptive_config

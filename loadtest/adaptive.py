@@ -2,6 +2,10 @@
 measured crossover.
 
     config, notes = adaptive_config(read_results(Path("runs/k25/results.json")))
+    crossover servers adaptive-config runs/k25/results.json -o k25-adaptive.json   # the command (register())
+
+It reads a `crossover bench` run, so it lives with loadtest; its command stays under `crossover servers`
+(registered through the `crossover.servers_commands` entry points).
 
 SGLang 0.5.23 (`speculative/adaptive_spec_params.py`) routes each decode batch to the slot with the largest
 integer key <= the batch size (padded to a captured CUDA-graph size) and moves the draft steps within that
@@ -14,7 +18,10 @@ Keys that are not integers are ignored by SGLang's loader; `"_crossover"` record
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import sys
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -169,3 +176,55 @@ def _plain(found) -> dict:
         "status": found.status,
         "evidence": [e.model_dump() if hasattr(e, "model_dump") else dict(e) for e in found.evidence],
     }
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """`crossover servers adaptive-config`, added to the `servers` subcommands."""
+    adaptive = sub.add_parser(
+        "adaptive-config",
+        help="SGLang --speculative-adaptive-config JSON from a `crossover bench` run (speculative vs plain)",
+    )
+    adaptive.add_argument("results", type=Path, metavar="RESULTS_JSON", help="results.json or its run directory")
+    adaptive.add_argument("-o", "--output", type=Path, help="write the config here (default: stdout)")
+    adaptive.add_argument("--speculative", help="the speculative target's name (default: the run's)")
+    adaptive.add_argument("--plain", help="the plain target's name (default: the run's)")
+    adaptive.add_argument(
+        "--steps",
+        type=_steps_list,
+        metavar="S1,S2,...",
+        help="candidate draft steps below the crossover (default: 1..the measured server's num_steps, or 1,2,3)",
+    )
+    adaptive.set_defaults(run=_run)
+
+
+def _steps_list(text: str) -> list[int]:
+    try:
+        steps = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not steps or steps[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected draft steps >= 1, got {text!r}")
+    return steps
+
+
+def _say(message: str) -> None:
+    print(f"crossover servers: {message}", file=sys.stderr, flush=True)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        results = read_results(args.results)
+        config, notes = adaptive_config(results, speculative=args.speculative, plain=args.plain, steps=args.steps)
+    except AdaptiveConfigError as exc:
+        _say(f"error: {exc}")
+        return 2
+    text = json.dumps(config, indent=2) + "\n"
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text)
+        _say(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    for note in notes:
+        _say(note)
+    return 0
