@@ -411,3 +411,60 @@ def test_a_request_held_past_the_queue_deadline_gets_503_with_retry_after(slow_w
     assert "retry-after" in response.headers
     assert gw.metric("crossover_switch_dropped_total", reason="queue_timeout") == 1
     wait_phase(gw, "active", "plain")
+
+
+def test_an_operator_pin_holds_the_mode_against_the_policy_until_unpinned_and_changes_are_rate_limited():
+    from crossover.gateway.errors import SwitchRateLimited
+
+    ticking = TickingController(
+        time_shared_settings(threshold=THRESHOLD, hysteresis=HYSTERESIS, dwell=DWELL_S, operator_interval=60.0)
+    )
+    controller = ticking.controller
+    ticking.now = 1.0
+    assert controller.request_switch("plain", pin=True)
+    assert controller.pinned and controller.mode == "plain"
+    ticking.now = 2.0
+    with pytest.raises(SwitchRateLimited) as refused:  # 1 s after the last change, one per 60 s
+        controller.request_switch("speculative")
+    assert refused.value.status == 429 and int(refused.value.headers["retry-after"]) == 59
+    for t in range(2, 200):  # idle: the policy would go back to speculative, the pin holds plain
+        ticking.step(float(t), 0)
+    assert [target for _, target, _ in ticking.switches] == ["plain"]
+    assert controller.request_switch("plain") is False  # already serving: nothing to do, nothing to refuse
+    assert controller.request_switch(None, pin=False) is False  # unpinning is no mode change
+    ticking.step(200.0, 0)
+    assert [target for _, target, _ in ticking.switches] == ["plain", "speculative"]
+
+
+def test_policy_decisions_are_logged_when_they_change(caplog):
+    caplog.set_level(logging.INFO, logger="crossover.switching")
+    ticking = TickingController(
+        time_shared_settings(threshold=THRESHOLD, hysteresis=HYSTERESIS, dwell=DWELL_S, expected_phase=3600)
+    )
+    for t in range(1, 40):
+        ticking.step(float(t), 1 if t < 20 else 3 * THRESHOLD)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("switch policy:")]
+    # Staying (load fits) once, the switch, staying in the new mode: not one line per tick.
+    assert len(lines) == 3, lines
+    assert "stay in speculative mode (load_fits_mode" in lines[0]
+    assert "switch speculative -> plain (load_above_threshold" in lines[1]
+    assert "stay in plain mode (load_fits_mode" in lines[2]
+
+
+def test_the_state_of_a_time_shared_gateway_says_time_shared_and_counts_held_requests_once(slow_wake, time_shared):
+    speculative, plain = slow_wake
+    gw = time_shared(speculative.url, plain.url, dwell=3600.0)
+    wait_phase(gw, "active", "speculative")
+    assert admin_state(gw)["policy"] == "time-shared"
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False) as client:
+            assert (await client.put("/admin/mode", json={"mode": "plain"}, headers=AUTH)).status_code == 202
+            await until(lambda: gw.state.switching.phase == "switching", what="the switch under way")
+            held = [asyncio.create_task(client.post("/v1/chat/completions", json=chat())) for _ in range(2)]
+            await until(lambda: gw.state.switching.queued == 2, what="two requests held")
+            state = (await client.get("/admin/state", headers=AUTH)).json()
+            assert (state["inflight"], state["queued"], state["switch_queued"]) == (0, 2, 2), state
+            assert all(r.status_code == 200 for r in await asyncio.gather(*held))
+
+    asyncio.run(scenario())

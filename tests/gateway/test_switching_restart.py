@@ -310,3 +310,17 @@ def test_a_sleep_switch_is_several_times_faster_than_a_restart_with_the_same_sta
     print("switch durations (s):", durations)
     assert durations["restart"] > 3 * durations["sleep"], durations
     assert admin_state(sleep_gw)["switch_cost_s"] == pytest.approx(durations["sleep"], rel=1e-3)
+
+
+def test_a_planned_stop_is_not_an_ejection(agent_box, restart_gateway, caplog):
+    box = agent_box()
+    gw = restart_gateway(box)
+    wait_phase(gw, "active", "speculative")
+    caplog.set_level(logging.WARNING, logger="crossover.health")
+    assert put_mode(gw, "plain").status_code == 202
+    wait_phase(gw, "active", "plain")
+    stopped = gw.state.pools.speculative[0]
+    # The health checks keep probing the stopped server: past the failure threshold, no ejection.
+    wait_until(lambda: stopped.failures >= 2 * gw.settings.health.failure_threshold, what="failed probes of it")
+    assert not any("ejected backend" in r.getMessage() for r in caplog.records)
+    assert gw.metric("crossover_backend_ejections_total", pool="speculative", backend=stopped.url, source="probe") == 0
