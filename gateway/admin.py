@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -56,7 +56,7 @@ class ModeUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mode: Mode = None  # type: ignore[assignment]
-    pin: bool = None  # type: ignore[assignment]
+    pin: StrictBool = None  # type: ignore[assignment]
 
     @model_validator(mode="after")
     def _something(self) -> ModeUpdate:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
-from crossover.gateway.config import SPECULATIVE, Settings, ThresholdError, check_threshold, fit_hysteresis
+from crossover.gateway.config import SPECULATIVE, Policy, Settings, ThresholdError, check_threshold, fit_hysteresis
 from crossover.gateway.policy import Decision, spillover, switch
 from crossover.gateway.pools import Pools
 
-POLICIES = ("switch", "spillover")
+POLICIES: tuple[Policy, ...] = typing.get_args(Policy)
 
 
 @dataclass

@@ -18,6 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from crossover.gateway.modes import Mode
+
 # The SGLang release whose flags this code writes. Flags differ between releases (0.5.23 has only
 # --cuda-graph-max-bs-decode; older 0.5.x have --cuda-graph-max-bs), so a profile names the one it targets.
 SUPPORTED_SGLANG = ("0.5.23",)
@@ -27,7 +29,8 @@ DEFAULT_READY_TIMEOUT_S = 600.0
 DEFAULT_STOP_TIMEOUT_S = 30.0
 PROFILE_SUFFIX = ".toml"
 
-Role = Literal["speculative", "plain"]
+# A server's role is the mode it serves.
+Role = Mode
 
 
 class ProfileError(ValueError):

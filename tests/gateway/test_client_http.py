@@ -57,6 +57,29 @@ def response_of(sock: socket.socket, headers: dict | None = None) -> tuple[int, 
     return int(lines[0].split(b" ")[1]), json.loads(body), closed
 
 
+def flood_with_unterminated_heads(port: int, connections: int, start: bytes) -> set[int]:
+    """`connections` heads that begin with `start` and then send one header of 8 MiB, unless the server hangs
+    up first (it should, past its head limit); the statuses they got."""
+    sockets = [connect(port) for _ in range(connections)]
+    try:
+        for sock in sockets:
+            sock.sendall(start + b"X-Big: ")
+        payload = b"a" * (256 * 1024)
+        deadline = time.monotonic() + 30
+        for sock in sockets:
+            for _ in range(32):
+                try:
+                    sock.sendall(payload)
+                except OSError:
+                    break
+                if time.monotonic() > deadline:
+                    break
+        return {response_of(sock)[0] for sock in sockets}
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def test_an_oversized_head_is_431_and_closes(sims, gateway_process):
     gw = gateway_process(pools(sims) + BOUNDS)
     with connect(gw.port) as sock:
@@ -125,24 +148,7 @@ def test_malformed_requests_get_json_400s(sims, gateway_process):
 def test_memory_stays_flat_under_unterminated_heads(sims, gateway_process):
     gw = gateway_process(pools(sims))  # the default 64 KiB head limit
     before = gw.rss_bytes()
-    sockets = [connect(gw.port) for _ in range(40)]
-    try:
-        for sock in sockets:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Big: ")
-        payload = b"a" * (256 * 1024)
-        deadline = time.monotonic() + 30
-        for sock in sockets:  # 8 MiB each, unless the gateway hangs up first (it should, past 64 KiB)
-            for _ in range(32):
-                try:
-                    sock.sendall(payload)
-                except OSError:
-                    break
-                if time.monotonic() > deadline:
-                    break
-        statuses = {response_of(sock)[0] for sock in sockets}
-    finally:
-        for sock in sockets:
-            sock.close()
+    statuses = flood_with_unterminated_heads(gw.port, 40, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
     assert statuses == {431}
     # Uncapped, the same 40 heads took a gateway from 58 to 402 MB.
     assert gw.rss_bytes() - before < 40 * 1024 * 1024

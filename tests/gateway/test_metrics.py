@@ -36,6 +36,7 @@ DOCUMENTED = {
     "crossover_switch_duration_seconds": "histogram",
     "crossover_switch_queued_requests": "gauge",
     "crossover_switch_dropped": "counter",
+    "crossover_switch_recoveries": "counter",
 }
 
 

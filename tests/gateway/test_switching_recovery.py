@@ -4,7 +4,7 @@
 Every request sent during a run is accounted for: it completes, or it gets an OpenAI-style 503 with
 Retry-After; only a request that was in flight on the server at the moment it died may end otherwise (a 502
 or an error event: its backend vanished mid-answer), and none hangs. No test here judges wall-clock time:
-each waits on a condition with a generous bound (benchmarks/recovery.py measures the times).
+each waits on a condition with a generous bound. The benchmarks at the end (`-m slow`) measure the times.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import itertools
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 
 import httpx
+import pytest
 
 from tests.gateway.gateway_helpers import LONG, chat
 from tests.gateway.test_switching import (
@@ -47,6 +49,7 @@ class Outcome:
     retry_after: str | None
     code: str | None
     sent_before_kill: bool
+    at: float  # time.monotonic() when it ended
 
 
 @dataclass
@@ -56,6 +59,7 @@ class SteadyLoad:
     client: httpx.AsyncClient
     clients: int = 3
     killed: list[bool] = field(default_factory=lambda: [False])
+    killed_at: float = 0.0
     outcomes: list[Outcome] = field(default_factory=list)
     running: bool = True
     tasks: list[asyncio.Task] = field(default_factory=list)
@@ -79,10 +83,14 @@ class SteadyLoad:
                     response.headers.get("retry-after"),
                     code,
                     before,
+                    time.monotonic(),
                 )
             )
             if response.status_code != 200:
                 await asyncio.sleep(0.05)  # pacing, as a client that honours Retry-After does (less eagerly)
+
+    def kill_to_first_success_s(self) -> float:
+        return min(o.at for o in self.outcomes if o.status == 200 and not o.sent_before_kill) - self.killed_at
 
     def served_by(self, pool: str) -> bool:
         return any(o.status == 200 and o.pool == pool and not o.sent_before_kill for o in self.outcomes)
@@ -116,7 +124,7 @@ def run_kill_under_load(gw, kill, survivor_pool: str) -> SteadyLoad:
             load.start()
             try:
                 await until(lambda: len(load.outcomes) >= 5, what="steady load served", gw=gw)
-                load.killed[0] = True
+                load.killed[0], load.killed_at = True, time.monotonic()
                 kill()
                 await until(lambda: load.served_by(survivor_pool), RECOVERY_WAIT_S, what="service again", gw=gw)
                 # A few more after the recovery: it serves, it does not just answer once.
@@ -292,3 +300,53 @@ def test_restart_a_policy_switch_with_the_agent_down_cuts_nothing_and_backs_off(
     box.kill_agent()
     caplog.set_level(logging.INFO, logger="crossover.switching")
     run_policy_switch_that_cannot_start(gw, caplog, "not started: preflight")
+
+
+# --- the benchmark: kill -9 to the first successful request ----------------------------------------------
+
+BENCH_SCALE = 20.0  # the stand-ins' --time-scale: Kimi-K2.5's switch costs (k25 profiles) divided by this
+
+
+def measure_kill_to_first_success(gw, kill, survivor_pool: str) -> dict:
+    """Wall seconds from the kill to the first request served after it, and the recovery's own share."""
+    load = run_kill_under_load(gw, kill, survivor_pool)
+    last = admin_state(gw)["last_switch"]
+    return {"kill_to_first_success_s": round(load.kill_to_first_success_s(), 2), "recovery_s": last["duration_s"]}
+
+
+def at_kimi(result: dict, detection_s: float) -> float:
+    """The same recovery at the k25 profiles' real costs and the default health settings (3 x 5 s probes)."""
+    from crossover.gateway.config import DEFAULT_DEAD_AFTER_PROBES, DEFAULT_HEALTH_INTERVAL_S
+
+    default_detection = DEFAULT_DEAD_AFTER_PROBES * DEFAULT_HEALTH_INTERVAL_S
+    return round(default_detection + (result["kill_to_first_success_s"] - detection_s) * BENCH_SCALE, 1)
+
+
+@pytest.mark.slow  # a benchmark: prints wall-clock times, asserts only that service came back
+def test_benchmark_kill_9_to_first_success_sleep(sim, time_shared):  # noqa: F811
+    speculative, plain = (
+        sim("k25-eagle3", "--time-scale", f"{BENCH_SCALE:g}"),
+        sim("k25-plain", "--time-scale", f"{BENCH_SCALE:g}"),
+    )
+    httpx.post(plain.url + "/release_memory_occupation", json={}, timeout=30, trust_env=False)
+    gw = time_shared(speculative.url, plain.url, dwell=3600.0, **HEALING)
+    wait_phase(gw, "active", "speculative")
+    result = measure_kill_to_first_success(gw, speculative.kill, "plain")
+    detection = HEALING["dead_after_probes"] * gw.settings.health.interval
+    print(f"sleep at 1/{BENCH_SCALE:g} of Kimi's costs: {result}; at Kimi's: ~{at_kimi(result, detection)} s")
+    assert admin_state(gw)["mode"] == "plain"
+
+
+@pytest.mark.slow  # a benchmark: prints wall-clock times, asserts only that service came back
+def test_benchmark_kill_9_to_first_success_restart(agent_box, restart_gateway):  # noqa: F811
+    from crossover.servers.sim.profile import load_profile
+
+    startup_s = load_profile("k25-eagle3").memory.startup_s / BENCH_SCALE
+    box = agent_box(time_scale=BENCH_SCALE, startup_s=startup_s)
+    gw = restart_gateway(box, **HEALING)
+    wait_phase(gw, "active", "speculative", timeout=RECOVERY_WAIT_S)
+    pid = box.status("speculative")["pid"]
+    result = measure_kill_to_first_success(gw, lambda: kill_pid(pid), "speculative")
+    detection = HEALING["dead_after_probes"] * gw.settings.health.interval
+    print(f"restart at 1/{BENCH_SCALE:g} of Kimi's costs: {result}; at Kimi's: ~{at_kimi(result, detection)} s")
+    assert admin_state(gw)["mode"] == "speculative"

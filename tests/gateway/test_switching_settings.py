@@ -103,7 +103,8 @@ def test_the_mode_api_checks_its_caller_and_its_body(sims, gateway):
         assert unauthorized.json()["error"]["type"] == "authentication_error"
         for body, param in (
             ({"mode": "eagle"}, "mode"),
-            ({}, "mode"),
+            ({}, None),
+            ({"pin": "yes"}, "pin"),
             ({"mode": "plain", "now": True}, "now"),
         ):
             response = client.put("/admin/mode", json=body, headers=AUTH)

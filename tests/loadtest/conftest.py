@@ -6,6 +6,9 @@ import pytest
 
 from tests.loadtest.scripted_backend import ScriptedBackend
 
+# adaptive-config (loadtest/adaptive.py) is checked against SGLang and the stand-ins the servers tests set up.
+from tests.servers.conftest import sglang_python, standin_profile, state_dir  # noqa: F401 - fixtures
+
 
 @pytest.fixture
 def scripted(serve):

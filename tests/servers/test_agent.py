@@ -66,9 +66,8 @@ def start_agent(state_dir):
     stop(agents)
 
 
-def test_the_agent_refuses_to_start_without_a_token(standin_profile):
-    env = {k: v for k, v in os.environ.items() if k != "CROSSOVER_AGENT_TOKEN"}
-    result = subprocess.run(
+def run_agent_without_a_usable_token(standin_profile, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
         crossover_argv("servers", "agent", str(standin_profile("standin-time-shared")), "--port", str(free_port())),
         capture_output=True,
         text=True,
@@ -76,6 +75,11 @@ def test_the_agent_refuses_to_start_without_a_token(standin_profile):
         env=env,
         check=False,
     )
+
+
+def test_the_agent_refuses_to_start_without_a_token(standin_profile):
+    env = {k: v for k, v in os.environ.items() if k != "CROSSOVER_AGENT_TOKEN"}
+    result = run_agent_without_a_usable_token(standin_profile, env)
     assert result.returncode == 2
     assert "--token" in result.stderr and "CROSSOVER_AGENT_TOKEN" in result.stderr
 

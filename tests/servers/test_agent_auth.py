@@ -15,8 +15,8 @@ import pytest
 
 from crossover.servers.process import free_port
 from tests.conftest import crossover_argv
-from tests.gateway.test_client_http import connect, response_of
-from tests.servers.test_agent import TOKEN, recorded_groups_of, start_agent  # noqa: F401 - a fixture
+from tests.gateway.test_client_http import connect, flood_with_unterminated_heads, response_of
+from tests.servers.test_agent import TOKEN, recorded_groups_of, run_agent_without_a_usable_token, start_agent  # noqa: F401 - a fixture
 
 # Raw requests: what a client that means harm sends (httpx would normalise most of these away).
 START = "POST /servers/plain/start HTTP/1.1\r\n"
@@ -90,21 +90,7 @@ def test_an_oversized_head_is_refused_with_memory_flat_and_an_unfinished_one_tim
     agent = start_agent(standin_profile("standin-time-shared"))
     port = int(agent.url.rsplit(":", 1)[1])
     before = rss_bytes(agent.proc.pid)
-    sockets = [connect(port) for _ in range(20)]
-    try:
-        for sock in sockets:
-            sock.sendall(b"GET /servers HTTP/1.1\r\nHost: x\r\nX-Big: ")
-        payload = b"a" * (256 * 1024)
-        for sock in sockets:  # 8 MiB each, unless the agent hangs up first (it should, past 16 KiB)
-            for _ in range(32):
-                try:
-                    sock.sendall(payload)
-                except OSError:
-                    break
-        statuses = {response_of(sock)[0] for sock in sockets}
-    finally:
-        for sock in sockets:
-            sock.close()
+    statuses = flood_with_unterminated_heads(port, 20, b"GET /servers HTTP/1.1\r\nHost: x\r\n")
     assert statuses == {431}
     # Unbounded, 20 such heads took the agent from 67 to 253 MB.
     assert rss_bytes(agent.proc.pid) - before < 40 * 1024 * 1024
@@ -117,15 +103,7 @@ def test_an_oversized_head_is_refused_with_memory_flat_and_an_unfinished_one_tim
 
 @pytest.mark.parametrize("token", ["", "   ", "\t"])
 def test_a_blank_token_is_refused_at_start(standin_profile, token):
-    env = {**os.environ, "CROSSOVER_AGENT_TOKEN": token}
-    result = subprocess.run(
-        crossover_argv("servers", "agent", str(standin_profile("standin-time-shared")), "--port", str(free_port())),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
+    result = run_agent_without_a_usable_token(standin_profile, {**os.environ, "CROSSOVER_AGENT_TOKEN": token})
     assert result.returncode == 2, result.stderr
     assert "empty" in result.stderr
 
