@@ -198,7 +198,9 @@ class SleepMechanism(Mechanism):
         await self._control(mode, sglang.CONTINUE)
 
     def adopted(self, mode: Mode) -> None:
-        self.released.discard(mode)
+        # One GPU set: the mode that serves holds it, so the other's memory is released (or it is dead, and the
+        # process that replaces it starts holding its own - then a resume is refused, not sent twice).
+        self.released = {other(mode)}
 
     async def _wait_idle(self, mode: Mode) -> None:
         """Both counts at zero (the gateway's and the server's), or SwitchFailed: never release a busy server."""

@@ -584,9 +584,11 @@ class SwitchController:
         mechanism = self._mechanism
         initial = self.settings.initial_mode
         states = {mode: await mechanism.mode_state(mode) for mode in MODES}
+        # What the mechanism believes before anything was seen is a presumption (which mode `servers up` left
+        # asleep): only a generation says which mode serves. Modes believed serving are asked first.
         order = sorted((initial, other(initial)), key=lambda mode: states[mode] is not ModeState.SERVING)
         for mode in order:
-            if states[mode] in (ModeState.DEAD, ModeState.STOPPED, ModeState.ASLEEP):
+            if states[mode] in (ModeState.DEAD, ModeState.STOPPED):
                 continue
             try:
                 await mechanism.verify(mode)

@@ -468,3 +468,19 @@ def test_the_state_of_a_time_shared_gateway_says_time_shared_and_counts_held_req
             assert all(r.status_code == 200 for r in await asyncio.gather(*held))
 
     asyncio.run(scenario())
+
+
+def test_at_start_up_the_gateway_adopts_the_mode_that_really_serves(sim, time_shared):
+    # The operator left plain serving and speculative asleep; the gateway's initial_mode says speculative.
+    speculative, plain = sim("k25-eagle3", *SCALE), sim("k25-plain", *SCALE)
+    release(speculative.url)
+    gw = time_shared(speculative.url, plain.url, dwell=3600.0)
+    state = wait_phase(gw, "active", "plain")
+    assert state["switches"] == 0  # adopted, not switched to
+    assert httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=10, trust_env=False).status_code == 200
+    # And the belief is right from there on: a switch back resumes speculative, never a resume of held memory.
+    assert put_mode(gw, "speculative").status_code == 202
+    wait_phase(gw, "active", "speculative")
+    assert admin_state(gw)["last_switch"]["outcome"] == "ok"
+    for url in (speculative.url, plain.url):
+        assert memory(url)["resume_not_released_total"] == 0
