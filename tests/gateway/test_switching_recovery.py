@@ -174,10 +174,8 @@ def test_restart_kill_9_of_the_serving_server_restarts_it_through_the_agent(
     assert any("recovering without an operator" in r.getMessage() for r in caplog.records)
 
 
-def test_sleep_kill_9_of_the_old_server_during_the_drain_still_ends_on_the_new_mode(sleep_pair, time_shared):  # noqa: F811
-    speculative, plain = sleep_pair
-    gw = time_shared(speculative.url, plain.url, dwell=3600.0, drain_deadline=60.0, **HEALING)
-    wait_phase(gw, "active", "speculative")
+def run_kill_during_drain(gw, kill) -> None:
+    """A stream holds the drain of a switch to plain open; the old server dies: the switch still ends on plain."""
 
     async def scenario() -> bytes:
         async with httpx.AsyncClient(base_url=gw.url, timeout=120, trust_env=False) as client:
@@ -188,7 +186,7 @@ def test_sleep_kill_9_of_the_old_server_during_the_drain_still_ends_on_the_new_m
             switched = await client.put("/admin/mode", json={"mode": "plain"}, headers=AUTH)
             assert switched.status_code == 202
             await until(lambda: gw.state.switching.phase == "draining", what="the drain")
-            speculative.kill()
+            kill()
             raw = await asyncio.wait_for(streaming, RECOVERY_WAIT_S)  # the cut stream ends, it does not hang
             await until(lambda: gw.state.switching.phase == "active", RECOVERY_WAIT_S, what="serving", gw=gw)
             after = await client.post("/v1/chat/completions", json=chat())
@@ -198,7 +196,26 @@ def test_sleep_kill_9_of_the_old_server_during_the_drain_still_ends_on_the_new_m
     raw = asyncio.run(scenario())
     assert raw.rstrip().endswith(b"data: [DONE]")
     state = admin_state(gw)
-    assert state["mode"] == "plain", state
+    assert (state["mode"], state["last_switch"]["to"], state["last_switch"]["outcome"]) == ("plain", "plain", "ok")
+
+
+def test_sleep_kill_9_of_the_old_server_during_the_drain_still_ends_on_the_new_mode(sleep_pair, time_shared):  # noqa: F811
+    speculative, plain = sleep_pair
+    gw = time_shared(speculative.url, plain.url, dwell=3600.0, drain_deadline=60.0, **HEALING)
+    wait_phase(gw, "active", "speculative")
+    run_kill_during_drain(gw, speculative.kill)
+
+
+def test_restart_kill_9_of_the_old_server_during_the_drain_still_ends_on_the_new_mode(
+    agent_box,  # noqa: F811
+    restart_gateway,  # noqa: F811
+):
+    box = agent_box()
+    gw = restart_gateway(box, drain_deadline=60.0, **HEALING)
+    wait_phase(gw, "active", "speculative")
+    pid = box.status("speculative")["pid"]
+    run_kill_during_drain(gw, lambda: kill_pid(pid))
+    assert box.status("plain")["state"] == "ready"
 
 
 def test_sleep_kill_9_of_the_new_server_right_after_a_switch_brings_the_old_mode_back(
