@@ -74,12 +74,18 @@ def test_smoke_direct_and_crossover(tmp_path):
         assert r["rps"] > 0 and r["ratio"] > 0
         assert 0 < r["latency_p50_ms"] <= r["latency_p99_ms"]
         assert 0 < r["ttfc_p50_ms"] <= r["ttfc_p99_ms"]
-    # Router lines cannot be judged without the router; the others are judged (timings: not asserted here).
+        assert r["cpu_ms_per_request"] >= 0  # 30 tiny requests may fit in one clock tick
+    assert set(result["targets"]) == {"direct", "crossover"}
+    assert "crossover.gateway.cli serve" in result["targets"]["crossover"]
+    # Peer lines cannot be judged without peers; the others are judged (timings: not asserted here).
     verdicts = {bar["line"]: bar["passed"] for bar in result["bar"]}
     assert [line for line, passed in verdicts.items() if passed is None] == [
-        "stream C=1: crossover's added p50 latency <= 2x sglang-router's",
-        "non-stream C=1: crossover's added p50 latency <= 2x sglang-router's",
-        "stream C=4: crossover's req/s >= sglang-router's",
+        *(
+            f"{kind} C={c}: crossover's CPU per request <= every peer's"
+            for kind, c in [("stream", 1), ("stream", 4), ("non-stream", 1), ("non-stream", 4), ("paced", 4)]
+        ),
+        "stream C=1: crossover's added p50 latency <= the best peer's",
+        "non-stream C=1: crossover's added p50 latency <= the best peer's",
     ]
     assert verdicts["no failed requests through crossover"] is True
     assert done.returncode == (1 if False in verdicts.values() else 0)
