@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import gc
 import logging
 import resource
 import signal
@@ -36,6 +37,11 @@ CUT_GRACE_S = 5.0
 # How long the app's own shutdown may take after a forced exit.
 LIFESPAN_FORCED_S = 5.0
 POLL_S = 0.1
+# Python's cyclic collector runs its youngest generation every 700 net allocations of container objects (those
+# not freed at once: a request leaves some behind in cycles), every few requests here, and a full pass over the
+# whole heap after every 100 of those. With the start-up heap frozen and these thresholds, non-streamed requests
+# cost 8-18% less CPU each (five alternating pairs of runs, C=32, zero backend); streams, no measurable change.
+GC_THRESHOLDS = (100_000, 50, 50)
 
 
 def fit_descriptors(settings: Settings) -> Settings:
@@ -125,6 +131,13 @@ class GatewayServer(uvicorn.Server):
             # as SIGTERM does, but SIGINT would only print a KeyboardInterrupt traceback.
             self.interrupted = signal.SIGINT in self._captured_signals
             self._captured_signals = [sig for sig in self._captured_signals if sig != signal.SIGINT]
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        # What exists once the app has started (modules, settings, the app) lives as long as the process.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
 
     async def shutdown(self, sockets=None) -> None:
         state, timeouts = self.app.state, self.app.state.settings.timeouts
