@@ -18,6 +18,7 @@ from crossover.loadtest.proxybench.report import check_bar
 
 SMOKE_TIMEOUT_S = 240.0
 FULL_TIMEOUT_S = 1200.0
+INSTALL_TIMEOUT_S = 1200.0  # two pinned releases from the registry
 REQUESTS = 30
 
 
@@ -102,6 +103,30 @@ def test_bad_arguments_exit_2(tmp_path):
         timeout=60,
     )
     assert done.returncode == 2 and "must include direct" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(INSTALL_TIMEOUT_S + SMOKE_TIMEOUT_S + 60)
+def test_the_peers_run_from_venvs_made_on_first_use(tmp_path):
+    # From the registry into empty venvs, as on a fresh machine; then every peer serves every cell.
+    _, result, markdown = run_bench(
+        tmp_path,
+        "--targets",
+        "direct,crossover,smg,vllm-router",
+        "--venvs",
+        str(tmp_path),
+        "--concurrency",
+        "1",
+        "--requests",
+        str(REQUESTS),
+        "--no-paced",
+        timeout=INSTALL_TIMEOUT_S + SMOKE_TIMEOUT_S,
+    )
+    assert (tmp_path / ".venv-smg" / "bin" / "smg").exists() and (tmp_path / ".venv-vllm-router").is_dir()
+    assert {r["target"] for r in result["rows"]} == {"direct", "crossover", "smg", "vllm-router"}
+    assert all(r["errors"] == 0 and r["cpu_ms_per_request"] is not None for r in result["rows"])
+    assert "--policy round_robin" in result["targets"]["smg"] and "smg launch" in result["targets"]["smg"]
+    assert "- vllm-router: `" in markdown
 
 
 @pytest.mark.slow
