@@ -43,7 +43,7 @@ CELL_SLACK_S = 30.0
 
 
 class SetupError(Exception):
-    """A server or a peer's venv could not be brought up."""
+    """A server or the load generator could not be brought up (a peer that cannot be installed: InstallFailed)."""
 
 
 @dataclass(frozen=True)
