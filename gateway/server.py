@@ -2,6 +2,8 @@
 
     server = make_server(settings)      # then server.run(), or await server.serve()
 
+Once it serves, the start-up heap is frozen and Python's cyclic collector runs less often (`GC_THRESHOLDS`).
+
 Shutdown (SIGTERM or Ctrl-C), in order:
 1. `/health` answers 503 while the gateway keeps serving for `timeouts.shutdown_delay`, so load balancers
    stop sending before connections are refused;
