@@ -2,6 +2,8 @@
 
     server = make_server(settings)      # then server.run(), or await server.serve()
 
+Once it serves, the start-up heap is frozen and Python's cyclic collector runs less often (`GC_THRESHOLDS`).
+
 Shutdown (SIGTERM or Ctrl-C), in order:
 1. `/health` answers 503 while the gateway keeps serving for `timeouts.shutdown_delay`, so load balancers
    stop sending before connections are refused;
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import gc
 import logging
 import resource
 import signal
@@ -36,6 +39,12 @@ CUT_GRACE_S = 5.0
 # How long the app's own shutdown may take after a forced exit.
 LIFESPAN_FORCED_S = 5.0
 POLL_S = 0.1
+# Python's cyclic collector runs its youngest generation every 700 net allocations of container objects (those
+# not freed at once: a request leaves some behind in cycles), every few requests here, and a full pass over the
+# whole heap after every 100 of those. With the start-up heap frozen and these thresholds, non-streamed requests
+# cost 3-12% less CPU each (the medians of three alternating runs at C=32 on the zero backend: 0.88, 0.89 and
+# 0.97 of before); streams and C=1, no change measurable on shared cores.
+GC_THRESHOLDS = (100_000, 50, 50)
 
 
 def fit_descriptors(settings: Settings) -> Settings:
@@ -125,6 +134,13 @@ class GatewayServer(uvicorn.Server):
             # as SIGTERM does, but SIGINT would only print a KeyboardInterrupt traceback.
             self.interrupted = signal.SIGINT in self._captured_signals
             self._captured_signals = [sig for sig in self._captured_signals if sig != signal.SIGINT]
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        # What exists once the app has started (modules, settings, the app) lives as long as the process.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
 
     async def shutdown(self, sockets=None) -> None:
         state, timeouts = self.app.state, self.app.state.settings.timeouts

@@ -1,9 +1,12 @@
-"""The proxy benchmark: is the gateway the bottleneck? (Not `crossover bench`, which measures model servers.)
+"""The proxy benchmark: is the gateway the bottleneck, and what does it cost per request? (Not `crossover bench`,
+which measures model servers.)
 
     python -m crossover.loadtest.proxybench --markdown bench-out/proxybench.md
 
-- `harness`: starts the zero backend, crossover and sglang-router, runs every cell against each, judges the bar
-- `loadgen`: the closed-loop load generator each cell runs in its own process
-- `report`: the bar (issue 3) checked line by line, and the table as text or markdown
+- `harness`: starts the zero backend, crossover and the peers, runs every cell against each, judges the bar
+- `peers`: the Rust gateways measured against (smg, vllm-router): pinned, each in its own venv, their flags
+- `loadgen`: the closed-loop load generator each cell runs in its own process; measures the target's CPU
+- `cpu`: a process tree's CPU time, from /proc
+- `report`: the bar (CPU per request, added latency) checked line by line, and the table as text or markdown
 - `zerobackend`: the zero-work OpenAI-compatible backend the proxies are measured against
 """

@@ -1,5 +1,5 @@
-"""Is the gateway the bottleneck? One zero-delay backend, driven directly, through crossover and through
-sglang-router, in one run on one machine (issue 3's performance bar).
+"""Is the gateway the bottleneck, and what does it cost? One zero-delay backend, driven directly, through
+crossover and through today's Rust gateways (smg, vllm-router; `peers.py`), in one run on one machine.
 
     python -m crossover.loadtest.proxybench --markdown bench-out/proxybench.md
 
@@ -7,8 +7,9 @@ Each cell (streaming with --max-tokens chunks and not, at each concurrency, then
 chunks come --paced-delay-ms apart) runs the load generator (`proxybench.loadgen`, its own process)
 against each target in turn, so slow drift on a shared machine hits all targets alike. The paced run's
 clients start spread over one stream's length (`loadgen --ramp`), not as one burst. Every process it
-starts runs in its own process group and is stopped on the way out. sglang-router runs from its own venv
-(created on first use in .venv-router, or pass --router-python). Exit status: 0 if every bar line that
+starts runs in its own process group and is stopped on the way out. Each peer runs from its own venv
+(created on first use as .venv-<name> in --venvs). Every target's CPU time (its whole process tree, from
+/proc) is measured over each cell's window by the load generator. Exit status: 0 if every bar line that
 could be checked passed, 1 if one failed, 2 if the run could not be set up.
 """
 
@@ -27,23 +28,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crossover.gateway.cli import non_negative_float, positive_float, positive_int, positive_int_list
-from crossover.loadtest.proxybench.report import CROSSOVER, DIRECT, ROUTER, Bar, check_bar, render_markdown, render_text
+from crossover.loadtest.proxybench.peers import PEERS, SMG, VLLM_ROUTER, InstallFailed
+from crossover.loadtest.proxybench.report import CROSSOVER, DIRECT, Bar, check_bar, render_markdown, render_text
 from crossover.servers import process
 
 HOST = "127.0.0.1"
-TARGETS = (DIRECT, CROSSOVER, ROUTER)
-ROUTER_REQUIREMENT = "sglang-router==0.3.2"
+TARGETS = (DIRECT, CROSSOVER, *PEERS)
+DEFAULT_TARGETS = (DIRECT, CROSSOVER, SMG, VLLM_ROUTER)  # sglang-router: superseded by smg, on request only
 REPO_ROOT = Path(__file__).resolve().parents[2]  # where the servers and load generators run
-DEFAULT_ROUTER_VENV = REPO_ROOT / ".venv-router"
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
-VENV_INSTALL_TIMEOUT_S = 600.0
 # A cell's load generator gets its own window plus this much to start, drain and report.
 CELL_SLACK_S = 30.0
 
 
 class SetupError(Exception):
-    """A server or the router's venv could not be brought up."""
+    """A server or the load generator could not be brought up (a peer that cannot be installed: InstallFailed)."""
 
 
 @dataclass(frozen=True)
@@ -88,30 +88,6 @@ def wait_serving(url: str, proc: subprocess.Popen) -> None:
     process.wait_ready(url + "/v1/chat/completions", proc, READY_TIMEOUT_S, json=body)
 
 
-def router_python(explicit: Path | None) -> Path:
-    """The interpreter that has sglang-router: `explicit`, or .venv-router (created on first use)."""
-    if explicit is not None:
-        if not explicit.exists():
-            raise SetupError(f"--router-python {explicit} does not exist")
-        return explicit
-    python = DEFAULT_ROUTER_VENV / "bin" / "python"
-    probe = [str(python), "-c", "import sglang_router"]
-    if python.exists() and subprocess.run(probe, capture_output=True, check=False).returncode == 0:
-        return python
-    print(f"proxybench: installing {ROUTER_REQUIREMENT} into {DEFAULT_ROUTER_VENV}", file=sys.stderr)
-    try:
-        subprocess.run([sys.executable, "-m", "venv", str(DEFAULT_ROUTER_VENV)], check=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", ROUTER_REQUIREMENT],
-            check=True,
-            timeout=VENV_INSTALL_TIMEOUT_S,
-            stdout=sys.stderr,
-        )
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        raise SetupError(f"could not install {ROUTER_REQUIREMENT}: {exc}") from exc
-    return python
-
-
 def _crossover_config(workdir: Path, spec_url: str, plain_url: str) -> Path:
     # Both pools point at the one backend (through two of its ports: the pools must not share an address).
     path = workdir / "crossover.toml"
@@ -123,89 +99,50 @@ def _crossover_config(workdir: Path, spec_url: str, plain_url: str) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Target:
+    url: str
+    pid: int  # the root of the process tree whose CPU time is this target's
+    command: str  # how it was started, for the report
+
+
 @contextlib.contextmanager
-def running_targets(targets: tuple[str, ...], chunk_delay_ms: float, router: Path | None) -> Iterator[dict[str, str]]:
-    """Start the backend and the proxies in front of it; yield {target: base URL}; stop them all."""
+def running_targets(
+    targets: tuple[str, ...], chunk_delay_ms: float, peers: dict[str, Path]
+) -> Iterator[dict[str, Target]]:
+    """Start the backend and the proxies in front of it; yield {target: Target}; stop them all.
+    `peers` holds each peer target's executable."""
     procs: list[subprocess.Popen] = []
-    repo = REPO_ROOT
+    started: dict[str, Target] = {}
+
+    def start(name: str, argv: list[str], url: str, cwd: Path) -> None:
+        procs.append(_spawn(argv, cwd))
+        wait_serving(url, procs[-1])
+        started[name] = Target(url, procs[-1].pid, shlex.join(argv))
+
     with tempfile.TemporaryDirectory(prefix="proxybench-") as tmp:
         try:
             port, second_port = process.free_port(HOST), process.free_port(HOST)
             backend_url = f"http://{HOST}:{port}"
-            procs.append(
-                _spawn(
-                    [
-                        sys.executable,
-                        "-m",
-                        "crossover.loadtest.proxybench.zerobackend",
-                        "--host",
-                        HOST,
-                        "--port",
-                        str(port),
-                        "--port",
-                        str(second_port),
-                        "--chunk-delay-ms",
-                        str(chunk_delay_ms),
-                    ],
-                    repo,
-                )
-            )
-            wait_serving(backend_url, procs[-1])
-            urls = {DIRECT: backend_url}
+            backend = [sys.executable, "-m", "crossover.loadtest.proxybench.zerobackend", "--host", HOST]
+            backend += ["--port", str(port), "--port", str(second_port), "--chunk-delay-ms", str(chunk_delay_ms)]
+            start(DIRECT, backend, backend_url, REPO_ROOT)
             if CROSSOVER in targets:
                 config = _crossover_config(Path(tmp), backend_url, f"http://{HOST}:{second_port}")
-                urls[CROSSOVER] = f"http://{HOST}:{process.free_port(HOST)}"
-                procs.append(
-                    _spawn(
-                        [
-                            sys.executable,
-                            "-m",
-                            "crossover.gateway.cli",
-                            "serve",
-                            "--config",
-                            str(config),
-                            "--host",
-                            HOST,
-                            "--port",
-                            urls[CROSSOVER].rsplit(":", 1)[1],
-                        ],
-                        repo,
-                    )
-                )
-                wait_serving(urls[CROSSOVER], procs[-1])
-            if ROUTER in targets:
-                assert router is not None
-                urls[ROUTER] = f"http://{HOST}:{process.free_port(HOST)}"
-                procs.append(
-                    _spawn(
-                        [
-                            str(router),
-                            "-m",
-                            "sglang_router.launch_router",
-                            "--worker-urls",
-                            backend_url,
-                            "--policy",
-                            "round_robin",
-                            "--host",
-                            HOST,
-                            "--port",
-                            urls[ROUTER].rsplit(":", 1)[1],
-                            "--prometheus-port",
-                            str(process.free_port(HOST)),
-                            "--log-level",
-                            "warn",
-                        ],
-                        Path(tmp),
-                    )
-                )
-                wait_serving(urls[ROUTER], procs[-1])
-            yield {name: urls[name] for name in targets}
+                ours = process.free_port(HOST)
+                argv = [sys.executable, "-m", "crossover.gateway.cli", "serve", "--config", str(config)]
+                start(CROSSOVER, [*argv, "--host", HOST, "--port", str(ours)], f"http://{HOST}:{ours}", REPO_ROOT)
+            for name, exe in peers.items():
+                theirs = process.free_port(HOST)
+                argv = PEERS[name].argv(exe, backend_url, HOST, theirs, process.free_port(HOST))
+                start(name, argv, f"http://{HOST}:{theirs}", Path(tmp))
+            yield {name: started[name] for name in targets}
         finally:
             process.stop(procs, STOP_TIMEOUT_S)
 
 
-def run_cell(url: str, cell: Cell, plan: Plan) -> dict:
-    """One load generator run against `url`; returns loadgen's report."""
+def run_cell(target: Target, cell: Cell, plan: Plan) -> dict:
+    """One load generator run against `target`, measuring its CPU time; returns loadgen's report."""
     paced = cell.kind == "paced"
     duration = plan.paced_duration if paced else plan.duration
     # Paced streams start spread over one stream's length, as users' requests would arrive, not as one
@@ -217,7 +154,9 @@ def run_cell(url: str, cell: Cell, plan: Plan) -> dict:
         "-m",
         "crossover.loadtest.proxybench.loadgen",
         "--url",
-        url,
+        target.url,
+        "--cpu-pid",
+        str(target.pid),
         "--concurrency",
         str(cell.concurrency),
         "--max-tokens",
@@ -238,26 +177,29 @@ def run_cell(url: str, cell: Cell, plan: Plan) -> dict:
     return json.loads(done.stdout)
 
 
-def run(plan: Plan, targets: tuple[str, ...], router: Path | None) -> list[dict]:
-    """Every cell against every target; rows carry `kind`, `target` and `ratio` (req/s over direct's)."""
+def run(plan: Plan, targets: tuple[str, ...], peers: dict[str, Path]) -> tuple[list[dict], dict[str, str]]:
+    """Every cell against every target: (rows, {target: command line}). Rows carry `kind`, `target` and
+    `ratio` (req/s over direct's)."""
     rows: list[dict] = []
+    commands: dict[str, str] = {}
     stages = [(0.0, plan.fast_cells())] + ([(plan.paced_delay_ms, [plan.paced_cell()])] if plan.paced else [])
     for delay, cells in stages:
-        with running_targets(targets, delay, router) as urls:
+        with running_targets(targets, delay, peers) as started:
+            commands.update({name: target.command for name, target in started.items() if delay == 0.0})
             for cell in cells:
                 direct = None
-                for name, url in urls.items():
-                    report = run_cell(url, cell, plan)
+                for name, target in started.items():
+                    report = run_cell(target, cell, plan)
                     direct = report["rps"] if name == DIRECT else direct
                     ratio = round(report["rps"] / direct, 3) if direct else None
                     rows.append({"kind": cell.kind, "target": name, "ratio": ratio, **report})
                     print(
                         f"proxybench: {cell.kind} C={cell.concurrency} {name}: {report['rps']} req/s, "
-                        f"{report['errors']} errors",
+                        f"{report['cpu_ms_per_request']} CPU ms/request, {report['errors']} errors",
                         file=sys.stderr,
                         flush=True,
                     )
-    return rows
+    return rows, commands
 
 
 def _targets(text: str) -> tuple[str, ...]:
@@ -272,7 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m crossover.loadtest.proxybench", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--targets", type=_targets, default=TARGETS, help="comma-separated (default: all three)")
+    parser.add_argument(
+        "--targets",
+        type=_targets,
+        default=DEFAULT_TARGETS,
+        help=f"comma-separated, of {', '.join(TARGETS)} (default: {','.join(DEFAULT_TARGETS)})",
+    )
     parser.add_argument("--concurrency", type=positive_int_list, default=Plan.concurrency, help="default 1,32,256")
     parser.add_argument(
         "--max-tokens", type=positive_int, default=Plan.max_tokens, help="chunks per stream (default 64)"
@@ -289,7 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--paced-duration", type=positive_float, default=Plan.paced_duration, help="measured seconds")
     parser.add_argument("--timeout", type=positive_float, default=Plan.timeout, help="per request, seconds")
-    parser.add_argument("--router-python", type=Path, help="a python that has sglang-router (default: .venv-router)")
+    parser.add_argument(
+        "--venvs", type=Path, default=REPO_ROOT, help="where the peers' venvs are made (default: the repository)"
+    )
     parser.add_argument("--markdown", type=Path, help="also write the table and the bar as markdown here")
     parser.add_argument("--json", type=Path, help="also write every row as JSON here")
     return parser
@@ -312,9 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         args.timeout,
     )
     try:
-        router = router_python(args.router_python) if ROUTER in args.targets else None
-        rows = run(plan, args.targets, router)
-    except (SetupError, process.NotReady, subprocess.TimeoutExpired) as exc:
+        peers = {name: PEERS[name].installed(args.venvs) for name in args.targets if name in PEERS}
+        rows, commands = run(plan, args.targets, peers)
+    except (SetupError, InstallFailed, process.NotReady, subprocess.TimeoutExpired) as exc:
         print(f"proxybench: {exc}", file=sys.stderr)
         return 2
     bars: list[Bar] = check_bar(rows)
@@ -322,12 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     print(render_text(rows, bars))
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(render_markdown(rows, bars, command))
+        args.markdown.write_text(render_markdown(rows, bars, command, commands))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps({"command": command, "rows": rows, "bar": [bar.__dict__ for bar in bars]}, indent=1)
-        )
+        result = {"command": command, "targets": commands, "rows": rows, "bar": [bar.__dict__ for bar in bars]}
+        args.json.write_text(json.dumps(result, indent=1))
     return 1 if any(bar.passed is False for bar in bars) else 0
 
 

@@ -7,6 +7,8 @@ together and restart together), a burst pattern no real population of clients pr
 bare asyncio protocol on httptools and uvloop: a general-purpose client would spend more CPU per request
 than the proxies under test do. Prints one JSON object: req/s, p50/p99 latency and time to first body
 chunk (ms), errors by kind, and `sent == ok + errors` over the whole run so no request goes unaccounted.
+With --cpu-pid it also reports the CPU that process's tree spent in the window (`proxybench.cpu`), per request:
+the window's edges are known here, nowhere else.
 
     python -m crossover.loadtest.proxybench.loadgen --url http://127.0.0.1:8000 --concurrency 32 --stream --duration 5
 """
@@ -28,6 +30,7 @@ import uvloop
 
 from crossover.gateway.cli import non_negative_float, positive_float, positive_int
 from crossover.loadtest.percentile import percentiles
+from crossover.loadtest.proxybench.cpu import tree_cpu_seconds
 
 DEFAULT_MAX_TOKENS = 64
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
@@ -142,6 +145,7 @@ class LoadSpec:
     requests: int | None = None  # a fixed count instead of a timed window
     timeout: float = DEFAULT_REQUEST_TIMEOUT_S
     ramp: float = 0.0  # worker i sends its first request at i/C of this (seconds)
+    cpu_pid: int | None = None  # the process whose tree's CPU time is measured over the window
 
 
 def build_request(spec: LoadSpec) -> bytes:
@@ -179,6 +183,17 @@ async def run_load(spec: LoadSpec) -> dict:
     window_start = start if spec.requests is not None else start + spec.warmup
     window_end = float("inf") if spec.requests is not None else window_start + spec.duration
     remaining = [spec.requests] if spec.requests is not None else None
+    cpu: list[float] = []
+
+    def sample_cpu() -> None:
+        if spec.cpu_pid is not None:
+            cpu.append(tree_cpu_seconds(spec.cpu_pid))
+
+    async def sample_window() -> None:
+        await asyncio.sleep(window_start - time.perf_counter())
+        sample_cpu()
+        await asyncio.sleep(window_end - time.perf_counter())
+        sample_cpu()
 
     async def worker(index: int) -> None:
         if spec.ramp > 0:
@@ -220,13 +235,25 @@ async def run_load(spec: LoadSpec) -> dict:
         if conn is not None and conn.transport is not None:
             conn.transport.close()
 
+    if spec.requests is None:
+        sampler = asyncio.create_task(sample_window())
+    else:
+        sample_cpu()
     await asyncio.gather(*(worker(i) for i in range(spec.concurrency)))
     if spec.requests is not None:
         window_end = time.perf_counter()
+        sample_cpu()
+    else:
+        await sampler
     # Latency samples: the requests that completed inside the window.
     measured = [(t0, first, t1) for t0, first, t1 in tally.done if window_start <= t1 <= window_end]
     latency_p50, latency_p99 = _p50_p99_ms([t1 - t0 for t0, _, t1 in measured])
     ttfc_p50, ttfc_p99 = _p50_p99_ms([first - t0 for t0, first, _ in measured])
+    rate = tally.rate(window_start, window_end)
+    # The window's CPU over the requests inside it, each counted by its share in the window (as the rate is).
+    requests_in_window = rate * (window_end - window_start)
+    cpu_s = cpu[1] - cpu[0] if len(cpu) == 2 else None
+    cpu_ms = round(cpu_s * 1000.0 / requests_in_window, 4) if cpu_s is not None and requests_in_window else None
     return {
         "url": spec.url,
         "concurrency": spec.concurrency,
@@ -234,7 +261,7 @@ async def run_load(spec: LoadSpec) -> dict:
         "max_tokens": spec.max_tokens,
         "window_s": round(window_end - window_start, 3),
         "completed": len(measured),
-        "rps": round(tally.rate(window_start, window_end), 1),
+        "rps": round(rate, 1),
         "latency_p50_ms": latency_p50,
         "latency_p99_ms": latency_p99,
         "ttfc_p50_ms": ttfc_p50,
@@ -244,6 +271,8 @@ async def run_load(spec: LoadSpec) -> dict:
         "errors": sum(tally.errors.values()),
         "window_errors": tally.window_errors,
         "error_kinds": dict(tally.errors),
+        "cpu_s": None if cpu_s is None else round(cpu_s, 3),
+        "cpu_ms_per_request": cpu_ms,
     }
 
 
@@ -265,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
         default=0.0,
         help="spread the workers' first requests evenly over this many seconds",
     )
+    parser.add_argument("--cpu-pid", type=positive_int, help="report this process tree's CPU time per request")
     args = parser.parse_args(argv)
     spec = LoadSpec(
         args.url,
@@ -276,6 +306,7 @@ def main(argv: list[str] | None = None) -> None:
         args.requests,
         args.timeout,
         args.ramp,
+        args.cpu_pid,
     )
     json.dump(uvloop.run(run_load(spec)), sys.stdout)
     sys.stdout.write("\n")

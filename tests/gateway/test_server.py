@@ -2,13 +2,16 @@
 descriptor limit, and its shutdown."""
 
 import asyncio
+import json
 import signal
+import subprocess
+import sys
 from collections import Counter
 
 import httpx
 
 from crossover.gateway.config import Settings
-from crossover.gateway.server import make_server
+from crossover.gateway.server import GC_THRESHOLDS, make_server
 from tests.gateway.gateway_helpers import LONG, Scripted, chat, sse_events, wait_until
 
 POOLS = {"speculative": {"backends": ["http://s:1"]}, "plain": {"backends": ["http://p:2"]}}
@@ -29,6 +32,34 @@ def test_the_server_is_set_up_for_many_long_streams():
 def test_flags_override_the_listen_address():
     config = make_server(Settings(pools=POOLS, port=9001), host="0.0.0.0", port=9100).config
     assert (config.host, config.port) == ("0.0.0.0", 9100)
+
+
+GC_PROBE = """
+import asyncio, gc, json
+from crossover.gateway.config import Settings
+from crossover.gateway.server import GC_THRESHOLDS, make_server
+
+async def main():
+    default = gc.get_threshold()
+    pools = {"speculative": {"backends": ["http://127.0.0.1:9"]}, "plain": {"backends": ["http://127.0.0.1:7"]}}
+    server = make_server(Settings(pools=pools, port=0, timeouts={"shutdown_delay": 0}))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    print(json.dumps({"default": default, "serving": gc.get_threshold(), "frozen": gc.get_freeze_count()}))
+    server.should_exit = True
+    await serving
+
+asyncio.run(main())
+"""
+
+
+def test_once_started_the_heap_is_frozen_and_the_collector_runs_less_often():
+    # In a process of its own: the collector's settings belong to the whole process.
+    done = subprocess.run([sys.executable, "-c", GC_PROBE], capture_output=True, text=True, timeout=60, check=True)
+    probe = json.loads(done.stdout.splitlines()[0])
+    assert probe["default"] == [700, 10, 10] and probe["serving"] == list(GC_THRESHOLDS)
+    assert probe["frozen"] > 10_000  # the modules and the app, never scanned again
 
 
 def gateway_config(sims, extra: str = "") -> str:

@@ -18,6 +18,7 @@ from crossover.loadtest.proxybench.report import check_bar
 
 SMOKE_TIMEOUT_S = 240.0
 FULL_TIMEOUT_S = 1200.0
+INSTALL_TIMEOUT_S = 1200.0  # two pinned releases from the registry
 REQUESTS = 30
 
 
@@ -74,12 +75,18 @@ def test_smoke_direct_and_crossover(tmp_path):
         assert r["rps"] > 0 and r["ratio"] > 0
         assert 0 < r["latency_p50_ms"] <= r["latency_p99_ms"]
         assert 0 < r["ttfc_p50_ms"] <= r["ttfc_p99_ms"]
-    # Router lines cannot be judged without the router; the others are judged (timings: not asserted here).
+        assert r["cpu_ms_per_request"] >= 0  # 30 tiny requests may fit in one clock tick
+    assert set(result["targets"]) == {"direct", "crossover"}
+    assert "crossover.gateway.cli serve" in result["targets"]["crossover"]
+    # Peer lines cannot be judged without peers; the others are judged (timings: not asserted here).
     verdicts = {bar["line"]: bar["passed"] for bar in result["bar"]}
     assert [line for line, passed in verdicts.items() if passed is None] == [
-        "stream C=1: crossover's added p50 latency <= 2x sglang-router's",
-        "non-stream C=1: crossover's added p50 latency <= 2x sglang-router's",
-        "stream C=4: crossover's req/s >= sglang-router's",
+        *(
+            f"{kind} C={c}: crossover's CPU per request <= every peer's"
+            for kind, c in [("stream", 1), ("stream", 4), ("non-stream", 1), ("non-stream", 4), ("paced", 4)]
+        ),
+        "stream C=1: crossover's added p50 latency <= the best peer's",
+        "non-stream C=1: crossover's added p50 latency <= the best peer's",
     ]
     assert verdicts["no failed requests through crossover"] is True
     assert done.returncode == (1 if False in verdicts.values() else 0)
@@ -96,6 +103,30 @@ def test_bad_arguments_exit_2(tmp_path):
         timeout=60,
     )
     assert done.returncode == 2 and "must include direct" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(INSTALL_TIMEOUT_S + SMOKE_TIMEOUT_S + 60)
+def test_the_peers_run_from_venvs_made_on_first_use(tmp_path):
+    # From the registry into empty venvs, as on a fresh machine; then every peer serves every cell.
+    _, result, markdown = run_bench(
+        tmp_path,
+        "--targets",
+        "direct,crossover,smg,vllm-router",
+        "--venvs",
+        str(tmp_path),
+        "--concurrency",
+        "1",
+        "--requests",
+        str(REQUESTS),
+        "--no-paced",
+        timeout=INSTALL_TIMEOUT_S + SMOKE_TIMEOUT_S,
+    )
+    assert (tmp_path / ".venv-smg" / "bin" / "smg").exists() and (tmp_path / ".venv-vllm-router").is_dir()
+    assert {r["target"] for r in result["rows"]} == {"direct", "crossover", "smg", "vllm-router"}
+    assert all(r["errors"] == 0 and r["cpu_ms_per_request"] is not None for r in result["rows"])
+    assert "--policy round_robin" in result["targets"]["smg"] and "smg launch" in result["targets"]["smg"]
+    assert "- vllm-router: `" in markdown
 
 
 @pytest.mark.slow

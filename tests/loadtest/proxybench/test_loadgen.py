@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 
@@ -40,6 +41,16 @@ def test_timed_window_counts_only_what_completes_inside_it(zero_url):
     assert report["window_s"] == 0.5
     assert report["sent"] == report["ok"] > report["completed"] > 0  # warm-up requests are sent, not counted
     assert report["errors"] == 0
+
+
+def test_cpu_of_a_process_tree_is_reported_per_request(zero_url):
+    # The load generator measures itself here (run_load runs in this process): it surely spends CPU.
+    report = load(LoadSpec(zero_url, concurrency=2, stream=True, max_tokens=16, requests=400, cpu_pid=os.getpid()))
+    assert report["cpu_s"] > 0
+    assert report["cpu_ms_per_request"] == round(report["cpu_s"] * 1000.0 / 400, 4) or (
+        abs(report["cpu_ms_per_request"] - report["cpu_s"] * 1000.0 / 400) < 0.01
+    )
+    assert load(LoadSpec(zero_url, concurrency=1, stream=False, requests=3))["cpu_ms_per_request"] is None
 
 
 def test_http_errors_are_counted_by_kind(zero_url):

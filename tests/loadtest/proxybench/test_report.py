@@ -5,7 +5,7 @@ from __future__ import annotations
 from crossover.loadtest.proxybench.report import check_bar, render_markdown, render_text
 
 
-def row(kind, c, target, rps=100.0, lat=1.0, ttfc=0.5, errors=0, ratio=1.0):
+def row(kind, c, target, rps=100.0, lat=1.0, ttfc=0.5, errors=0, ratio=1.0, cpu=0.2):
     return {
         "kind": kind,
         "concurrency": c,
@@ -18,40 +18,53 @@ def row(kind, c, target, rps=100.0, lat=1.0, ttfc=0.5, errors=0, ratio=1.0):
         "ttfc_p99_ms": ttfc * 2,
         "errors": errors,
         "sent": 10 + errors,
+        "cpu_ms_per_request": cpu,
     }
+
+
+CELLS = [("stream", 1), ("non-stream", 1), ("stream", 32), ("non-stream", 32), ("paced", 256)]
+PEERS = ("smg", "vllm-router")
 
 
 def full_run(**crossover) -> list[dict]:
     """A run that meets the bar unless `crossover` overrides a figure: {cell name: row kwargs}."""
-    rows = []
     base = {
         ("stream", 1): dict(lat=0.40, ttfc=0.10),
         ("non-stream", 1): dict(lat=0.10, ttfc=0.10),
-        ("stream", 32): dict(rps=3000),
-        ("stream", 256): dict(rps=3000),
         ("paced", 256): dict(rps=190, ttfc=1.0),
     }
-    router = {
-        ("stream", 1): dict(lat=44.0, ttfc=44.0),
-        ("non-stream", 1): dict(lat=0.25, ttfc=0.25),
-        ("stream", 32): dict(rps=1000),
-        ("stream", 256): dict(rps=2000),
-        ("paced", 256): dict(rps=190, ttfc=45.0),
+    peers = {
+        "smg": {
+            ("stream", 1): dict(lat=1.6, ttfc=1.2, cpu=0.8),
+            ("non-stream", 1): dict(lat=0.6, ttfc=0.6, cpu=0.3),
+            ("stream", 32): dict(cpu=0.9),
+            ("non-stream", 32): dict(cpu=0.25),
+            ("paced", 256): dict(rps=190, ttfc=4.0, cpu=0.7),
+        },
+        "vllm-router": {
+            ("stream", 1): dict(lat=1.0, ttfc=0.8, cpu=0.6),
+            ("non-stream", 1): dict(lat=0.4, ttfc=0.4, cpu=0.12),
+            ("stream", 32): dict(cpu=0.6),
+            ("non-stream", 32): dict(cpu=0.11),
+            ("paced", 256): dict(rps=190, ttfc=3.0, cpu=0.5),
+        },
     }
     ours = {
-        ("stream", 1): dict(lat=0.9, ttfc=0.6),
-        ("non-stream", 1): dict(lat=0.30, ttfc=0.30),
-        ("stream", 32): dict(rps=2000),
-        ("stream", 256): dict(rps=2500),
-        ("paced", 256): dict(rps=189, ttfc=3.0),
+        ("stream", 1): dict(lat=0.8, ttfc=0.5, cpu=0.35),
+        ("non-stream", 1): dict(lat=0.35, ttfc=0.35, cpu=0.11),
+        ("stream", 32): dict(cpu=0.35),
+        ("non-stream", 32): dict(cpu=0.10),
+        ("paced", 256): dict(rps=189, ttfc=3.0, cpu=0.3),
     }
     for name, figures in crossover.items():
         kind, c = name.rsplit("_", 1)
         ours[(kind.replace("_", "-"), int(c))].update(figures)
-    for cell, direct in base.items():
+    rows = []
+    for cell in CELLS:
+        direct = base.get(cell, {})
         rows.append(row(*cell, "direct", **direct))
         rows.append(row(*cell, "crossover", **ours[cell], ratio=ours[cell].get("rps", 100) / direct.get("rps", 100)))
-        rows.append(row(*cell, "sglang-router", **router[cell]))
+        rows += [row(*cell, name, **peers[name][cell]) for name in PEERS]
     return rows
 
 
@@ -61,16 +74,18 @@ def verdicts(rows) -> dict[str, str]:
 
 def test_a_run_that_meets_the_bar_passes_every_line():
     result = verdicts(full_run())
-    assert len(result) == 8
+    assert len(result) == len(CELLS) + 6
     assert set(result.values()) == {"PASS"}, result
 
 
 def test_each_line_can_fail():
     cases = {
-        "non-stream C=1: crossover's added p50 latency": dict(non_stream_1=dict(lat=0.5)),  # +0.4 > 2 x 0.15
-        "stream C=1: crossover's added p50 time to first chunk": dict(stream_1=dict(ttfc=2.2)),
-        "stream C=32: crossover's req/s": dict(stream_32=dict(rps=999)),
-        "stream C=256: crossover's req/s": dict(stream_256=dict(rps=1999)),
+        "stream C=1: crossover's CPU per request": dict(stream_1=dict(cpu=0.61)),  # vllm-router's is 0.6
+        "non-stream C=32: crossover's CPU per request": dict(non_stream_32=dict(cpu=0.111)),
+        "paced C=256: crossover's CPU per request": dict(paced_256=dict(cpu=0.51)),
+        "stream C=1: crossover's added p50 latency": dict(stream_1=dict(lat=1.01)),  # +0.61 > vllm-router's +0.6
+        "non-stream C=1: crossover's added p50 latency": dict(non_stream_1=dict(lat=0.41)),
+        "stream C=1: crossover's added p50 time to first chunk": dict(stream_1=dict(ttfc=2.2, lat=0.9)),
         "paced C=256: crossover passes": dict(paced_256=dict(rps=180)),
         "paced C=256: crossover's p50 time to first chunk": dict(paced_256=dict(ttfc=11.5)),
         "no failed requests": dict(stream_32=dict(errors=1)),
@@ -80,25 +95,35 @@ def test_each_line_can_fail():
         assert len(failed) == 1 and failed[0].startswith(prefix), (prefix, failed)
 
 
+def test_each_peer_counts():
+    """The CPU line holds against every peer: one peer cheaper than crossover is enough to fail it."""
+    rows = full_run()
+    for r in rows:
+        if (r["kind"], r["concurrency"], r["target"]) == ("stream", 32, "smg"):
+            r["cpu_ms_per_request"] = 0.34
+    failed = [line for line, verdict in verdicts(rows).items() if verdict == "FAIL"]
+    assert failed == ["stream C=32: crossover's CPU per request <= every peer's"]
+
+
 def test_lines_without_their_targets_are_skipped_not_failed():
-    rows = [r for r in full_run() if r["target"] != "sglang-router"]
+    rows = [r for r in full_run() if r["target"] in ("direct", "crossover")]
     result = verdicts(rows)
     assert [line for line, verdict in result.items() if verdict == "SKIP"] == [
-        "stream C=1: crossover's added p50 latency <= 2x sglang-router's",
-        "non-stream C=1: crossover's added p50 latency <= 2x sglang-router's",
-        "stream C=32: crossover's req/s >= sglang-router's",
-        "stream C=256: crossover's req/s >= sglang-router's",
+        *(f"{kind} C={c}: crossover's CPU per request <= every peer's" for kind, c in CELLS),
+        "stream C=1: crossover's added p50 latency <= the best peer's",
+        "non-stream C=1: crossover's added p50 latency <= the best peer's",
     ]
     assert "FAIL" not in result.values()
 
 
 def test_renderings_carry_every_row_and_line():
-    rows = full_run(stream_32=dict(rps=10))
+    rows = full_run(stream_32=dict(rps=10))  # req/s is shown, not judged
     bars = check_bar(rows)
     text = render_text(rows, bars)
-    markdown = render_markdown(rows, bars, "python -m crossover.loadtest.proxybench")
+    started = {"smg": "smg launch --worker-urls http://127.0.0.1:1 --policy round_robin"}
+    markdown = render_markdown(rows, bars, "python -m crossover.loadtest.proxybench", started)
     assert len(text.splitlines()) == 1 + len(rows) + 1 + len(bars)
-    assert "FAIL  stream C=32" in text
     assert markdown.startswith("`python -m crossover.loadtest.proxybench`")
+    assert "- smg: `smg launch --worker-urls http://127.0.0.1:1 --policy round_robin`" in markdown
     assert markdown.count("\n| ") == 1 + len(rows) + 1 + len(bars)
-    assert "| stream | 32 | crossover | 10 |" in markdown
+    assert "| stream | 32 | crossover | 0.350 | 10 |" in markdown

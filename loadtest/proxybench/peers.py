@@ -1,0 +1,98 @@
+"""The Rust gateways crossover is measured against: pinned releases, each in its own venv made on first use.
+
+    peer = PEERS["smg"]
+    exe = peer.installed(venvs)                     # .venv-smg/bin/smg, installed from the registry if missing
+    argv = peer.argv(exe, backend_url, host, port, metrics_port)
+
+Every peer starts the way a real deployment would run it and the comparison needs: round-robin to the one
+worker, health checks every `HEALTH_INTERVAL_S` (crossover's default interval), Prometheus metrics on, no
+authentication, logs at warning. Flags as each release's own `--help` lists them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from crossover.gateway.config import DEFAULT_HEALTH_INTERVAL_S
+
+SMG, VLLM_ROUTER, SGLANG_ROUTER = "smg", "vllm-router", "sglang-router"
+VENV_INSTALL_TIMEOUT_S = 600.0
+HEALTH_INTERVAL_S = DEFAULT_HEALTH_INTERVAL_S
+
+
+class InstallFailed(Exception):
+    """A peer's venv could not be made."""
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    requirement: str  # pinned, as pip reads it
+    executable: str  # in the venv's bin/
+    launch: tuple[str, ...]  # what follows the executable, before the common flags
+    log_level: str  # each spells "warning" its own way
+
+    def venv(self, venvs: Path) -> Path:
+        return venvs / f".venv-{self.name}"
+
+    def installed(self, venvs: Path) -> Path:
+        """The peer's executable, installing the pinned release into its own venv first if it is not there."""
+        venv = self.venv(venvs)
+        exe = venv / "bin" / self.executable
+        python = venv / "bin" / "python"
+        version = self.requirement.split("==")[1]
+        probe = [str(python), "-m", "pip", "show", self.requirement.split("==")[0]]
+        if exe.exists():
+            shown = subprocess.run(probe, capture_output=True, text=True, check=False).stdout
+            if f"Version: {version}\n" in shown:
+                return exe
+        print(f"proxybench: installing {self.requirement} into {venv}", file=sys.stderr)
+        try:
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            subprocess.run(
+                [str(python), "-m", "pip", "install", "-q", self.requirement],
+                check=True,
+                timeout=VENV_INSTALL_TIMEOUT_S,
+                stdout=sys.stderr,
+            )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            raise InstallFailed(f"could not install {self.requirement}: {exc}") from exc
+        return exe
+
+    def argv(self, exe: Path, backend_url: str, host: str, port: int, metrics_port: int) -> list[str]:
+        return [
+            str(exe),
+            *self.launch,
+            "--worker-urls",
+            backend_url,
+            "--policy",
+            "round_robin",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--prometheus-host",
+            host,
+            "--prometheus-port",
+            str(metrics_port),
+            "--health-check-interval-secs",
+            f"{HEALTH_INTERVAL_S:g}",
+            "--log-level",
+            self.log_level,
+        ]
+
+
+PEERS = {
+    peer.name: peer
+    for peer in (
+        # Shepherd Model Gateway: the SGLang router's continuation.
+        Peer(SMG, "smg==1.13.0", "smg", ("launch",), "warn"),
+        # vLLM's fork of the SGLang router.
+        Peer(VLLM_ROUTER, "vllm-router==0.1.17", "vllm-router", (), "warning"),
+        # The January release the benchmark used to measure against; smg supersedes it (not run by default).
+        Peer(SGLANG_ROUTER, "sglang-router==0.3.2", "python", ("-m", "sglang_router.launch_router"), "warn"),
+    )
+}
