@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from crossover.gateway.auth import authorize_admin
 from crossover.gateway.config import MAX_THRESHOLD, POOL_NAMES, Mode, Policy, ThresholdError
-from crossover.gateway.errors import BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
+from crossover.gateway.errors import BackendFailed, BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
 from crossover.gateway.state import GatewayState
 
 MAX_ADMIN_BODY_BYTES = 64 * 1024
@@ -83,11 +83,14 @@ async def read_admin_body(request: Request) -> bytes:
 
 def threshold_view(state: GatewayState) -> dict:
     pools = state.pools
-    return {
+    view = {
         **state.routing.state(),
         "load_signal": pools.load_signal,
         "loads": {name: pools.pool_load(name) for name in POOL_NAMES},
     }
+    if state.in_engine is not None:
+        view.update(state.in_engine.view())  # the threshold as each engine's gate, read back
+    return view
 
 
 def admin_routes(state: GatewayState) -> list[Route]:
@@ -106,6 +109,13 @@ def admin_routes(state: GatewayState) -> list[Route]:
             raise InvalidRequest(str(exc), param=exc.field, code="invalid_value") from None
         except OSError as exc:
             raise GatewayError(f"the change is live but could not be saved to the state file: {exc}") from None
+        if state.in_engine is not None:
+            failed = await state.in_engine.apply_threshold()
+            if failed:
+                raise BackendFailed(
+                    "the threshold is live, but these backends' gates are not (held out of rotation until they "
+                    "are): " + "; ".join(failed)
+                )
         return JSONResponse(threshold_view(state))
 
     async def get_state(request: Request) -> JSONResponse:
@@ -114,6 +124,8 @@ def admin_routes(state: GatewayState) -> list[Route]:
         snapshot["topology"] = state.settings.topology
         if state.switching is not None:
             snapshot.update(state.switching.view())
+        if state.in_engine is not None:
+            snapshot.update(state.in_engine.view())
         return JSONResponse(snapshot)
 
     async def get_mode(request: Request) -> JSONResponse:
