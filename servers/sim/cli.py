@@ -111,7 +111,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     replay.add_argument(
         "--mechanism",
-        default="always-speculative,always-plain,restart,sleep,oracle",
+        default="always-speculative,always-plain,restart,sleep,in-engine,oracle",
         metavar="M1,M2,...",
         help="any of always-speculative, always-plain, restart, sleep, oracle (default: all)",
     )
