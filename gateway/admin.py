@@ -110,7 +110,7 @@ def admin_routes(state: GatewayState) -> list[Route]:
         except OSError as exc:
             raise GatewayError(f"the change is live but could not be saved to the state file: {exc}") from None
         if state.in_engine is not None:
-            failed = await state.in_engine.apply_threshold()
+            failed = await state.in_engine.force(None)  # a threshold change ends a forced mode
             if failed:
                 raise BackendFailed(
                     "the threshold is live, but these backends' gates are not (held out of rotation until they "
@@ -130,6 +130,8 @@ def admin_routes(state: GatewayState) -> list[Route]:
 
     async def get_mode(request: Request) -> JSONResponse:
         authorize_admin(request.headers.get("authorization"), token)
+        if state.in_engine is not None:
+            return JSONResponse(state.in_engine.view())
         if state.switching is None:
             raise InvalidRequest("mode switching needs topology = 'time-shared'", code="not_time_shared")
         return JSONResponse(state.switching.view())
@@ -138,6 +140,12 @@ def admin_routes(state: GatewayState) -> list[Route]:
         """Force a mode now (the policy is bypassed): 202 while the switch runs, 200 if it already serves."""
         authorize_admin(request.headers.get("authorization"), token)
         mode = parse_body(ModeUpdate, await read_admin_body(request)).mode
+        if state.in_engine is not None:
+            # In-engine: the mode is every engine's gate (plain: 0, speculative: none) until the next threshold.
+            failed = await state.in_engine.force(mode)
+            if failed:
+                raise BackendFailed("the mode is live, but these backends' gates are not: " + "; ".join(failed))
+            return JSONResponse(state.in_engine.view())
         if state.switching is None:
             raise InvalidRequest("mode switching needs topology = 'time-shared'", code="not_time_shared")
         started = state.switching.request_switch(mode)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.core import GaugeMetricFamily
 
+from crossover.gateway.config import PLAIN
 from crossover.gateway.headers import bearer
 from crossover.gateway.pools import Backend, Pools
 from crossover.gateway.routing import Routing
@@ -102,10 +103,20 @@ class GateSync:
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
+        # PUT /admin/mode: a mode forced on every engine (plain: gate 0; speculative: no gate) until the next
+        # threshold change; None: the gate follows the threshold.
+        self.forced: str | None = None
 
     @property
-    def wanted(self) -> int:
+    def wanted(self) -> int | None:
+        if self.forced is not None:
+            return 0 if self.forced == PLAIN else None
         return self.routing.threshold
+
+    async def force(self, mode: str | None) -> list[str]:
+        """Force `mode` on every engine (None: back to the threshold); the backends that failed, why."""
+        self.forced = mode
+        return await self.apply_threshold()
 
     async def start(self, client: httpx.AsyncClient) -> None:
         """Refuse to serve without the patch on every backend; then set the gate everywhere and keep it."""
@@ -164,7 +175,7 @@ class GateSync:
 
     def view(self) -> dict:
         return {
-            "gate": {"zero_steps_above_bs": self.wanted},
+            "gate": {"zero_steps_above_bs": self.wanted, "forced_mode": self.forced},
             "backend_gates": {
                 backend.url: {
                     "zero_steps_above_bs": gate.zero_steps_above_bs if (gate := self.gates.get(backend.url)) else None,

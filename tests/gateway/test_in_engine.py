@@ -46,7 +46,7 @@ def test_the_threshold_is_every_engines_gate_and_reads_back(gateway, gated):
     response = httpx.put(gw.url + "/admin/threshold", json={"threshold": 12}, headers=ADMIN, timeout=10)
     assert response.status_code == 200, response.text
     view = response.json()
-    assert view["gate"] == {"zero_steps_above_bs": 12}
+    assert view["gate"] == {"zero_steps_above_bs": 12, "forced_mode": None}
     assert {g["zero_steps_above_bs"] for g in view["backend_gates"].values()} == {12}  # read back
     assert all(g["in_sync"] for g in view["backend_gates"].values())
     assert [engine_gate(s.url)["zero_steps_above_bs"] for s in gated] == [12, 12]
@@ -122,3 +122,16 @@ def test_in_engine_settings_have_one_pool():
         )
     with pytest.raises(ValueError, match=r"needs pools\.plain"):
         Settings(pools={"speculative": {"backends": ["http://127.0.0.1:1"]}})
+
+
+def test_a_mode_is_forced_on_every_engine_until_the_next_threshold(gateway, gated):
+    gw = in_engine(gateway, [s.url for s in gated], threshold=6)
+    for mode, gate in (("plain", 0), ("speculative", None)):
+        response = httpx.put(gw.url + "/admin/mode", json={"mode": mode}, headers=ADMIN, timeout=10)
+        assert response.status_code == 200, response.text
+        assert response.json()["gate"] == {"zero_steps_above_bs": gate, "forced_mode": mode}
+        assert [engine_gate(s.url)["zero_steps_above_bs"] for s in gated] == [gate, gate]
+    assert httpx.get(gw.url + "/admin/mode", headers=ADMIN, timeout=10).json()["gate"]["forced_mode"] == "speculative"
+    response = httpx.put(gw.url + "/admin/threshold", json={"threshold": 5}, headers=ADMIN, timeout=10)
+    assert response.json()["gate"] == {"zero_steps_above_bs": 5, "forced_mode": None}
+    assert [engine_gate(s.url)["zero_steps_above_bs"] for s in gated] == [5, 5]
