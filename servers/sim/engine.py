@@ -108,6 +108,7 @@ class Engine:
         self.zero_steps_above_bs: int | None = None
         self.skip_zero_step_draft_extend = False
         self.zero_step_batches_total = 0
+        self.decode_batches_total = 0
 
     # --- state ----------------------------------------------------------------------------------------
 
@@ -280,6 +281,7 @@ class Engine:
     ) -> None:
         acceptance = None if zero_step else self.acceptance
         rng, running = self._rng, State.RUNNING
+        self.decode_batches_total += 1
         if zero_step:
             self.zero_step_batches_total += 1
         produced = verified = accepted = 0

@@ -54,6 +54,8 @@ class StandInGate:
             "active_steps": 0 if engine.gated(engine.num_running) else self.num_steps,
             "captured_steps": sorted({0, self.num_steps}),
             "zero_steps_above_bs": engine.zero_steps_above_bs,
+            # The stand-in's own counters (not in the patch's reply): what the gate did so far.
+            "decode_batches": engine.decode_batches_total,
             "zero_step_batches": engine.zero_step_batches_total,
             "skip_zero_step_draft_extend": {
                 "override": engine.skip_zero_step_draft_extend,

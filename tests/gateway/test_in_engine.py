@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from crossover.gateway.app import create_app
 from crossover.gateway.config import Settings
 from crossover.gateway.in_engine import PATCH_NAME, NotPatched
-from tests.gateway.gateway_helpers import SIM_SCALE, hold, wait_until
+from tests.gateway.gateway_helpers import SIM_SCALE, hold, sim_running, wait_until
 
 TOKEN = "admin-secret"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -68,9 +68,13 @@ def test_zero_step_batches_begin_at_the_gate(gateway, sim):
 async def load_step(gateway_url: str, backend_url: str) -> None:
     async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
         async with hold(client, gateway_url, 3):
-            await asyncio.to_thread(wait_until, lambda: engine_gate(backend_url)["active_steps"] == 3, what="3 running")
+            await asyncio.to_thread(wait_until, lambda: sim_running(backend_url) == 3, what="3 running")
+            start = engine_gate(backend_url)["decode_batches"]
+            await asyncio.to_thread(
+                wait_until, lambda: engine_gate(backend_url)["decode_batches"] > start + 5, what="decode batches of 3"
+            )
             below = engine_gate(backend_url)
-            assert below["zero_step_batches"] == 0  # a batch of 3 is not above a gate of 3
+            assert below["zero_step_batches"] == 0 and below["active_steps"] == 3  # 3 is not above a gate of 3
         async with hold(client, gateway_url, 5):
             await asyncio.to_thread(
                 wait_until, lambda: engine_gate(backend_url)["zero_step_batches"] > 0, what="zero-step batches"
