@@ -43,6 +43,10 @@ class NotPatched(RuntimeError):
 class GateRejected(RuntimeError):
     """The backend answered, but refused the gate (its message says why) or read back another value."""
 
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
 
 @dataclass
 class Gate:
@@ -82,7 +86,10 @@ def _gate(backend: Backend, response: httpx.Response) -> Gate:
         body = {}
     if response.status_code != 200 or not isinstance(body, dict) or not body.get("success"):
         message = body.get("message") if isinstance(body, dict) else None
-        raise GateRejected(f"{backend.url} {GATE_PATH}: HTTP {response.status_code}: {message or response.text[:200]}")
+        raise GateRejected(
+            f"{backend.url} {GATE_PATH}: HTTP {response.status_code}: {message or response.text[:200]}",
+            response.status_code,
+        )
     state = body.get("state") or {}
     return Gate(state.get("zero_steps_above_bs"), int(state.get("generation", 0)), state.get("active_steps"))
 
@@ -126,7 +133,10 @@ class GateSync:
         results = await asyncio.gather(
             *(read_gate(client, b, self.timeout_s) for b in self.pools.speculative), return_exceptions=True
         )
-        missing = [str(r) for r in results if isinstance(r, NotPatched)]
+        # 400 to a read: patched, but no gate to move (not started with --speculative-adaptive, PP, ...).
+        missing = [
+            str(r) for r in results if isinstance(r, NotPatched) or (isinstance(r, GateRejected) and r.status == 400)
+        ]
         if missing:
             raise NotPatched("topology 'in-engine' needs every backend patched: " + "; ".join(missing))
         await self.apply_threshold()

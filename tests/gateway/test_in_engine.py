@@ -8,6 +8,9 @@ import asyncio
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from crossover.gateway.app import create_app
 from crossover.gateway.config import Settings
@@ -139,3 +142,23 @@ def test_a_mode_is_forced_on_every_engine_until_the_next_threshold(gateway, gate
     response = httpx.put(gw.url + "/admin/threshold", json={"threshold": 5}, headers=ADMIN, timeout=10)
     assert response.json()["gate"] == {"zero_steps_above_bs": 5, "forced_mode": None}
     assert [engine_gate(s.url)["zero_steps_above_bs"] for s in gated] == [5, 5]
+
+
+def test_a_patched_server_without_adaptive_speculation_is_refused_at_start(serve):
+    # What the patch answers on a server started without --speculative-adaptive.
+    async def no_gate(request):
+        return JSONResponse({"success": False, "message": "adaptive speculation is off: it needs ..."}, 400)
+
+    async def health(request):
+        return JSONResponse({})
+
+    backend = serve(Starlette(routes=[Route("/speculative/adaptive", no_gate), Route("/health", health)]))
+    settings = Settings(topology="in-engine", admin_token=TOKEN, pools={"speculative": {"backends": [backend.url]}})
+    app = create_app(settings, registry=CollectorRegistry())
+
+    async def start() -> None:
+        async with app.rest.app.router.lifespan_context(app.rest.app):
+            pass
+
+    with pytest.raises(NotPatched, match="adaptive speculation is off"):
+        asyncio.run(start())
