@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from crossover.gateway.auth import authorize_admin
 from crossover.gateway.config import MAX_THRESHOLD, POOL_NAMES, Mode, Policy, ThresholdError
-from crossover.gateway.errors import BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
+from crossover.gateway.errors import BackendFailed, BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
 from crossover.gateway.state import GatewayState
 
 MAX_ADMIN_BODY_BYTES = 64 * 1024
@@ -92,11 +92,14 @@ async def read_admin_body(request: Request) -> bytes:
 
 def threshold_view(state: GatewayState) -> dict:
     pools = state.pools
-    return {
+    view = {
         **state.routing.state(),
         "load_signal": pools.load_signal,
         "loads": {name: pools.pool_load(name) for name in POOL_NAMES},
     }
+    if state.in_engine is not None:
+        view.update(state.in_engine.view())  # the threshold as each engine's gate, read back
+    return view
 
 
 def admin_routes(state: GatewayState) -> list[Route]:
@@ -115,6 +118,13 @@ def admin_routes(state: GatewayState) -> list[Route]:
             raise InvalidRequest(str(exc), param=exc.field, code="invalid_value") from None
         except OSError as exc:
             raise GatewayError(f"the change is live but could not be saved to the state file: {exc}") from None
+        if state.in_engine is not None:
+            failed = await state.in_engine.force(None)  # a threshold change ends a forced mode
+            if failed:
+                raise BackendFailed(
+                    "the threshold is live, but these backends' gates are not (held out of rotation until they "
+                    "are): " + "; ".join(failed)
+                )
         return JSONResponse(threshold_view(state))
 
     async def get_state(request: Request) -> JSONResponse:
@@ -129,10 +139,14 @@ def admin_routes(state: GatewayState) -> list[Route]:
             snapshot["inflight"] -= switching.queued
             snapshot["queued"] += switching.queued
             snapshot.update(switching.view())
+        if state.in_engine is not None:
+            snapshot.update(state.in_engine.view())
         return JSONResponse(snapshot)
 
     async def get_mode(request: Request) -> JSONResponse:
         authorize_admin(request.headers.get("authorization"), token)
+        if state.in_engine is not None:
+            return JSONResponse(state.in_engine.view())
         if state.switching is None:
             raise InvalidRequest("mode switching needs topology = 'time-shared'", code="not_time_shared")
         return JSONResponse(state.switching.view())
@@ -141,6 +155,12 @@ def admin_routes(state: GatewayState) -> list[Route]:
         """Force a mode now (the policy is bypassed): 202 while the switch runs, 200 if it already serves."""
         authorize_admin(request.headers.get("authorization"), token)
         update = parse_body(ModeUpdate, await read_admin_body(request))
+        if state.in_engine is not None:
+            # In-engine: the mode is every engine's gate (plain: 0, speculative: none) until the next threshold.
+            failed = await state.in_engine.force(update.mode)
+            if failed:
+                raise BackendFailed("the mode is live, but these backends' gates are not: " + "; ".join(failed))
+            return JSONResponse(state.in_engine.view())
         if state.switching is None:
             raise InvalidRequest("mode switching needs topology = 'time-shared'", code="not_time_shared")
         started = state.switching.request_switch(update.mode, pin=update.pin)

@@ -28,6 +28,7 @@ from crossover.gateway.errors import EXCEPTION_HANDLERS, ModelNotFound
 from crossover.gateway.failover import Failover
 from crossover.gateway.headers import RequestIdMiddleware
 from crossover.gateway.health import Breaker, HealthMonitor
+from crossover.gateway.in_engine import GateSync
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.pools import Pools
 from crossover.gateway.proxy import Live, ProxyEndpoint
@@ -55,7 +56,13 @@ def build_state(settings: Settings, registry: CollectorRegistry | None = None) -
         if settings.topology == "time-shared"
         else None
     )
-    return GatewayState(settings, pools, routing, metrics, admission, breaker, failover, switching=switching)
+    in_engine = None
+    if settings.topology == "in-engine":
+        in_engine = GateSync(pools, routing, settings.health.timeout, settings.health.interval)
+        metrics.registry.register(in_engine.collector())
+    return GatewayState(
+        settings, pools, routing, metrics, admission, breaker, failover, switching=switching, in_engine=in_engine
+    )
 
 
 def create_app(
@@ -84,9 +91,13 @@ def create_app(
             checks = asyncio.create_task(monitor.run())
             if state.switching is not None:
                 await state.switching.start(client)
+            if state.in_engine is not None:
+                await state.in_engine.start(client)  # NotPatched: refuse to serve, naming the patch
             try:
                 yield
             finally:
+                if state.in_engine is not None:
+                    await state.in_engine.stop()
                 if state.switching is not None:
                     await state.switching.stop()
                 monitor.detach()

@@ -26,7 +26,7 @@ __all__ = ["PLAIN", "POOL_NAMES", "SPECULATIVE", "Mode"]
 
 Policy = Literal["switch", "spillover"]
 LoadSignal = Literal["local", "scraped", "max"]
-Topology = Literal["partitioned", "time-shared"]
+Topology = Literal["partitioned", "time-shared", "in-engine"]
 Mechanism = Literal["restart", "sleep", "manual"]
 
 DEFAULT_HOST = "127.0.0.1"
@@ -141,13 +141,14 @@ class PoolSettings(_Section):
 
 class PoolsSettings(_Section):
     speculative: PoolSettings
-    plain: PoolSettings
+    # Absent only in topology 'in-engine' (one pool of patched speculative servers; Settings checks).
+    plain: PoolSettings | None = None
 
     # One server in both pools is allowed (benchmarks, a single-GPU trial); each pool counts its own requests.
     @model_validator(mode="after")
     def _no_repeats(self) -> PoolsSettings:
         for name in POOL_NAMES:
-            backends = getattr(self, name).backends
+            backends = getattr(self, name).backends if getattr(self, name) is not None else []
             if len(set(backends)) != len(backends):
                 raise ValueError(f"pool {name!r} lists a backend twice")
         return self
@@ -304,6 +305,17 @@ class Settings(BaseSettings):
         if "hysteresis" not in self.model_fields_set:
             self.hysteresis = fit_hysteresis(self.threshold, self.hysteresis)
         check_threshold(self.threshold, self.hysteresis)
+        return self
+
+    @model_validator(mode="after")
+    def _pools_of_topology(self) -> Settings:
+        if self.topology == "in-engine" and self.pools.plain is not None:
+            raise ValueError(
+                "topology 'in-engine' has one pool, pools.speculative (patched EAGLE-3 servers whose zero-step gate "
+                "is the threshold): remove pools.plain"
+            )
+        if self.topology != "in-engine" and self.pools.plain is None:
+            raise ValueError(f"topology {self.topology!r} needs pools.plain")
         return self
 
     @model_validator(mode="after")

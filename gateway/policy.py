@@ -20,6 +20,8 @@ ABOVE = "above_threshold"
 HYSTERESIS = "hysteresis"
 # The chosen pool had no usable backend, so the other pool took the request.
 FALLBACK = "fallback"
+# Topology 'in-engine': one pool; speculation is the engines' gate (gateway/in_engine.py).
+IN_ENGINE = "in_engine"
 
 
 @dataclass(frozen=True, slots=True)

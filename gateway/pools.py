@@ -32,10 +32,12 @@ class Backend:
     scraped: int | None = None
     scraped_at: float = float("-inf")
     models: tuple[str, ...] = ()
+    # In-engine topology: held out until its speculation gate is the gateway's again (gateway/in_engine.py).
+    gate_pending: bool = False
 
     @property
     def usable(self) -> bool:
-        return self.healthy is not False
+        return self.healthy is not False and not self.gate_pending
 
     def state(self) -> dict:
         now = time.monotonic()
@@ -68,7 +70,8 @@ class Pools:
         spec, plain = settings.pools.speculative, settings.pools.plain
         return cls(
             speculative=[Backend(url, SPECULATIVE, spec.api_key or None) for url in spec.backends],
-            plain=[Backend(url, PLAIN, plain.api_key or None) for url in plain.backends],
+            # In-engine: one pool (config.py); the plain one stays empty and routing never chooses it.
+            plain=[Backend(url, PLAIN, plain.api_key or None) for url in plain.backends] if plain else [],
             load_signal=settings.load_signal,
             health=settings.health,
             served_model_names=frozenset(settings.served_model_names),

@@ -18,6 +18,7 @@ from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
 
 if TYPE_CHECKING:
+    from crossover.gateway.in_engine import GateSync
     from crossover.gateway.switching import SwitchController
 
 
@@ -36,6 +37,8 @@ class GatewayState:
     client: httpx.AsyncClient | None = None
     # The switch controller of a time-shared GPU set (topology = "time-shared"), else None.
     switching: SwitchController | None = None
+    # The engines' speculation gate of an in-engine pool (topology = "in-engine"), else None.
+    in_engine: GateSync | None = None
     # Set at SIGTERM: /health answers 503 so load balancers stop sending before connections close.
     draining: bool = False
 

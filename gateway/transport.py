@@ -27,7 +27,8 @@ PROBE_CONNECTIONS_PER_BACKEND = 4
 
 
 def connection_limit(settings: Settings) -> int:
-    backends = len(settings.pools.speculative.backends) + len(settings.pools.plain.backends)
+    plain = settings.pools.plain  # none in topology "in-engine"
+    backends = len(settings.pools.speculative.backends) + (len(plain.backends) if plain else 0)
     return settings.limits.max_inflight + PROBE_CONNECTIONS_PER_BACKEND * backends
 
 

@@ -150,9 +150,29 @@ def _plan(args: argparse.Namespace) -> int:
             for key, value in command.env.items():
                 print(f"  {key}={value}")
             print("  " + " ".join(_quote(a) for a in command.argv))
+    if profile.needs_patch:
+        _say(
+            f"note: topology {profile.topology!r} needs SGLang patched with patches/sglang-{profile.sglang_version} "
+            "(the run-time speculation gate): `crossover patches apply` on the GPU host"
+        )
+        if args.sglang_python and _report_patch(args.sglang_python, profile):
+            return 1
     if args.sglang_python and _check_with_sglang(args.sglang_python, profile, commands):
         return 1
     return 0 if args.no_fit_check else _report_fit(profile)
+
+
+def _report_patch(python: str, profile) -> int:
+    from crossover.servers.patches import PatchError, check, locate
+
+    try:
+        root = locate(python=python)
+        state, _ = check(root, profile.sglang_version)
+    except PatchError as exc:
+        _say(f"error: cannot tell whether {python}'s SGLang is patched: {exc}")
+        return 1
+    _say(f"SGLang at {root / 'sglang'}: patches {state}")
+    return 0 if state == "applied" else 1
 
 
 def _check_with_sglang(python: str, profile, commands) -> int:

@@ -105,4 +105,6 @@ def sim_args(profile: Profile, server: Server) -> list[str]:
     if server.max_running_requests is not None:
         args += ["--max-running-requests", str(server.max_running_requests)]
     args += ["--extra-metric-labels", metric_labels(server)]
+    if profile.topology == "in-engine":
+        args.append("--speculation-gate")  # the stand-in plays a patched server
     return [*args, *server.extra_args]

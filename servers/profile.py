@@ -151,7 +151,8 @@ class Profile(_Strict):
     name: str
     description: str = ""
     sglang_version: str
-    topology: Literal["partitioned", "time-shared", "adaptive"]
+    # in-engine: a pool of EAGLE-3 servers patched with patches/sglang-0.5.23, the gateway moving their gate.
+    topology: Literal["partitioned", "time-shared", "adaptive", "in-engine"]
     time_shared: TimeShared | None = None
     # Extra host memory kept free beyond the released weights (sleep): the OS, page cache, the gateway.
     host_memory_headroom_gb: float = Field(default=16.0, ge=0)
@@ -192,7 +193,22 @@ class Profile(_Strict):
                 raise ValueError("topology 'adaptive' has exactly one server, with role 'speculative'")
             if not self.servers[0].speculative.adaptive:
                 raise ValueError("topology 'adaptive' needs speculative.adaptive = true on its server")
+        if self.topology == "in-engine":
+            for server in self.servers:
+                where = f"topology 'in-engine', server {server.name!r}"
+                if server.speculative is None or not server.speculative.adaptive:
+                    raise ValueError(f"{where}: every server is speculative with speculative.adaptive = true")
+                if server.max_running_requests is None:
+                    raise ValueError(
+                        f"{where}: set max_running_requests (at SGLang's EAGLE default of "
+                        f"{SGLANG_EAGLE_DEFAULT_CAP} batches never grow past a useful gate)"
+                    )
         return self
+
+    @property
+    def needs_patch(self) -> bool:
+        """Whether its SGLang servers need patches/ (the run-time speculation gate) to run this profile."""
+        return self.topology == "in-engine" and any(s.engine == "sglang" for s in self.servers)
 
     def server(self, name: str) -> Server:
         for server in self.servers:

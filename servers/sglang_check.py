@@ -55,6 +55,73 @@ PARSER_DEPENDENCIES = [
     "aiosignal",
     "frozenlist",
 ]
+# What importing the modules patches/sglang-0.5.23 touches needs on top (HTTP server, scheduler, tokenizer
+# manager), found by trying; versions pinned so the venv CI builds is the one the tests were written against.
+# They go into a directory of their own (`patch_test_site`), put on PYTHONPATH only by the patch tests: with
+# transformers importable the parser's own import path reaches torch._dynamo and the empty triton. GPU-only
+# packages (triton's kernels, flashinfer, sgl_kernel, ...) are stubbed at import instead (tests/servers/sglang_stubs).
+PATCH_TEST_DEPENDENCIES = [
+    "Jinja2==3.1.6",
+    "MarkupSafe==3.0.4",
+    "PyYAML==6.0.4",
+    "annotated-doc==0.0.7",
+    "annotated-types==0.8.0",
+    "apache-tvm-ffi==0.1.15.post2",
+    "charset-normalizer==3.5.3",
+    "click==8.5.1",
+    "compressed-tensors==0.20.1",
+    "dill==0.4.1",
+    "distro==1.9.0",
+    "einops==0.8.2",
+    "fastapi==0.165.0",
+    "filelock==4.3.1",
+    "fsspec==2026.9.0",
+    "gguf==0.19.0",
+    "h11==0.16.0",
+    "hf-xet==1.8.0",
+    "httpcore2==2.16.2",
+    "httpcore==1.0.9",
+    "httpx2==2.16.2",
+    "httpx==0.28.1",
+    "huggingface_hub==2.4.0",
+    "jiter==0.19.0",
+    "jsonschema-specifications==2025.9.1",
+    "jsonschema==4.26.0",
+    "loguru==0.7.3",
+    "markdown-it-py==4.3.0",
+    "mdurl==0.1.2",
+    "mpmath==1.3.0",
+    "networkx==3.6.1",
+    "ninja==1.13.2",
+    "openai==3.57.0",
+    "opentelemetry-api==1.45.2",
+    "opentelemetry-sdk==1.45.2",
+    "opentelemetry-semantic-conventions==0.66b2",
+    "partial-json-parser==0.2.1.1.post7",
+    "prometheus_client==0.26.0",
+    "python-multipart==0.0.34",
+    "referencing==0.37.0",
+    "regex==2026.11.19",
+    "rich==15.0.0",
+    "rpds-py==2026.9.1",
+    "safetensors==0.8.0",
+    "sentencepiece==0.2.3",
+    "setproctitle==1.3.8",
+    "shellingham==1.5.4",
+    "sniffio==1.3.1",
+    "sympy==1.14.0",
+    "tiktoken==0.14.0",
+    "tokenizers==0.23.3",
+    "transformers==5.19.0",
+    "truststore==0.10.5",
+    "typer==0.29.2",
+    "uvicorn==0.54.0",
+    "uvloop==0.23.0",
+    "xgrammar==0.2.9",
+    "xxhash==4.1.0",
+    "zstandard==0.25.0",
+]
+PATCH_TEST_MARKER = "patch-tests"
 CHECK_TIMEOUT_S = 120.0
 
 # ServerArgs fields reported back, so a test can see that the values meant are the values SGLang reads.
@@ -154,14 +221,51 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+def _marker(venv: Path) -> Path:
+    return venv / ".crossover-sglang-check"
+
+
 def is_built(venv: Path) -> bool:
-    return venv_python(venv).exists() and (venv / ".crossover-sglang-check").exists()
+    return venv_python(venv).exists() and _marker(venv).exists()
+
+
+def patch_test_site(venv: Path) -> Path:
+    """Where `build` puts PATCH_TEST_DEPENDENCIES (add it to PYTHONPATH to import the patched modules)."""
+    return venv / "patch-test-site"
+
+
+def has_patch_test_dependencies(venv: Path) -> bool:
+    """Whether `venv` can also import the modules the patches touch (tests/servers/test_patches.py)."""
+    return is_built(venv) and PATCH_TEST_MARKER in _marker(venv).read_text().split()
 
 
 def build(venv: Path) -> Path:
-    """Create `venv` with what SGLang's parser needs (idempotent: a finished venv is left alone)."""
-    if is_built(venv):
-        return venv_python(venv)
+    """Create `venv` with what SGLang's parser needs, then what importing the patched modules needs
+    (idempotent: a finished venv is left alone; one built before the patch tests gets only what they add)."""
+    python = venv_python(venv)
+    if not is_built(venv):
+        _build_parser(venv)
+    if not has_patch_test_dependencies(venv):
+        subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--target",
+                str(patch_test_site(venv)),
+                *PATCH_TEST_DEPENDENCIES,
+            ],
+            check=True,
+        )
+        _marker(venv).write_text(f"sglang {SGLANG_VERSION} {PATCH_TEST_MARKER}\n")
+    return python
+
+
+def _build_parser(venv: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv_python(venv)
     packages = [f"sglang=={SGLANG_VERSION}", f"torch=={TORCH_VERSION}", *PARSER_DEPENDENCIES]
@@ -177,8 +281,7 @@ def build(venv: Path) -> Path:
     stub = Path(purelib) / "triton"
     stub.mkdir(exist_ok=True)
     (stub / "__init__.py").touch()
-    (venv / ".crossover-sglang-check").write_text(f"sglang {SGLANG_VERSION}\n")
-    return python
+    _marker(venv).write_text(f"sglang {SGLANG_VERSION}\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ from crossover.servers.sim.live import MEMORY_TAGS, Busy, LiveEngine
 from crossover.servers.sim.metrics import SimMetrics
 from crossover.servers.sim.openai_format import WEIGHT_VERSION, BadRequest, error_body
 from crossover.servers.sim.profile import Profile
+from crossover.servers.sim.speculation_gate import StandInGate, gate_routes
 
 SGLANG_VERSION = "0.5.23"  # the release whose surface the stand-in mirrors
 LOAD_SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")
@@ -52,6 +53,8 @@ class SimSettings:
     resume_delay_s: float | None = None
     seed: int = 0
     extra_metric_labels: dict[str, str] = field(default_factory=dict)
+    # Serve /speculative/adaptive as a server patched with patches/sglang-0.5.23 (speculative profiles only).
+    speculation_gate: bool = False
 
 
 def run(settings: SimSettings, *, log_level: str = "warning") -> None:
@@ -256,7 +259,12 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
             return json_response({"error": {"message": str(exc)}}, 400)
         return json_response(None)
 
-    routes: list[tuple[str, Any, list[str]]] = [
+    routes: list[tuple[str, Any, list[str]]] = []
+    if settings.speculation_gate:
+        if spec is None:
+            raise ValueError("--speculation-gate needs a speculative profile (the gate sends batches to zero steps)")
+        routes += gate_routes(StandInGate(live.engine, spec.num_steps))
+    routes += [
         ("/health", health, ["GET"]),
         ("/health_generate", health, ["GET"]),
         ("/ready", health, ["GET"]),

@@ -74,6 +74,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="JSON",
         help='extra labels on every metric, e.g. \'{"variant": "eagle3"}\'',
     )
+    serve.add_argument(
+        "--speculation-gate",
+        action="store_true",
+        help="serve GET/POST /speculative/adaptive as an SGLang patched with patches/sglang-0.5.23 does",
+    )
     serve.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(run=_serve)
 
@@ -106,7 +111,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     replay.add_argument(
         "--mechanism",
-        default="always-speculative,always-plain,restart,sleep,oracle",
+        default="always-speculative,always-plain,restart,sleep,in-engine,oracle",
         metavar="M1,M2,...",
         help="any of always-speculative, always-plain, restart, sleep, oracle (default: all)",
     )
@@ -198,6 +203,7 @@ def _serve(args: argparse.Namespace) -> int:
             resume_delay_s=args.resume_delay,
             seed=args.seed,
             extra_metric_labels=args.extra_metric_labels,
+            speculation_gate=args.speculation_gate,
         ),
         log_level=args.log_level,
     )

@@ -35,6 +35,21 @@ class Costs(Protocol):
         """Delay before a new request's first token (overlapped prefill only)."""
         ...
 
+    def zero_step_s(self, batch: int, context_tokens: int, skip_draft_extend: bool) -> float:
+        """One zero-draft-step decode of an EAGLE-3 server (its speculation gate closed); see ZERO_STEP_MODEL."""
+        ...
+
+
+# The zero-step cost model (in-engine topology: patches/sglang-0.5.23's gate). A batch the gate sends to zero
+# draft steps is, in SGLang 0.5.23, a TARGET_VERIFY pass over one query token per request (the CUDA graph
+# captured at draft_token_num = 1) - costed as a plain decode pass - plus one draft-extend pass of the draft
+# model over the accepted token, unless SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND skips it. What is assumed:
+# the 1-token verify costs what a plain server's decode does (same kernels, same batch; measured on H200 only
+# for the decode itself, h200-step-times.md); one draft-extend pass costs one draft step; the sampling and
+# bookkeeping of the speculative path cost nothing extra. What is *not* assumed away: the KV pool and the
+# running cap stay the speculative server's (its profile's limits), smaller than a plain server's.
+ZERO_STEP_MODEL = "1-token verify (= plain decode) + 1 draft-extend pass unless skipped; speculative KV pool and cap"
+
 
 def make_costs(profile: Profile) -> Costs:
     if profile.kind == "parametric":
@@ -94,6 +109,8 @@ class ParametricCosts:
         passes = spec.num_steps + 1 if spec else 0
         self._draft_fixed = passes * p.draft_fixed_s
         self._draft_per_request = passes * p.draft_per_request_s
+        self._per_query_one = p.per_query_token_s
+        self._draft_fixed_one, self._draft_per_request_one = p.draft_fixed_s, p.draft_per_request_s
         self._prefill = profile.prefill
         self._overhead = profile.step_overhead_s
 
@@ -102,6 +119,15 @@ class ParametricCosts:
             self._fixed
             + self._draft_fixed
             + batch * (self._per_request + self._per_query + self._draft_per_request)
+            + context_tokens * self._per_context
+        )
+
+    def zero_step_s(self, batch: int, context_tokens: int, skip_draft_extend: bool) -> float:
+        passes = 0 if skip_draft_extend else 1
+        return (
+            self._fixed
+            + passes * self._draft_fixed_one
+            + batch * (self._per_request + self._per_query_one + passes * self._draft_per_request_one)
             + context_tokens * self._per_context
         )
 
@@ -134,6 +160,22 @@ class StepTableCosts:
         return self._overhead + _between(
             self._contexts, mean_context, [self._table_step_s(t, batch) for t in self._tables]
         )
+
+    def zero_step_s(self, batch: int, context_tokens: int, skip_draft_extend: bool) -> float:
+        if batch <= 0:
+            return self._overhead
+        mean_context = context_tokens / batch
+        return self._overhead + _between(
+            self._contexts, mean_context, [self._zero_step_table_s(t, batch, skip_draft_extend) for t in self._tables]
+        )
+
+    @staticmethod
+    def _zero_step_table_s(table: StepTable, batch: int, skip_draft_extend: bool) -> float:
+        # Without a measured 1-token pass the 4-token verify stands in for it (an over-estimate).
+        one_token = table.decode_s if table.decode_s is not None else table.verify_s
+        assert one_token is not None
+        draft = 0.0 if skip_draft_extend or table.draft_s is None else _piecewise(table.batch, table.draft_s, batch)
+        return _piecewise(table.batch, one_token, batch) + draft
 
     def _table_step_s(self, table: StepTable, batch: int) -> float:
         if self._speculative:
@@ -193,6 +235,9 @@ class MeasuredCosts:
 
     def first_token_s(self, in_flight: int) -> float:
         return self.ttft_s(max(in_flight, 1))
+
+    def zero_step_s(self, batch: int, context_tokens: int, skip_draft_extend: bool) -> float:
+        raise ValueError("a measured (curve) profile has no step times: the zero-step gate needs a step model")
 
     def per_request_throughput(self, concurrency: float) -> float:
         last = self._points[-1]

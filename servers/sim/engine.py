@@ -79,6 +79,8 @@ class Step:
     kind: Literal["prefill", "decode", "wait"]
     seqs: list[Sequence]
     duration: float
+    # A decode the speculation gate sent to zero draft steps: one token per request, no acceptance draw.
+    zero_step: bool = False
 
 
 class Engine:
@@ -101,6 +103,12 @@ class Engine:
         self.aborted_total = 0
         self.spec_accepted_total = 0
         self.spec_verify_total = 0
+        # The patched engine's run-time gate (patches/sglang-0.5.23): decode batches of more than this many
+        # running requests take zero draft steps. None: no gate. Only meaningful on a speculative profile.
+        self.zero_steps_above_bs: int | None = None
+        self.skip_zero_step_draft_extend = False
+        self.zero_step_batches_total = 0
+        self.decode_batches_total = 0
 
     # --- state ----------------------------------------------------------------------------------------
 
@@ -192,15 +200,24 @@ class Engine:
                 tokens = sum(seq.context for seq in admitted)
                 return Step("prefill", admitted, self.costs.prefill_s(tokens, len(admitted)))
             if self._running:
-                return Step(
-                    "decode", list(self._running), self.costs.decode_s(len(self._running), self._used, in_flight)
-                )
+                return self._decode_step(in_flight)
             return None
         if self._running:
-            return Step("decode", list(self._running), self.costs.decode_s(len(self._running), self._used, in_flight))
+            return self._decode_step(in_flight)
         if self._due:
             return Step("wait", [], max(0.0, self._due[0][0] - now))
         return None
+
+    def gated(self, batch: int) -> bool:
+        gate = self.zero_steps_above_bs
+        return self.acceptance is not None and gate is not None and batch > gate
+
+    def _decode_step(self, in_flight: int) -> Step:
+        batch = len(self._running)
+        if self.gated(batch):
+            duration = self.costs.zero_step_s(batch, self._used, self.skip_zero_step_draft_extend)
+            return Step("decode", list(self._running), duration, zero_step=True)
+        return Step("decode", list(self._running), self.costs.decode_s(batch, self._used, in_flight))
 
     def finish_step(self, step: Step, now: float) -> tuple[list[Sequence], list[Sequence]]:
         """Apply a step's results at `now`: (sequences that gained tokens or ended, those that finished)."""
@@ -211,7 +228,7 @@ class Engine:
                 if seq.state is State.PREFILL:
                     self._start(seq, now, touched, finished)
         elif step.kind == "decode":
-            self._decode(step.seqs, now, touched, finished)
+            self._decode(step.seqs, now, touched, finished, zero_step=step.zero_step)
         while self._due and self._due[0][0] <= now:
             _, _, seq = heapq.heappop(self._due)
             if seq.state is State.PREFILL:
@@ -259,8 +276,14 @@ class Engine:
             self._finish(seq, now)
             finished.append(seq)
 
-    def _decode(self, seqs: list[Sequence], now: float, touched: list[Sequence], finished: list[Sequence]) -> None:
-        acceptance, rng, running = self.acceptance, self._rng, State.RUNNING
+    def _decode(
+        self, seqs: list[Sequence], now: float, touched: list[Sequence], finished: list[Sequence], zero_step=False
+    ) -> None:
+        acceptance = None if zero_step else self.acceptance
+        rng, running = self._rng, State.RUNNING
+        self.decode_batches_total += 1
+        if zero_step:
+            self.zero_step_batches_total += 1
         produced = verified = accepted = 0
         for seq in seqs:
             if seq.state is not running:

@@ -123,7 +123,14 @@ class _SchedulerGauges(Collector):
                 "The average acceptance rate of speculative decoding.",
                 (accept - 1) / self._steps if self._steps and accept else 0.0,
             ),
-            "spec_num_steps": ("The number of speculative decoding steps.", self._steps),
+            "spec_num_steps": (
+                "The number of speculative decoding steps (0 while the run-time gate holds the batch).",
+                0 if engine.gated(engine.num_running) else self._steps,
+            ),
+            "spec_adaptive_zero_steps_above_bs": (
+                "Live gate: batches above this many running requests run 0 draft steps (-1: no gate).",
+                -1 if engine.zero_steps_above_bs is None else engine.zero_steps_above_bs,
+            ),
         }
         names, label_values = list(self._labels), list(self._labels.values())
         for name, (doc, value) in values.items():

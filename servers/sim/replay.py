@@ -16,6 +16,11 @@ loop (each sends its next request the moment its last one ends). Only one mode s
   restart = stop + the new server's `startup_s`; sleep = the old server's `release_s` + the new one's
   `resume_s`. The measured duration (decision to serving again) feeds the running switch-cost estimate, as
   in the live controller.
+- `in-engine`: the speculative engine alone, patched (patches/sglang-0.5.23): decode batches above its gate
+  run zero draft steps (engine.py's gate, costs.py's ZERO_STEP_MODEL), in the speculative server's KV pool
+  and running cap. Nothing switches, nothing waits. The gate is where a zero-step step out-yields a
+  speculative one *in the same server* (`zero_step_gate`), not the crossover against the plain server: what
+  the plain server wins by its larger pool and cap, the gate cannot win back.
 - `oracle`: knows the trace, picks the faster mode for each phase (the same curves the policy weighs) and
   switches for free at the phase boundary: requests in flight move to the new mode with what they have
   generated (a prefill of their context there) and nothing waits.
@@ -52,6 +57,7 @@ from crossover.gateway.switch_policy import (
     Switcher,
     SwitchSettings,
 )
+from crossover.servers.sim.costs import make_costs
 from crossover.servers.sim.curve import run_level
 from crossover.servers.sim.engine import Engine, Sequence
 from crossover.servers.sim.profile import Profile
@@ -61,7 +67,8 @@ ALWAYS_PLAIN = "always-plain"
 RESTART = "restart"
 SLEEP = "sleep"
 ORACLE = "oracle"
-MECHANISMS = (ALWAYS_SPECULATIVE, ALWAYS_PLAIN, RESTART, SLEEP, ORACLE)
+IN_ENGINE = "in-engine"
+MECHANISMS = (ALWAYS_SPECULATIVE, ALWAYS_PLAIN, RESTART, SLEEP, IN_ENGINE, ORACLE)
 
 DEFAULT_INPUT_LEN = 256
 DEFAULT_OUTPUT_LEN = 512
@@ -310,6 +317,9 @@ class _Replay:
                 raise ValueError(
                     f"input_len + output_len = {setup.input_len + setup.output_len} exceeds a profile's KV pool"
                 )
+        if mechanism == IN_ENGINE:
+            context = setup.input_len + setup.output_len // 2
+            self.engines[SPECULATIVE].zero_steps_above_bs = zero_step_gate(setup.speculative, context)
         if mechanism == ALWAYS_PLAIN:
             self.mode: Mode = PLAIN
         elif mechanism == ORACLE:
@@ -481,6 +491,19 @@ class _Replay:
         if spec == plain:
             return current
         return SPECULATIVE if spec > plain else PLAIN
+
+
+def zero_step_gate(profile: Profile, context_tokens: int) -> int | None:
+    """The largest batch that still speculates: above it a zero-step step yields more tokens per second than a
+    speculative one (accept length x batch / step time), at `context_tokens` per request. None: never."""
+    costs = make_costs(profile)
+    assert profile.speculative is not None
+    accept = profile.speculative.accept_length
+    for batch in range(1, profile.limits.max_running_requests + 1):
+        context = batch * context_tokens
+        if batch / costs.zero_step_s(batch, context, False) > batch * accept / costs.decode_s(batch, context, batch):
+            return batch - 1
+    return None
 
 
 def replay(setup: ReplaySetup, trace: list[TracePhase], mechanism: str) -> ReplayResult:

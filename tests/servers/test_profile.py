@@ -24,8 +24,10 @@ def flag(argv: list[str], name: str) -> str:
 def test_shipped_profiles():
     assert shipped_profiles() == [
         "kimi-k25-adaptive",
+        "kimi-k25-in-engine",
         "kimi-k25-time-shared",
         "llama8b-partitioned",
+        "standin-in-engine",
         "standin-partitioned",
         "standin-time-shared",
     ]

@@ -29,7 +29,7 @@ def sglang_commands():
 
 def test_every_real_profile_has_sglang_servers():
     assert {"kimi-k25-time-shared", "kimi-k25-adaptive", "llama8b-partitioned"} <= set(shipped_profiles())
-    assert len(sglang_commands()) == 5
+    assert len(sglang_commands()) == 6
 
 
 def test_sglang_accepts_every_shipped_argv_and_reads_the_values_meant(sglang_python):
@@ -100,4 +100,4 @@ def test_standin_argvs_parse_with_the_sim_parser():
             args = parser.parse_args(command.argv[len(sim_command()) - 2 :])
             assert isinstance(args, argparse.Namespace) and args.port == load_profile(name).server(command.name).port
             count += 1
-    assert count == 4
+    assert count == 6

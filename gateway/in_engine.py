@@ -1,0 +1,226 @@
+"""The in-engine topology: one pool of patched EAGLE-3 servers whose zero-step gate *is* the live threshold.
+
+A server patched with patches/sglang-0.5.23 answers `GET/POST /speculative/adaptive`; `zero_steps_above_bs = N`
+runs batches of more than N requests with zero draft steps. The gateway's threshold T means "speculate while a
+request would join fewer than T others", i.e. a batch of at most T: so the gate is T itself (T = 0: never).
+
+    sync = GateSync(pools, routing, client_timeout_s)
+    await sync.start(client)        # refuses a backend without the endpoint; sets the gate on every backend
+    await sync.apply_threshold()    # after PUT /admin/threshold: set, then read back, on every backend
+    sync.view()                     # each backend's gate, for /admin/state; sync.collector() for /metrics
+
+A backend whose gate is not the gateway's (it restarted: the gate reverts to its start-up config, generation 0;
+or it was unreachable) is held out of rotation (`Backend.gate_pending`) until the gate is re-applied and read
+back. The gateway's own health checks mark a restarting backend unhealthy first; a backend seen unhealthy is held
+too, so it cannot take traffic between coming back and the next sync round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.core import GaugeMetricFamily
+
+from crossover.gateway.config import PLAIN
+from crossover.gateway.headers import bearer
+from crossover.gateway.pools import Backend, Pools
+from crossover.gateway.routing import Routing
+
+logger = logging.getLogger("crossover.in_engine")
+
+PATCH_NAME = "patches/sglang-0.5.23 (the run-time speculation gate)"
+PATCH_HINT = f"apply {PATCH_NAME} with `crossover patches apply` on the GPU host and restart it"
+
+
+class NotPatched(RuntimeError):
+    """A backend has no /speculative/adaptive (an unpatched SGLang, or one without --speculative-adaptive)."""
+
+
+class GateRejected(RuntimeError):
+    """The backend answered, but refused the gate (its message says why) or read back another value."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Gate:
+    """What one backend's engine says about its gate, as last read back."""
+
+    zero_steps_above_bs: int | None
+    generation: int
+    active_steps: int | None = None
+
+
+# --- SGLang's /speculative/adaptive (patches/sglang-0.5.23): every call to it is here, to move into the
+# --- SGLang runtime adapter module when the gateway has one.
+GATE_PATH = "/speculative/adaptive"
+
+
+async def read_gate(client: httpx.AsyncClient, backend: Backend, timeout_s: float) -> Gate:
+    response = await client.get(backend.url + GATE_PATH, headers=bearer(backend.api_key), timeout=timeout_s)
+    return _gate(backend, response)
+
+
+async def write_gate(client: httpx.AsyncClient, backend: Backend, gate: int | None, timeout_s: float) -> Gate:
+    response = await client.post(
+        backend.url + GATE_PATH,
+        json={"zero_steps_above_bs": gate},
+        headers=bearer(backend.api_key),
+        timeout=timeout_s,
+    )
+    return _gate(backend, response)
+
+
+def _gate(backend: Backend, response: httpx.Response) -> Gate:
+    if response.status_code in (404, 405):
+        raise NotPatched(f"{backend.url} has no {GATE_PATH} (HTTP {response.status_code}): {PATCH_HINT}")
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    if response.status_code != 200 or not isinstance(body, dict) or not body.get("success"):
+        message = body.get("message") if isinstance(body, dict) else None
+        raise GateRejected(
+            f"{backend.url} {GATE_PATH}: HTTP {response.status_code}: {message or response.text[:200]}",
+            response.status_code,
+        )
+    state = body.get("state") or {}
+    return Gate(state.get("zero_steps_above_bs"), int(state.get("generation", 0)), state.get("active_steps"))
+
+
+# --- end of the SGLang calls
+
+
+class GateSync:
+    """Keeps every backend's gate at the live threshold (see the module docstring)."""
+
+    def __init__(self, pools: Pools, routing: Routing, timeout_s: float, interval_s: float) -> None:
+        self.pools = pools
+        self.routing = routing
+        self.timeout_s = timeout_s
+        self.interval_s = interval_s
+        self.gates: dict[str, Gate] = {}
+        self.errors: dict[str, str] = {}
+        self._client: httpx.AsyncClient | None = None
+        self._task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+        # PUT /admin/mode: a mode forced on every engine (plain: gate 0; speculative: no gate) until the next
+        # threshold change; None: the gate follows the threshold.
+        self.forced: str | None = None
+
+    @property
+    def wanted(self) -> int | None:
+        if self.forced is not None:
+            return 0 if self.forced == PLAIN else None
+        return self.routing.threshold
+
+    async def force(self, mode: str | None) -> list[str]:
+        """Force `mode` on every engine (None: back to the threshold); the backends that failed, why."""
+        self.forced = mode
+        return await self.apply_threshold()
+
+    async def start(self, client: httpx.AsyncClient) -> None:
+        """Refuse to serve without the patch on every backend; then set the gate everywhere and keep it."""
+        self._client = client
+        for backend in self.pools.speculative:
+            backend.gate_pending = True
+        results = await asyncio.gather(
+            *(read_gate(client, b, self.timeout_s) for b in self.pools.speculative), return_exceptions=True
+        )
+        # 400 to a read: patched, but no gate to move (not started with --speculative-adaptive, PP, ...).
+        missing = [
+            str(r) for r in results if isinstance(r, NotPatched) or (isinstance(r, GateRejected) and r.status == 400)
+        ]
+        if missing:
+            raise NotPatched("topology 'in-engine' needs every backend patched: " + "; ".join(missing))
+        await self.apply_threshold()
+        self._task = asyncio.create_task(self._keep())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def apply_threshold(self) -> list[str]:
+        """Set the live threshold as every backend's gate and read it back: the backends that failed, why."""
+        async with self._lock:
+            await asyncio.gather(*(self._sync(b, force=True) for b in self.pools.speculative))
+        return [f"{url}: {error}" for url, error in self.errors.items()]
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            async with self._lock:
+                await asyncio.gather(*(self._sync(b, force=False) for b in self.pools.speculative))
+
+    async def _sync(self, backend: Backend, *, force: bool) -> None:
+        assert self._client is not None
+        wanted = self.wanted
+        if backend.healthy is False:
+            backend.gate_pending = True  # it may come back restarted, with its start-up gate: write it again
+        try:
+            gate = await read_gate(self._client, backend, self.timeout_s)
+            if force or backend.gate_pending or backend.healthy is False or gate.zero_steps_above_bs != wanted:
+                if gate.zero_steps_above_bs != wanted:
+                    logger.info("gate of %s: %s -> %s", backend.url, gate.zero_steps_above_bs, wanted)
+                await write_gate(self._client, backend, wanted, self.timeout_s)
+                gate = await read_gate(self._client, backend, self.timeout_s)
+            if gate.zero_steps_above_bs != wanted:
+                raise GateRejected(f"{backend.url} read back zero_steps_above_bs={gate.zero_steps_above_bs}")
+        except (httpx.HTTPError, NotPatched, GateRejected, ValueError) as exc:
+            backend.gate_pending = True
+            self.errors[backend.url] = str(exc) or type(exc).__name__
+            return
+        self.gates[backend.url] = gate
+        self.errors.pop(backend.url, None)
+        if backend.healthy is not False:  # else again next round: it may still be on its way down
+            backend.gate_pending = False
+
+    def view(self) -> dict:
+        return {
+            "gate": {"zero_steps_above_bs": self.wanted, "forced_mode": self.forced},
+            "backend_gates": {
+                backend.url: {
+                    "zero_steps_above_bs": gate.zero_steps_above_bs if (gate := self.gates.get(backend.url)) else None,
+                    "generation": gate.generation if gate else None,
+                    "active_steps": gate.active_steps if gate else None,
+                    "in_sync": not backend.gate_pending,
+                    "error": self.errors.get(backend.url),
+                }
+                for backend in self.pools.speculative
+            },
+        }
+
+    def collector(self) -> GateCollector:
+        return GateCollector(self)
+
+
+class GateCollector:
+    """Each backend's gate at scrape time: -1 for none (never read back, or no gate)."""
+
+    def __init__(self, sync: GateSync) -> None:
+        self.sync = sync
+
+    def collect(self):
+        gate = GaugeMetricFamily(
+            "crossover_backend_speculation_gate",
+            "Each backend's zero-step gate as read back (batches above it run no draft steps; -1 none).",
+            labels=["backend"],
+        )
+        synced = GaugeMetricFamily(
+            "crossover_backend_gate_in_sync", "1 if the backend's gate is the live threshold.", labels=["backend"]
+        )
+        for backend in self.sync.pools.speculative:
+            read = self.sync.gates.get(backend.url)
+            value = read.zero_steps_above_bs if read and read.zero_steps_above_bs is not None else -1
+            gate.add_metric([backend.url], value)
+            synced.add_metric([backend.url], 0 if backend.gate_pending else 1)
+        yield gate
+        yield synced

@@ -1,0 +1,283 @@
+"""The whole control path in one CPU process, minus ZMQ and the TP broadcast (from the patch sketch, extended).
+
+HTTP handler -> TokenizerControlMixin method -> FanOutCommunicator -> msgpack
+(as on the ZMQ socket) -> Scheduler._request_dispatcher -> internal-state
+handler -> AdaptiveController -> reply -> msgpack -> communicator -> HTTP.
+
+Needs the heavier import environment (fastapi, uvicorn, transformers, ... and
+the GPU-package stubs in cpu_import_stubs/); see the README.
+"""
+
+import asyncio
+import json
+import os
+import types
+import unittest
+from unittest import mock
+
+from sglang.srt.entrypoints import http_server
+from sglang.srt.managers import io_struct
+from sglang.srt.managers.communicator import FanOutCommunicator
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.managers.scheduler_components import internal_state
+from sglang.srt.managers.tokenizer_control_mixin import TokenizerControlMixin
+from sglang.srt.speculative.adaptive_runtime_state import (
+    AdaptiveController,
+    SpecRuntimeState,
+)
+from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+GRAPH_BS = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48]
+
+
+def wire(obj):
+    """What crossing a ZMQ socket does to a control message."""
+    return io_struct.msgpack_decode(io_struct.msgpack_encode(obj))
+
+
+def _state(steps):
+    return SpecRuntimeState(steps, steps + 1, None, None, object(), None, None, None)
+
+
+class FakeEagleWorker:
+    """The attributes of EAGLEWorkerV2 the handlers touch."""
+
+    def __init__(self, steps=3):
+        self.speculative_num_steps = steps
+        self.speculative_num_draft_tokens = steps + 1
+        self.skip_zero_step_draft_extend = None
+        self.adaptive_controller = AdaptiveController(self, AdaptiveSpeculativeParams(initial_steps=steps))
+        self.adaptive_controller.register(_state(steps))
+        self.adaptive_controller.init_states(cuda_graph_bs=GRAPH_BS)
+
+    def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs=None):
+        return _state(speculative_num_steps)
+
+    def apply_runtime_state(self, state):
+        self.speculative_num_steps = state.speculative_num_steps
+        self.speculative_num_draft_tokens = state.speculative_num_draft_tokens
+
+
+class RecordingCollector:
+    """What the handlers tell SchedulerMetricsCollector (its real methods are checked below)."""
+
+    def __init__(self):
+        self.updates = []
+        self.policy = []
+
+    def increment_spec_adaptive_policy_update(self, result):
+        self.updates.append(result)
+
+    def observe_spec_adaptive_policy(self, zero_steps_above_bs, generation):
+        self.policy.append((zero_steps_above_bs, generation))
+
+
+def fake_scheduler(worker, algorithm="EAGLE3"):
+    """A Scheduler with the real dispatcher and internal-state controller."""
+    sched = Scheduler.__new__(Scheduler)
+    for _ in range(200):  # mock whatever else the dispatcher table references
+        try:
+            sched.init_request_dispatcher()
+            break
+        except AttributeError as e:
+            name = str(e).split("'")[-2]
+            setattr(sched, name, mock.MagicMock(name=name))
+    sched.spec_algorithm = SpeculativeAlgorithm.from_string(algorithm)
+    sched.draft_worker = worker
+    sched.metrics_collector = RecordingCollector()
+    sched.internal_state = internal_state.SchedulerInternalStateController(sched, record_step_time=False)
+    return sched
+
+
+class FakeTokenizerManager(TokenizerControlMixin):
+    """The mixin's control methods over a communicator whose 'socket' is the
+    fake scheduler (one DP group: fan-out 1)."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+        self.sent = []
+        for name in ("get_spec_adaptive_config", "update_spec_adaptive_config"):
+            setattr(self, f"{name}_communicator", FanOutCommunicator(self._send, 1))
+
+    def auto_create_handle_loop(self):
+        pass
+
+    def _send(self, obj):
+        self.sent.append(obj)
+        reply = wire(self.scheduler._request_dispatcher(wire(obj)))
+        comm = (
+            self.update_spec_adaptive_config_communicator
+            if isinstance(reply, io_struct.UpdateSpecAdaptiveConfigReqOutput)
+            else self.get_spec_adaptive_config_communicator
+        )
+        asyncio.get_running_loop().call_soon(comm.handle_recv, reply)
+
+
+class FakeRequest:
+    def __init__(self, body):
+        self._body = body
+
+    async def json(self):
+        if isinstance(self._body, bytes):
+            return json.loads(self._body)
+        return self._body
+
+
+class TestControlPath(unittest.TestCase):
+    def setUp(self):
+        patcher = mock.patch.object(internal_state, "get_parallel", lambda: types.SimpleNamespace(pp_size=1))
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        os.environ.pop("SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND", None)
+        self.worker = FakeEagleWorker()
+        self.tm = FakeTokenizerManager(fake_scheduler(self.worker))
+        http_server.set_global_state(
+            types.SimpleNamespace(tokenizer_manager=self.tm, template_manager=None, scheduler_info={})
+        )
+
+    def post(self, body):
+        resp = asyncio.run(http_server.update_speculative_adaptive(FakeRequest(body)))
+        return resp.status_code, json.loads(resp.body)
+
+    def get(self):
+        resp = asyncio.run(http_server.get_speculative_adaptive())
+        return resp.status_code, json.loads(resp.body)
+
+    def test_routes_are_registered(self):
+        methods = {
+            m for r in http_server.app.routes if getattr(r, "path", None) == "/speculative/adaptive" for m in r.methods
+        }
+        self.assertEqual(methods, {"GET", "POST"})
+
+    def test_new_messages_are_on_the_msgpack_wire(self):
+        names = {c.__name__ for c in io_struct._struct_types}
+        for cls in (
+            "GetSpecAdaptiveConfigReqInput",
+            "GetSpecAdaptiveConfigReqOutput",
+            "UpdateSpecAdaptiveConfigReqInput",
+            "UpdateSpecAdaptiveConfigReqOutput",
+        ):
+            self.assertIn(cls, names)
+
+    def test_get_then_gate_then_clear(self):
+        status, body = self.get()
+        self.assertEqual(status, 200)
+        self.assertEqual(body["state"]["captured_steps"], [0, 1, 3, 5, 7])
+        self.assertIsNone(body["state"]["zero_steps_above_bs"])
+
+        status, body = self.post({"zero_steps_above_bs": 16, "skip_zero_step_draft_extend": True})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(body["state"]["zero_steps_above_bs"], 16)
+        self.assertEqual(body["state"]["skip_zero_step_draft_extend"], {"override": True, "effective": True})
+        self.assertTrue(self.worker.skip_zero_step_draft_extend)
+        self.worker.adaptive_controller.activate_step_by_batch(30)
+        self.assertEqual(self.worker.speculative_num_steps, 0)
+
+        status, body = self.post({"zero_steps_above_bs": None, "skip_zero_step_draft_extend": None})
+        self.assertEqual(status, 200, body)
+        self.assertIsNone(body["state"]["zero_steps_above_bs"])
+        self.assertIsNone(self.worker.skip_zero_step_draft_extend)
+        self.assertEqual(body["state"]["generation"], 2)
+
+    def test_rejections_map_to_http_status(self):
+        status, body = self.post({"zero_steps_above_bs": "16"})
+        self.assertEqual(status, 400)
+        self.assertEqual(self.tm.sent, [])  # never reached the scheduler
+        status, body = self.post(b"{not json")
+        self.assertEqual(status, 400)
+
+        status, body = self.post({"config": {"1": {"candidate_steps": [2]}}})
+        self.assertEqual(status, 400)
+        self.assertIn("only the step counts captured at startup", body["message"])
+
+        status, body = self.post({"reset_config": True, "expected_generation": 5})
+        self.assertEqual(status, 409)
+        self.assertEqual(self.get()[1]["state"]["generation"], 0)
+
+    def test_server_without_adaptive_says_why(self):
+        self.worker.adaptive_controller = None
+        status, body = self.post({"zero_steps_above_bs": 8})
+        self.assertEqual(status, 400)
+        self.assertIn("--speculative-adaptive", body["message"])
+        self.tm.scheduler.spec_algorithm = SpeculativeAlgorithm.from_string(None)
+        status, body = self.get()
+        self.assertEqual(status, 400)
+        self.assertIn("not enabled", body["message"])
+
+    def test_a_request_travels_the_whole_path(self):
+        status, body = self.post({"zero_steps_above_bs": 8})
+        self.assertEqual(status, 200, body)
+        # Out through the communicator as the wire struct, in through Scheduler._request_dispatcher.
+        self.assertEqual([type(m).__name__ for m in self.tm.sent], ["UpdateSpecAdaptiveConfigReqInput"])
+        self.assertEqual(body["states"][0]["zero_steps_above_bs"], 8)
+        self.assertEqual(self.get()[1]["state"]["zero_steps_above_bs"], 8)
+
+    def test_malformed_bodies_never_reach_the_scheduler(self):
+        deep = "[" * 100000 + "]" * 100000
+        for raw in (b"{not json", b"", deep.encode(), b'{"zero_steps_above_bs": 1e400}', b"\xff"):
+            status, body = self.post(raw)
+            self.assertEqual(status, 400, (raw[:20], body))
+            self.assertFalse(body["success"])
+        for bad in ({"zero_steps_above_bs": 10**30}, {"config": {"1": {"candidate_steps": [1], "ema_alpha": 2}}}):
+            self.assertEqual(self.post(bad)[0], 400)
+        self.assertEqual(self.tm.sent, [])
+
+    def test_a_failing_read_is_a_reply_not_a_scheduler_crash(self):
+        def broken():
+            raise RuntimeError("boom")
+
+        self.worker.adaptive_controller.runtime_config = broken
+        status, body = self.get()
+        self.assertEqual(status, 400)
+        self.assertIn("internal error", body["message"])
+        status, body = self.post({"zero_steps_above_bs": 4})
+        self.assertEqual(status, 400)
+        self.assertIn("internal error", body["message"])
+
+    def test_metrics_follow_every_update(self):
+        collector = self.tm.scheduler.metrics_collector
+        self.post({"zero_steps_above_bs": 16})
+        self.post({"config": {"1": {"candidate_steps": [2]}}})
+        self.post({"reset_config": True, "expected_generation": 0})
+        self.post({"zero_steps_above_bs": None, "dry_run": True})
+        self.assertEqual(collector.updates, ["applied", "rejected", "conflict"])
+        self.assertEqual(collector.policy[-1], (16, 1))
+
+    def test_the_collector_exports_the_gate(self):
+        import inspect
+
+        import prometheus_client
+        from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
+
+        source = inspect.getsource(SchedulerMetricsCollector.__init__)
+        for name in (
+            "sglang:spec_adaptive_zero_steps_above_bs",
+            "sglang:spec_adaptive_policy_generation",
+            "sglang:spec_adaptive_policy_updates_total",
+        ):
+            self.assertIn(name, source)
+        registry = prometheus_client.CollectorRegistry()
+        collector = SchedulerMetricsCollector.__new__(SchedulerMetricsCollector)
+        collector.labels = {"model_name": "m"}
+        collector.spec_adaptive_zero_steps_above_bs = prometheus_client.Gauge(
+            "sglang:spec_adaptive_zero_steps_above_bs", "", ["model_name"], registry=registry
+        )
+        collector.spec_adaptive_policy_generation = prometheus_client.Gauge(
+            "sglang:spec_adaptive_policy_generation", "", ["model_name"], registry=registry
+        )
+        collector.spec_adaptive_policy_updates_total = prometheus_client.Counter(
+            "sglang:spec_adaptive_policy_updates_total", "", ["model_name", "result"], registry=registry
+        )
+        collector.observe_spec_adaptive_policy(None, 2)
+        collector.increment_spec_adaptive_policy_update("applied")
+        labels = {"model_name": "m"}
+        self.assertEqual(registry.get_sample_value("sglang:spec_adaptive_zero_steps_above_bs", labels), -1)
+        self.assertEqual(registry.get_sample_value("sglang:spec_adaptive_policy_generation", labels), 2)
+        self.assertEqual(
+            registry.get_sample_value("sglang:spec_adaptive_policy_updates_total", {**labels, "result": "applied"}), 1
+        )
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,137 @@
+"""AdaptiveController.update_runtime_config with a fake worker (no GPU).
+
+The fake worker mirrors what EAGLEWorkerV2 does around the controller:
+register the startup state, init_states() builds one state per other
+candidate step, apply_runtime_state() swaps the active one.
+"""
+
+import unittest
+
+from sglang.srt.speculative.adaptive_runtime_state import (
+    AdaptiveController,
+    AdaptiveUpdateConflict,
+    SpecRuntimeState,
+)
+from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
+
+GRAPH_BS = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48]
+
+
+def _state(steps):
+    return SpecRuntimeState(
+        speculative_num_steps=steps,
+        speculative_num_draft_tokens=steps + 1,
+        draft_attn_backend=None,
+        cuda_graph_runner=None,
+        target_attn_backend=object(),
+        target_graph_runner=None,
+        draft_extend_attn_backend=None,
+        cuda_graph_runner_for_draft_extend=None,
+    )
+
+
+class FakeWorker:
+    def __init__(self, steps):
+        self.speculative_num_steps = steps
+        self.speculative_num_draft_tokens = steps + 1
+        self.built = []  # (steps, graph bs) per build_adaptive_runtime_state
+        self.switches = []
+
+    def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs=None):
+        self.built.append((speculative_num_steps, cuda_graph_bs))
+        return _state(speculative_num_steps)
+
+    def apply_runtime_state(self, state):
+        if state.speculative_num_steps == self.speculative_num_steps:
+            return
+        self.switches.append(state.speculative_num_steps)
+        self.speculative_num_steps = state.speculative_num_steps
+        self.speculative_num_draft_tokens = state.speculative_num_draft_tokens
+
+
+def started_controller(initial_steps=3, cfg=None, graph_bs=GRAPH_BS, padding=True):
+    worker = FakeWorker(initial_steps)
+    controller = AdaptiveController(worker, AdaptiveSpeculativeParams(initial_steps=initial_steps, cfg=cfg))
+    controller.register(_state(initial_steps))  # EAGLEWorkerV2.init_cuda_graphs
+    controller.init_states(cuda_graph_bs=graph_bs, graph_padding=padding)
+    return worker, controller
+
+
+class TestControllerUpdate(unittest.TestCase):
+    def test_startup_facts_are_recorded(self):
+        worker, c = started_controller()
+        self.assertEqual(c.captured_steps, [0, 1, 3, 5, 7])
+        self.assertEqual(sorted(s for s, _ in worker.built), [0, 1, 5, 7])
+        state = c.runtime_config()
+        self.assertEqual(state["captured_graph_bs"]["3"], GRAPH_BS)
+        self.assertEqual(state["captured_graph_bs"]["7"], [1, 2, 4])
+        self.assertEqual((state["generation"], state["zero_steps_above_bs"]), (0, None))
+
+    def test_gate_applies_at_the_next_batch_and_builds_nothing(self):
+        worker, c = started_controller()
+        built = list(worker.built)
+        c.activate_step_by_batch(20)
+        self.assertEqual(worker.speculative_num_steps, 3)
+
+        state = c.update_runtime_config(set_zero_steps_above_bs=True, zero_steps_above_bs=16)
+        self.assertEqual(state["generation"], 1)
+        self.assertEqual(worker.speculative_num_steps, 3)  # nothing activated yet
+        c.activate_step_by_batch(20)  # next decode batch
+        self.assertEqual(worker.speculative_num_steps, 0)
+        c.activate_step_by_batch(4)
+        self.assertEqual(worker.speculative_num_steps, 3)
+
+        c.update_runtime_config(set_zero_steps_above_bs=True, zero_steps_above_bs=None)
+        c.activate_step_by_batch(20)
+        self.assertEqual(worker.speculative_num_steps, 3)
+        self.assertEqual(worker.built, built)  # no state was (re)built
+
+    def test_rejected_update_changes_nothing(self):
+        _worker, c = started_controller()
+        before = c.runtime_config()
+        bad = [
+            dict(config={"1": {"candidate_steps": [2]}}),
+            dict(config={"1": {"candidate_steps": [7]}, "8": {"candidate_steps": [7]}}),
+        ]
+        for kwargs in bad:
+            with self.subTest(kwargs=kwargs), self.assertRaises(ValueError):
+                c.update_runtime_config(**kwargs)
+        self.assertEqual(c.runtime_config(), before)
+
+    def test_eager_fallback_must_be_explicit(self):
+        worker, c = started_controller()
+        cfg = {"1": {"candidate_steps": [7]}, "8": {"candidate_steps": [7]}}
+        with self.assertRaisesRegex(ValueError, "steps=7 at cuda-graph bs"):
+            c.update_runtime_config(config=cfg)
+        state = c.update_runtime_config(config=cfg, allow_eager_fallback=True)
+        self.assertEqual(state["eager_fallback"]["7"], [8, 12, 16, 24, 32, 40, 48])
+        c.activate_step_by_batch(30)
+        self.assertEqual(worker.speculative_num_steps, 7)
+
+    def test_gate_without_zero_state_is_rejected(self):
+        _worker, c = started_controller(cfg={"1": {"candidate_steps": [1, 3]}})
+        with self.assertRaisesRegex(ValueError, "0-step runtime state"):
+            c.update_runtime_config(set_zero_steps_above_bs=True, zero_steps_above_bs=8)
+
+    def test_dry_run_and_expected_generation(self):
+        _worker, c = started_controller()
+        preview = c.update_runtime_config(set_zero_steps_above_bs=True, zero_steps_above_bs=0, dry_run=True)
+        self.assertEqual(preview["zero_steps_above_bs"], 0)
+        self.assertEqual(c.runtime_config()["zero_steps_above_bs"], None)
+        self.assertEqual(c.generation, 0)
+
+        c.update_runtime_config(set_zero_steps_above_bs=True, zero_steps_above_bs=0, expected_generation=0)
+        with self.assertRaises(AdaptiveUpdateConflict):
+            c.update_runtime_config(reset_config=True, expected_generation=0)
+        c.update_runtime_config(reset_config=True, expected_generation=1)
+        self.assertEqual(c.generation, 2)
+
+    def test_graphs_disabled_accepts_any_captured_step(self):
+        worker, c = started_controller(graph_bs=None)
+        c.update_runtime_config(config={"1": {"candidate_steps": [7]}})
+        c.activate_step_by_batch(40)
+        self.assertEqual(worker.speculative_num_steps, 7)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,230 @@
+"""Pure policy logic of the runtime adaptive-spec patch (no GPU, no server).
+
+Needs only the patched sglang tree on PYTHONPATH (plus a `triton` import stub,
+because `sglang/__init__` imports it); run with `python -m unittest`.
+"""
+
+import unittest
+
+from sglang.srt.speculative import adaptive_spec_params as asp
+from sglang.srt.speculative.adaptive_spec_params import (
+    DEFAULT_ADAPTIVE_CONFIG,
+    AdaptiveSpeculativeParams,
+    graph_coverage_gaps,
+    parse_runtime_update_body,
+    validate_runtime_adaptive_config,
+    validate_zero_steps_above_bs,
+)
+
+# Decode CUDA-graph batch sizes of an EAGLE server at max_running_requests=48
+# (illustrative; the real list comes from --cuda-graph-bs / max bs).
+GRAPH_BS = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48]
+INITIAL_STEPS = 3  # startup --speculative-num-steps; must be a candidate
+
+
+def make_params(cfg=None):
+    p = AdaptiveSpeculativeParams(initial_steps=INITIAL_STEPS, cfg=cfg)
+    p.set_cuda_graph_bs(GRAPH_BS)
+    return p
+
+
+def startup_capture(params):
+    """step -> graph bs, as AdaptiveController.init_states records it: the
+    startup step over every graph bs, every other step over its pruned list."""
+    captured = {INITIAL_STEPS: list(GRAPH_BS)}
+    for step in params.candidate_steps:
+        captured.setdefault(step, params.cuda_graph_bs_for_step(step))
+    return captured
+
+
+class TestPatchedTree(unittest.TestCase):
+    def test_patched_module_is_imported(self):
+        # Guard against silently testing an unpatched installed sglang.
+        self.assertTrue(hasattr(asp, "validate_runtime_adaptive_config"))
+
+
+class TestValidateRuntimeConfig(unittest.TestCase):
+    CAPTURED = (0, 1, 3, 5, 7)  # union of DEFAULT_ADAPTIVE_CONFIG
+
+    def test_accepts_slots_over_captured_steps(self):
+        cfg = {
+            "ema_alpha": 0.3,
+            "1": {"candidate_steps": [3, 7]},
+            "16": {"candidate_steps": [0]},
+            "_comment": "ignored",
+        }
+        self.assertEqual(sorted(validate_runtime_adaptive_config(cfg, self.CAPTURED)), [1, 16])
+
+    def test_rejects_step_count_not_captured(self):
+        with self.assertRaisesRegex(ValueError, r"BS 1: candidate_steps \[2, 4\]"):
+            validate_runtime_adaptive_config({"1": {"candidate_steps": [2, 3, 4]}}, self.CAPTURED)
+
+    def test_rejects_malformed_input_with_the_offending_key(self):
+        bad = [
+            ({"1": {"candidate_steps": [True]}}, "candidate_steps must be"),
+            ({"1": {"candidate_steps": [1], "ema": 0.1}}, r"unknown keys \['ema'\]"),
+            ({"1": {"candidate_steps": [1], "ema_alpha": 0}}, "ema_alpha must be"),
+            ({"1": {"candidate_steps": [1], "update_interval": 0}}, "update_interval"),
+            ({"steps": [1]}, "unknown top-level key 'steps'"),
+            ({"1": [1, 3]}, "slot must be a JSON object"),
+            ({}, "at least one integer-string"),
+            ([1, 3], "config must be a JSON object"),
+        ]
+        for cfg, pattern in bad:
+            with self.subTest(cfg=cfg), self.assertRaisesRegex(ValueError, pattern):
+                validate_runtime_adaptive_config(cfg, self.CAPTURED)
+
+    def test_gate_needs_the_zero_step_state(self):
+        validate_zero_steps_above_bs(16, [0, 3])
+        validate_zero_steps_above_bs(None, [3])
+        with self.assertRaisesRegex(ValueError, "0-step runtime state"):
+            validate_zero_steps_above_bs(16, [1, 3])
+        for bad in (-1, True, 1.5, "16"):
+            with self.subTest(bad=bad), self.assertRaises(ValueError):
+                validate_zero_steps_above_bs(bad, [0])
+
+
+class TestGate(unittest.TestCase):
+    def test_zero_steps_above_bs_then_back_on(self):
+        p = make_params()
+        self.assertEqual(p.get_steps_for_batch(20), 3)  # slot "8": [0, 1, 3]
+        p.set_zero_steps_above_bs(16)
+        self.assertEqual(p.get_steps_for_batch(16), 3)
+        self.assertEqual(p.get_steps_for_batch(17), 0)
+        self.assertEqual(p.get_steps_for_batch(48), 0)
+        p.set_zero_steps_above_bs(None)
+        self.assertEqual(p.get_steps_for_batch(17), 3)
+
+    def test_gated_batches_do_not_feed_the_ema(self):
+        p = make_params()
+        p.set_zero_steps_above_bs(16)
+        slot = p._route(20)
+        before = (slot.ema_accept_len, slot._batch_count, slot.current_steps)
+        for _ in range(50):
+            self.assertIsNone(p.on_verify_complete([0] * 20, batch_size=20))
+        self.assertEqual((slot.ema_accept_len, slot._batch_count, slot.current_steps), before)
+
+    def test_gate_zero_turns_every_batch_plain(self):
+        p = make_params()
+        p.set_zero_steps_above_bs(0)
+        self.assertEqual({p.get_steps_for_batch(b) for b in range(1, 60)}, {0})
+
+
+class TestReplaceConfig(unittest.TestCase):
+    def test_unchanged_slot_keeps_state_changed_slot_restarts(self):
+        p = make_params()
+        slot1 = p._slots[1]
+        for _ in range(40):  # high acceptance at bs=1 moves slot "1" up
+            p.on_verify_complete([7], batch_size=1)
+        learned = (slot1.current_steps, slot1.ema_accept_len)
+        self.assertGreater(learned[0], INITIAL_STEPS)
+
+        new_cfg = dict(DEFAULT_ADAPTIVE_CONFIG)
+        new_cfg["8"] = {**DEFAULT_ADAPTIVE_CONFIG["8"], "candidate_steps": [0, 1]}
+        p.replace_config(new_cfg)
+
+        self.assertIs(p._slots[1], slot1)
+        self.assertEqual((slot1.current_steps, slot1.ema_accept_len), learned)
+        # Old slot "8" was at 3, no longer a candidate: middle candidate, fresh EMA.
+        self.assertEqual(p._slots[8].candidate_steps, [0, 1])
+        self.assertEqual(p._slots[8].current_steps, 1)
+        self.assertEqual(p._slots[8]._batch_count, 0)
+        self.assertEqual(p.candidate_steps, [0, 1, 3, 5, 7])  # cache dropped
+
+    def test_config_round_trips_and_reset_restores_startup(self):
+        p = make_params()
+        startup = p.config()
+        p.replace_config({"1": {"candidate_steps": [1]}, "4": {"candidate_steps": [0]}})
+        self.assertEqual(sorted(p.config()), ["1", "4"])
+        self.assertEqual(p.get_steps_for_batch(8), 0)
+        p.replace_config(p.startup_config)
+        self.assertEqual(p.config(), startup)
+        # What GET returns is a valid POST body.
+        validate_runtime_adaptive_config(p.config(), [0, 1, 3, 5, 7])
+
+
+class TestGraphCoverage(unittest.TestCase):
+    def setUp(self):
+        self.captured = startup_capture(make_params())
+
+    def test_startup_capture_matches_the_default_pruning(self):
+        self.assertEqual(self.captured[7], [1, 2, 4])
+        self.assertEqual(self.captured[0], [8, 12, 16, 24, 32, 40, 48])
+        self.assertEqual(self.captured[3], GRAPH_BS)  # the startup step
+
+    def test_default_slots_with_any_gate_are_covered(self):
+        p = make_params()
+        for gate in (None, 0, 1, 4, 8, 16, 32, 48, 100):
+            with self.subTest(gate=gate):
+                self.assertEqual(
+                    graph_coverage_gaps(p.required_graph_bs_by_step(gate), self.captured),
+                    {},
+                )
+
+    def test_deep_steps_at_large_batch_would_run_eager(self):
+        p = make_params({"1": {"candidate_steps": [7]}, "8": {"candidate_steps": [5, 7]}})
+        gaps = graph_coverage_gaps(p.required_graph_bs_by_step(None), self.captured)
+        self.assertEqual(gaps[7], [8, 12, 16, 24, 32, 40, 48])
+        self.assertEqual(gaps[5], [8, 12, 16, 24, 32, 40, 48])
+
+    def test_without_padding_sizes_must_match_exactly(self):
+        p = make_params({"1": {"candidate_steps": [1, 3]}, "4": {"candidate_steps": [0]}})
+        need = p.required_graph_bs_by_step(None)
+        self.assertEqual(graph_coverage_gaps(need, self.captured, allow_padding=True), {})
+        self.assertEqual(graph_coverage_gaps(need, self.captured, allow_padding=False), {0: [4]})
+
+    def test_graphs_disabled_means_no_gaps(self):
+        p = AdaptiveSpeculativeParams(initial_steps=INITIAL_STEPS)
+        self.assertEqual(p.required_graph_bs_by_step(0), {})
+        self.assertEqual(graph_coverage_gaps({0: [1]}, {0: None}), {})
+
+
+class TestParseBody(unittest.TestCase):
+    def test_gate_is_tri_state(self):
+        self.assertEqual(
+            parse_runtime_update_body({"zero_steps_above_bs": 16})["zero_steps_above_bs"],
+            16,
+        )
+        cleared = parse_runtime_update_body({"zero_steps_above_bs": None})
+        self.assertTrue(cleared["set_zero_steps_above_bs"])
+        self.assertIsNone(cleared["zero_steps_above_bs"])
+        kept = parse_runtime_update_body({"config": {"1": {"candidate_steps": [1]}}})
+        self.assertFalse(kept["set_zero_steps_above_bs"])
+
+    def test_rejects_bad_bodies_before_they_reach_the_scheduler(self):
+        bad = [
+            ([], "JSON object"),
+            ({}, "nothing to change"),
+            ({"zero_steps_above_bs": "16"}, r"int in \[0, "),
+            ({"zero_steps_above_bs": True}, r"int in \[0, "),
+            ({"zero_steps_above_bs": -1}, r"int in \[0, "),
+            # Beyond msgpack's ints: refused here, not by an encoder on the way to the scheduler.
+            ({"zero_steps_above_bs": 10**30}, r"int in \[0, "),
+            ({"expected_generation": 2**70, "reset_config": True}, "expected_generation"),
+            ({"dry_run": "yes", "zero_steps_above_bs": 1}, "dry_run"),
+            ({"config": {"1": {"candidate_steps": [1]}}, "reset_config": True}, "not both"),
+            ({"config": {}}, "at least one integer-string BS key"),
+            ({"config": {"1": {"candidate_steps": [10**30]}}}, "non-negative ints"),
+            ({"config": {"1": {"candidate_steps": [1], "update_interval": 0}}}, "update_interval"),
+            ({"config": {"1": {"candidate_steps": [1], "ema_alpha": float("nan")}}}, "ema_alpha"),
+            ({"config": {"1": {"candidate_steps": [True]}}}, "non-negative ints"),
+            ({"config": {"1": [1]}}, "JSON object"),
+            ({"zero_step_above_bs": 1}, "unknown fields"),
+        ]
+        for body, pattern in bad:
+            with self.subTest(body=body), self.assertRaisesRegex(ValueError, pattern):
+                parse_runtime_update_body(body)
+
+    def test_config_crosses_to_the_scheduler_cleaned(self):
+        # Comment keys (which could nest anything) stop in the HTTP process; BS keys are canonical.
+        deep = {}
+        for _ in range(5000):
+            deep = {"x": deep}
+        fields = parse_runtime_update_body(
+            {"config": {"_note": deep, "ema_alpha": 0.5, "08": {"candidate_steps": [0, 1], "_why": "x"}}}
+        )
+        self.assertEqual(fields["config"], {"ema_alpha": 0.5, "8": {"candidate_steps": [0, 1]}})
+
+
+if __name__ == "__main__":
+    unittest.main()

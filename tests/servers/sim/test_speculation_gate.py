@@ -1,0 +1,92 @@
+"""The stand-in's patched /speculative/adaptive (the patch's validation and replies) and the zero-step cost model."""
+
+from __future__ import annotations
+
+import random
+
+import httpx
+import pytest
+
+from crossover.servers.sim.costs import make_costs
+from crossover.servers.sim.engine import Engine, Sequence
+from crossover.servers.sim.profile import load_profile
+
+
+def post(url: str, body) -> httpx.Response:
+    content = body if isinstance(body, bytes) else None
+    kwargs = {"content": content} if content is not None else {"json": body}
+    return httpx.post(url + "/speculative/adaptive", timeout=10, trust_env=False, **kwargs)
+
+
+def test_the_endpoint_validates_as_the_patch_does(sim):
+    server = sim("llama8b-h200-eagle3", "--speculation-gate")
+    state = httpx.get(server.url + "/speculative/adaptive", timeout=10, trust_env=False).json()["state"]
+    assert state["zero_steps_above_bs"] is None and state["generation"] == 0 and state["active_steps"] == 3
+
+    for bad in (
+        b"{not json",
+        [],
+        {},
+        {"zero_steps_above_bs": "16"},
+        {"zero_steps_above_bs": True},
+        {"zero_steps_above_bs": -1},
+        {"zero_steps_above_bs": 10**30},
+        {"dry_run": "yes", "zero_steps_above_bs": 1},
+        {"zero_step_above_bs": 1},
+        {"config": {"1": {"candidate_steps": [0, 3]}}},  # the stand-in has no slots to replace
+    ):
+        response = post(server.url, bad)
+        assert response.status_code == 400, (bad, response.text)
+        assert response.json()["success"] is False
+    assert httpx.get(server.url + "/speculative/adaptive", timeout=10).json()["state"]["generation"] == 0
+
+    response = post(server.url, {"zero_steps_above_bs": 16})
+    assert response.status_code == 200
+    assert response.json()["state"]["zero_steps_above_bs"] == 16 and response.json()["state"]["generation"] == 1
+    assert post(server.url, {"zero_steps_above_bs": None, "expected_generation": 0}).status_code == 409
+    assert post(server.url, {"zero_steps_above_bs": None, "expected_generation": 1}).json()["state"] == {
+        **response.json()["state"],
+        "zero_steps_above_bs": None,
+        "generation": 2,
+    }
+
+
+def test_an_unpatched_stand_in_has_no_endpoint(sim):
+    server = sim("llama8b-h200-eagle3")
+    assert httpx.get(server.url + "/speculative/adaptive", timeout=10).status_code == 404
+
+
+def test_the_gate_needs_a_speculative_profile():
+    from crossover.servers.sim.app import SimSettings, create_app
+
+    with pytest.raises(ValueError, match="speculative profile"):
+        create_app(SimSettings(profile=load_profile("llama8b-h200-plain"), speculation_gate=True))
+
+
+@pytest.mark.parametrize("name", ["llama8b-h200-eagle3", "k25-eagle3"])
+def test_a_zero_step_costs_a_plain_decode_plus_one_draft_extend(name):
+    spec, plain = load_profile(name), load_profile(name.replace("eagle3", "plain"))
+    spec_costs, plain_costs = make_costs(spec), make_costs(plain)
+    for batch in (1, 64, 256):
+        context = batch * 1024
+        zero = spec_costs.zero_step_s(batch, context, skip_draft_extend=False)
+        skipped = spec_costs.zero_step_s(batch, context, skip_draft_extend=True)
+        plain_step = plain_costs.decode_s(batch, context, batch)
+        assert skipped == pytest.approx(plain_step, rel=0.02)  # the 1-token verify is a plain decode pass
+        assert plain_step < zero < spec_costs.decode_s(batch, context, batch)
+
+
+def test_batches_above_the_gate_take_zero_steps():
+    engine = Engine(load_profile("llama8b-h200-eagle3"), random.Random(0))
+    engine.zero_steps_above_bs = 4
+    now = 0.0
+    for _ in range(6):
+        engine.submit(Sequence(128, 64), now)
+    kinds = []
+    while (step := engine.next_step(now)) is not None and len(kinds) < 40:
+        now += step.duration
+        if step.kind == "decode":
+            kinds.append((len(step.seqs), step.zero_step))
+        engine.finish_step(step, now)
+    assert kinds and all(zero == (batch > 4) for batch, zero in kinds)
+    assert engine.zero_step_batches_total == sum(zero for _, zero in kinds)

@@ -1,0 +1,91 @@
+"""The in-engine profiles: kimi-k25-in-engine (its argv is checked by SGLang's parser with every shipped profile in
+test_sglang_parser.py; here its slot config with SGLang's own loader) and standin-in-engine, which comes up with
+`crossover servers up`, is served by `crossover serve` with the shipped gateway config, and routes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import httpx
+import openai
+import pytest
+
+from crossover.servers.process import free_port, spawn, stop, wait_ready
+from crossover.servers.profile import ProfileError, load_profile, parse_profile
+from crossover.servers.sglang_check import load_adaptive_config
+from tests.conftest import crossover_argv
+from tests.servers.conftest import SHIPPED, run_cli
+
+READY_S = 60.0
+
+
+def test_the_kimi_slots_capture_zero_and_the_speculative_steps_at_every_batch_size(sglang_python):
+    profile = load_profile("kimi-k25-in-engine")
+    server = profile.servers[0]
+    slots = load_adaptive_config(sglang_python, SHIPPED / "kimi-k25-in-engine.slots.json")
+    # One slot from batch 1 up: every step it lists is captured for every CUDA-graph size up to the cap.
+    assert list(slots) == ["1"]
+    assert {0, server.speculative.num_steps} <= set(slots["1"])
+    assert server.max_running_requests == server.cuda_graph_max_bs_decode == 256
+    assert server.speculative.adaptive_config.endswith("kimi-k25-in-engine.slots.json")
+    assert profile.needs_patch
+
+
+def test_an_in_engine_server_states_its_running_cap():
+    text = (SHIPPED / "kimi-k25-in-engine.toml").read_text()
+    text = re.sub(r"^max_running_requests = .*$", "", text, flags=re.MULTILINE)
+    with pytest.raises(ProfileError, match="set max_running_requests"):
+        parse_profile(text, name="no-cap", source="test")
+
+
+def test_plan_says_the_profile_needs_the_patch_and_whether_sglang_has_it(sglang_python):
+    result = run_cli("plan", "kimi-k25-in-engine", "--no-fit-check", "--sglang-python", str(sglang_python))
+    assert "needs SGLang patched with patches/sglang-0.5.23" in result.stderr
+    assert "patches not applied" in result.stderr  # the venv's SGLang is the release
+    assert result.returncode == 1
+    standin = run_cli("plan", "standin-in-engine", "--no-fit-check")
+    assert standin.returncode == 0 and "--speculation-gate" in standin.stdout and "needs SGLang" not in standin.stderr
+
+
+def test_the_standin_topology_comes_up_and_routes(standin_profile, state_dir, tmp_path):
+    path = standin_profile("standin-in-engine")
+    profile = load_profile(path)
+    urls = [s.url for s in profile.servers]
+    config = (SHIPPED / "gateway" / "standin-in-engine.toml").read_text()
+    config = re.sub(r"^backends = .*$", f"backends = {urls!r}".replace("'", '"'), config, flags=re.MULTILINE)
+    gateway_port = free_port()
+    config = re.sub(r"^port = \d+", f"port = {gateway_port}", config, flags=re.MULTILINE)
+    config_path = tmp_path / "gateway.toml"
+    config_path.write_text(config)
+
+    up = run_cli("up", str(path), "--state-dir", str(state_dir))
+    assert up.returncode == 0, up.stderr
+    gateway = spawn(crossover_argv("serve", "--config", str(config_path)), die_with_parent=False)
+    try:
+        url = f"http://127.0.0.1:{gateway_port}"
+        wait_ready(url + "/health", gateway, READY_S)
+        for backend in urls:
+            gate = httpx.get(backend + "/speculative/adaptive", timeout=10).json()["state"]
+            assert gate["zero_steps_above_bs"] == 24  # the config's threshold, set by the gateway at start
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=30)
+        reply = client.chat.completions.create(
+            model="kimi-k2.5", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        assert reply.choices[0].message.content
+    finally:
+        stop([gateway])
+        down = run_cli("down", str(path), "--state-dir", str(state_dir))
+    assert down.returncode == 0, down.stderr
+
+
+def test_the_gateway_refuses_unpatched_backends_at_start(tmp_path, sim):
+    plain_eagle = sim("k25-eagle3")  # no --speculation-gate
+    port = free_port()
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'port = {port}\ntopology = "in-engine"\n[pools.speculative]\nbackends = ["{plain_eagle.url}"]\n')
+    result = subprocess.run(
+        crossover_argv("serve", "--config", str(config)), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode != 0
+    assert "patches/sglang-0.5.23" in result.stderr and "crossover patches apply" in result.stderr
