@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 
 import pytest
+import uvicorn
 
-from crossover.servers.fit import check_fit, folder_weights_gb, gpu_processes
+from crossover.servers.fit import check_fit, folder_weights_gb, gpu_processes, port_is_free
 from crossover.servers.profile import load_profile, parse_profile
 from tests.conftest import crossover_argv
 from tests.servers.conftest import CLI_TIMEOUT_S, SHIPPED
+from tests.waiting import wait_until
 
 FAKE_SMI = """#!/usr/bin/env bash
 # Answers the nvidia-smi queries crossover makes, from $FAKE_GPUS and $FAKE_APPS ("pid,gpu,MiB;...").
@@ -149,3 +152,31 @@ def test_down_reports_processes_still_holding_the_profiles_gpus(fake_nvidia_smi,
     monkeypatch.setenv("FAKE_GPUS", "8")
     monkeypatch.setenv("FAKE_APPS", "4242,2,81234;5151,7,100")
     assert [(p.pid, p.gpu) for p in gpu_processes([0, 1, 2, 3])] == [(4242, 2)]
+
+
+def test_a_port_left_in_time_wait_by_a_stopped_server_is_free_as_its_next_server_binds(serve):
+    """`servers down` then `up`: the stopped server closed its connections first, so its port sits in
+    TIME_WAIT for a minute. uvicorn (SGLang's server) binds with SO_REUSEADDR and gets it; so must the check."""
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    server = serve(app)
+    # The server closes first (Connection: close; the client reads to its EOF before closing): the TIME_WAIT
+    # is on the server's side, at its listening port.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+        client.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+    assert b"200 OK" in answer
+    server.server.should_exit = True
+    wait_until(lambda: port_is_free("127.0.0.1", server.port), what="the stopped server's port to be free")
+    with socket.socket() as plain:  # the state the old check tripped on: a bind without SO_REUSEADDR fails
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", server.port))
+    assert port_is_free("127.0.0.1", server.port)
+    config = uvicorn.Config(app, host="127.0.0.1", port=server.port)
+    config.bind_socket().close()  # and the next server really binds there
