@@ -174,9 +174,9 @@ def test_a_port_left_in_time_wait_by_a_stopped_server_is_free_as_its_next_server
     assert b"200 OK" in answer
     server.server.should_exit = True
     wait_until(lambda: port_is_free("127.0.0.1", server.port), what="the stopped server's port to be free")
-    with socket.socket() as plain:  # the state the old check tripped on: a bind without SO_REUSEADDR fails
-        with pytest.raises(OSError):
-            plain.bind(("127.0.0.1", server.port))
+    # The state the old check tripped on: a bind without SO_REUSEADDR fails.
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", server.port))
     assert port_is_free("127.0.0.1", server.port)
     config = uvicorn.Config(app, host="127.0.0.1", port=server.port)
     config.bind_socket().close()  # and the next server really binds there
