@@ -30,6 +30,7 @@ import json
 import logging
 import socket
 import struct
+import sys
 from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -43,6 +44,11 @@ CLIENT_LINK = "crossover.client_link"
 # How long a refused connection's further input is read and dropped before it is closed.
 LINGER_S = 2.0
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+# Linux's struct tcp_info: tcpi_bytes_acked is the u64 at offset 120 (since 4.1).
+_TCP_INFO = getattr(socket, "TCP_INFO", None)
+_TCP_INFO_BYTES = 256
+_BYTES_ACKED_AT = 120
+_LITTLE = sys.byteorder == "little"
 
 
 def client_protocol(max_head_bytes: int, head_timeout: float, body_timeout: float) -> type[HttpToolsProtocol]:
@@ -81,6 +87,21 @@ class ClientLink:
         if protocol.cycle is not None:
             protocol.cycle.disconnected = True  # the app's end is no incomplete response of uvicorn's to report
         transport.abort()
+
+    def taken(self) -> int | None:
+        """Bytes the client's TCP stack has acknowledged on this connection - what it really took, however long
+        a write blocks for room - or None where the socket cannot say (not TCP, not Linux)."""
+        transport = self._protocol.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is None or _TCP_INFO is None:
+            return None
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_BYTES)
+        except OSError:
+            return None
+        if len(info) < _BYTES_ACKED_AT + 8:  # a kernel before 4.1
+            return None
+        return int.from_bytes(info[_BYTES_ACKED_AT : _BYTES_ACKED_AT + 8], "little" if _LITTLE else "big")
 
     def gone(self) -> None:
         callback, self.callback = self.callback, None

@@ -210,10 +210,12 @@ class Picky(Scripted):
 
 
 class _RawBackend:
-    """A raw HTTP/1.1 backend on its own event loop in a thread, for what no well-behaved server does."""
+    """A raw HTTP/1.1 backend on its own event loop in a thread, for what no well-behaved server does.
+    `received` holds the X-Request-Id of every POST that arrived whole, answered or not."""
 
     def __init__(self) -> None:
         self.posts = 0
+        self.received: list[bytes] = []
         self.loop = asyncio.new_event_loop()
         self.server = self.loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
@@ -248,6 +250,13 @@ class _RawBackend:
         await reader.readexactly(length)
         return head
 
+    def record(self, head: bytes) -> None:
+        """A POST arrived whole: from here on the backend may be generating it."""
+        for line in head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.lower() == b"x-request-id":
+                self.received.append(value.strip())
+
     @staticmethod
     async def answer(writer: asyncio.StreamWriter, payload: dict) -> None:
         body = json.dumps(payload).encode()
@@ -279,19 +288,22 @@ class DroppingBackend(_RawBackend):
             head = await self.read_request(reader)
             if head.startswith(b"POST"):
                 self.posts += 1
+                self.record(head)
                 return
             await self.answer(writer, MODELS)
 
 
 class ClosingBackend(_RawBackend):
-    """Each connection answers one POST, then closes - without a word - when the next request arrives on
-    it: the race of a keep-alive connection closed just as it is reused. GETs are always answered."""
+    """Each connection answers one POST, then reads the next request on it whole and closes without a word:
+    from the gateway's side just what an idle close crossing a reused connection looks like - but this backend
+    got the request (and may be generating it). GETs are always answered."""
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         served_post = False
         while True:
             head = await self.read_request(reader)
             if head.startswith(b"POST"):
+                self.record(head)
                 if served_post:
                     return  # close instead of answering
                 served_post = True

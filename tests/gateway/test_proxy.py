@@ -13,6 +13,7 @@ import pytest
 
 from crossover.gateway.app import create_app
 from crossover.gateway.config import Settings, TimeoutSettings
+from crossover.gateway.errors import ClientGone
 from crossover.gateway.proxy import Exchange
 from crossover.gateway.validation import CHAT
 from tests.gateway.gateway_helpers import LONG, Scripted, chat, sim_running, sse_events, stream_text, wait_until
@@ -173,7 +174,7 @@ def test_a_request_cut_early_stays_cut_when_its_next_phase_begins():
                 exchange._client_left()
                 exchange._move_deadline(exchange.loop.time() + 60)
                 await asyncio.sleep(30)
-        assert exchange.disconnected
+        assert isinstance(exchange.cut, ClientGone)
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
 
