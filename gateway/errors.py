@@ -48,7 +48,7 @@ from starlette.responses import JSONResponse, Response
 REQUEST_ID_HEADER = "x-request-id"
 # The usual wait before a retry, for errors that tell the client to come back (429, 503).
 RETRY_AFTER_S = 1
-# The longest Retry-After passed on from a backend: the OpenAI SDK ignores longer ones and retries at once.
+# The longest Retry-After passed on from a backend: past two minutes the OpenAI SDK would not retry at all.
 MAX_RETRY_AFTER_S = 60
 
 # How a request ended (the `outcome` label of crossover_requests_total), each written down once here; the errors

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -137,6 +138,7 @@ class Scripted:
         self.chunks, self.status, self.headers, self.body = list(chunks), status, list(headers), body
         self.delay_s, self.gap_s, self.stall_after = delay_s, gap_s, stall_after
         self.requests: list[tuple[str, dict[bytes, bytes], bytes]] = []
+        self.arrived: list[float] = []  # time.monotonic() as each generation request arrived: the backend's clock
         self.queries: list[bytes] = []
         self.probes: list[tuple[str, dict[bytes, bytes]]] = []  # the gateway's own calls: health, models
 
@@ -151,6 +153,7 @@ class Scripted:
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": body})
             return
+        self.arrived.append(time.monotonic())
         body = await read_all(receive)
         self.requests.append((scope["path"], dict(scope["headers"]), body))
         self.queries.append(scope["query_string"])
@@ -278,6 +281,17 @@ class _RawBackend:
 
 
 MODELS = {"object": "list", "data": [{"id": MODEL}]}
+
+
+def sglang_error(message: str, status: int, type: str) -> dict:
+    """SGLang's error body (ErrorResponse): top-level before a stream starts, under "error" in an event."""
+    return {"object": "error", "message": message, "type": type, "param": None, "code": status}
+
+
+QUEUE_FULL_EVENT = (
+    b"data: %s\n\n"
+    % json.dumps({"error": sglang_error("The request queue is full.", 503, "SERVICE_UNAVAILABLE")}).encode()
+)
 
 
 class DroppingBackend(_RawBackend):

@@ -6,18 +6,24 @@ have started it. Every backend here is real: stand-ins, or small scripted server
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 
 import httpx
+import openai
 import pytest
 
 from crossover.gateway.failover import Fault, classify_error, classify_response
 from tests.gateway.gateway_helpers import (
     LONG,
+    MODEL,
+    QUEUE_FULL_EVENT,
     ClosingBackend,
     DroppingBackend,
     Picky,
     Scripted,
     chat,
+    sglang_error,
     sse_events,
     stream_text,
     unused_url,
@@ -100,6 +106,52 @@ def test_an_sse_error_before_any_token_fails_over(sim, gateway):
     assert not any(isinstance(event, dict) and "error" in event for event in sse_events(response.content))
     assert gw.metric("crossover_failovers_total", reason="queue_full") == 1
     assert gw.state.pools.speculative[0].healthy is True  # busy is not broken
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["queue-full-event", "http-503"])
+def test_busy_everywhere_is_503_with_retry_after_and_the_openai_sdk_backs_off(serve, gateway, stream):
+    """SGLang's queue-full answers - an error event after HTTP 200 when streaming, a 503 otherwise - from every
+    backend that could take the request: the client hears "busy, come back in a second", not "broken", and the
+    official SDK waits that second before each retry. Judged on the backends' own clock, by a lower bound only:
+    a loaded machine makes the gaps longer, never shorter."""
+    if stream:
+        backends = [Scripted(chunks=[QUEUE_FULL_EVENT, b"data: [DONE]\n\n"]) for _ in range(2)]
+    else:
+        body = json.dumps(sglang_error("The request queue is full.", 503, "ServiceUnavailable")).encode()
+        backends = [Scripted(status=503, body=body) for _ in range(2)]
+    speculative, plain = backends
+    gw = gateway([serve(speculative).url], [serve(plain).url], health={"interval": 60})
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=2, timeout=30)
+    with pytest.raises(openai.APIStatusError) as caught:
+        answer = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=stream
+        )
+        if stream:
+            list(answer)
+    error = caught.value
+    assert error.status_code == 503 and error.response.headers["retry-after"] == "1"
+    assert error.body["code"] == "backend_busy" and error.body["message"] == "The request queue is full."
+    # Three attempts (max_retries=2), each tried on both pools; between attempts the SDK slept Retry-After.
+    assert len(speculative.arrived) == len(plain.arrived) == 3
+    gaps = [later - earlier for earlier, later in itertools.pairwise(speculative.arrived)]
+    assert all(gap >= 0.9 for gap in gaps), gaps  # the SDK's own backoff without Retry-After: 0.375-0.5 s first
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="plain", outcome="busy") == 3
+    assert gw.metric("crossover_failovers_total", reason="queue_full" if stream else "backend_busy") == 3
+    assert all(backend.healthy is not False for backend in gw.state.pools.all())  # busy is no evidence
+
+
+def test_a_backend_429_alone_is_429_with_its_retry_after(serve, gateway):
+    backend = Scripted(status=429, headers=[(b"retry-after", b"3")], body=b'{"message": "slow down"}')
+    url = serve(backend).url
+    gw = gateway([url], [url], limits={"max_failovers": 0}, health={"interval": 60})
+    response = httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=10, trust_env=False)
+    assert response.status_code == 429 and response.headers["retry-after"] == "3"
+    assert response.json()["error"] == {
+        "message": "slow down", "type": "rate_limit_error", "param": None, "code": "backend_rate_limited"
+    }  # fmt: skip
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="busy") == 1
 
 
 def test_failover_is_bounded_and_ends_in_502(serve, gateway):
