@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from crossover.gateway.auth import authorize_admin
 from crossover.gateway.config import MAX_THRESHOLD, POOL_NAMES, Mode, Policy, ThresholdError
-from crossover.gateway.errors import BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
+from crossover.gateway.errors import BodyTooLarge, InvalidRequest, RequestTimeout, StateNotSaved
 from crossover.gateway.state import GatewayState
 
 MAX_ADMIN_BODY_BYTES = 64 * 1024
@@ -105,7 +105,7 @@ def admin_routes(state: GatewayState) -> list[Route]:
         except ThresholdError as exc:
             raise InvalidRequest(str(exc), param=exc.field, code="invalid_value") from None
         except OSError as exc:
-            raise GatewayError(f"the change is live but could not be saved to the state file: {exc}") from None
+            raise StateNotSaved(f"the change is live but could not be saved to the state file: {exc}") from None
         return JSONResponse(threshold_view(state))
 
     async def get_state(request: Request) -> JSONResponse:

@@ -168,6 +168,12 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             "crossover_routing_hysteresis", "Live hysteresis of the switch policy.", value=self.routing.hysteresis
         )
+        yield GaugeMetricFamily(
+            "crossover_state_file_problem",
+            "1 while the state file could not be restored at start (the configured threshold serves) or the last "
+            "save failed; /admin/state says why.",
+            value=1.0 if self.routing.state_file_problem else 0.0,
+        )
         healthy = GaugeMetricFamily(
             "crossover_backend_healthy", "1 if the backend is known healthy.", labels=["pool", "backend"]
         )

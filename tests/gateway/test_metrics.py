@@ -29,6 +29,7 @@ DOCUMENTED = {
     "crossover_backend_scraped_load": "gauge",
     "crossover_failovers": "counter",
     "crossover_backend_stale_connections": "counter",
+    "crossover_state_file_problem": "gauge",
     "crossover_backend_ejections": "counter",
     "crossover_admission_queued_requests": "gauge",
     "crossover_active_mode": "gauge",
