@@ -45,7 +45,7 @@ DEFAULT_NON_STREAM_TIMEOUT_S: float | None = None
 DEFAULT_BETWEEN_CHUNKS_TIMEOUT_S = 60.0
 DEFAULT_TOTAL_TIMEOUT_S = 3600.0
 DEFAULT_QUEUE_TIMEOUT_S = 30.0
-# One write to a client that does not read: its buffer stays full this long, then the stream is the client's loss.
+# A client that takes none of its response (no byte acknowledged) this long: then the stream is the client's loss.
 DEFAULT_CLIENT_WRITE_TIMEOUT_S = 60.0
 # A request head (and a body) must arrive within these: a connection that trickles holds memory and a slot.
 DEFAULT_REQUEST_HEAD_TIMEOUT_S = 10.0

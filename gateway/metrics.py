@@ -96,6 +96,13 @@ class Metrics:
             "unused, the request went on another.",
             registry=registry,
         )
+        self.refused_requests = Counter(
+            "crossover_client_requests_refused",
+            "Requests refused before they reached the gateway's app: unparsable (invalid_http), a head too large, "
+            "a head or body too slow. Logged at debug only.",
+            ["reason"],
+            registry=registry,
+        )
         self.ejections = Counter(
             "crossover_backend_ejections",
             "Backends taken out of rotation, by pool, backend and what decided it (probe or passive).",
@@ -134,6 +141,9 @@ class Metrics:
         if child is None:
             child = self._children[key] = metric.labels(*values)
         return child
+
+    def refused(self, reason: str) -> None:
+        self._child(self.refused_requests, reason).inc()
 
     def routed(self, pool: str, reason: str) -> None:
         self._child(self.route_decisions, pool, reason).inc()

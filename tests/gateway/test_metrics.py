@@ -30,6 +30,7 @@ DOCUMENTED = {
     "crossover_failovers": "counter",
     "crossover_backend_stale_connections": "counter",
     "crossover_state_file_problem": "gauge",
+    "crossover_client_requests_refused": "counter",
     "crossover_backend_ejections": "counter",
     "crossover_admission_queued_requests": "gauge",
     "crossover_active_mode": "gauge",
