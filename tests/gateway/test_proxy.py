@@ -355,27 +355,30 @@ SMALL_EVENT = b"data: " + b"y" * 1018 + b"\n\n"  # 1 KiB
 
 
 def test_a_slow_but_steady_reader_is_never_cut(serve, gateway):
-    """A client reading 4 KiB at a time, never pausing for long, from an answer produced at once: once the
-    buffers between them are full each write of the gateway waits for the kernel to want more, far longer than
-    the reader takes for a little - what counts is that it keeps taking bytes. Scaled to seconds: client_write
-    is 2 s, the reader takes 4 KiB every 0.1 s (20 times inside it)."""
-    total_events = 300
-    backend = Scripted(chunks=[SMALL_EVENT] * total_events + [b"data: [DONE]\n\n"], headers=SSE)
+    """A client reading a little at a time, never pausing for long, from an answer produced at once. Once the
+    buffers between them are full (the gateway's socket alone holds up to tcp_wmem's 4 MB), the kernel wants
+    more only after a good part of them has drained, so one write of the gateway waits far longer than the
+    reader takes for a little. What counts is that it keeps taking bytes. Scaled to seconds: client_write is
+    0.5 s and the reader takes 20 KiB every 0.025 s (20 times inside it) of 6 MB; at that pace a blocked write
+    lasts seconds."""
+    total_events = 6000
+    # Produced at once, in one piece: the gateway passes it on as fast as its buffers take it.
+    backend = Scripted(chunks=[SMALL_EVENT * total_events, b"data: [DONE]\n\n"], headers=SSE)
     url = serve(backend).url
-    gw = gateway([url], [url], timeouts={"between_chunks": 60, "client_write": 2.0}, health={"interval": 60})
+    gw = gateway([url], [url], timeouts={"between_chunks": 60, "client_write": 0.5}, health={"interval": 60})
     body = json.dumps(chat(True)).encode()
     received = b""
     with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window stays small
-        sock.settimeout(10)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)  # before connecting: the window stays small
+        sock.settimeout(30)
         sock.connect(("127.0.0.1", int(gw.url.rsplit(":", 1)[1])))
         sock.sendall(
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
         )
-        while chunk := sock.recv(4096):
+        while chunk := sock.recv(20480):
             received += chunk
-            time.sleep(0.1)  # the reader's pace, the behaviour under test: not a wait for anything
+            time.sleep(0.025)  # the reader's pace, the behaviour under test: not a wait for anything
     assert received.count(SMALL_EVENT) == total_events and received.rstrip(b"\r\n0").endswith(b"data: [DONE]")
     gw.settled()
     assert gw.metric("crossover_requests_total", pool="speculative", outcome="ok") == 1
