@@ -16,7 +16,7 @@ import uvicorn
 from crossover.servers.fit import check_fit, folder_weights_gb, gpu_processes, port_is_free
 from crossover.servers.profile import load_profile, parse_profile
 from tests.conftest import crossover_argv
-from tests.servers.conftest import CLI_TIMEOUT_S, SHIPPED
+from tests.servers.conftest import CLI_TIMEOUT_S, SHIPPED, run_cli
 from tests.waiting import wait_until
 
 FAKE_SMI = """#!/usr/bin/env bash
@@ -180,3 +180,29 @@ def test_a_port_left_in_time_wait_by_a_stopped_server_is_free_as_its_next_server
     assert port_is_free("127.0.0.1", server.port)
     config = uvicorn.Config(app, host="127.0.0.1", port=server.port)
     config.bind_socket().close()  # and the next server really binds there
+
+
+def test_servers_up_straight_after_down_with_connections_that_were_open(standin_profile, state_dir):
+    """A gateway holds keep-alive connections to its servers; `down` stops them, so each server closes those
+    first and leaves its port in TIME_WAIT. `up` at once must not call the ports taken."""
+    profile = standin_profile("standin-partitioned")
+    assert run_cli("up", str(profile), "--state-dir", str(state_dir)).returncode == 0
+    servers = load_profile(str(profile)).servers
+    held = []
+    for server in servers:  # what a gateway's pool holds: a request answered, its connection kept open
+        sock = socket.create_connection((server.host, server.port), timeout=10)
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        held.append(sock)
+    try:
+        down = run_cli("down", str(profile), "--state-dir", str(state_dir))
+        assert down.returncode == 0, down.stderr
+        for sock in held:  # the server closed first (its shutdown); the client then closes its side
+            while sock.recv(65536):
+                pass
+    finally:
+        for sock in held:
+            sock.close()
+    again = run_cli("up", str(profile), "--state-dir", str(state_dir))
+    assert again.returncode == 0 and "in use" not in again.stderr, again.stderr
+    assert run_cli("down", str(profile), "--state-dir", str(state_dir)).returncode == 0
