@@ -1,32 +1,34 @@
 """Every error the gateway answers with, as an OpenAI-style body `{"error": {message, type, param, code}}`, and
 the outcome each one counts as (the `outcome` label of crossover_requests_total).
 
-GatewayError ............................. 500  api_error         backend_error
-├── InvalidRequest ....................... 400  invalid_request   bad_request   (malformed JSON, wrong types, ...)
-├── Unauthorized ......................... 401  authentication    unauthorized  (a missing or wrong client key)
-├── AuthenticationFailed ................. 401  authentication    bad_request   (admin API: missing or wrong token)
-├── AdminDisabled ........................ 403  permission        bad_request   (admin API: no token configured)
-├── NotFound ............................. 404  invalid_request   bad_request   (unknown path)
-│   └── ModelNotFound .................... 404  invalid_request   bad_request   (model not served by any pool)
-├── MethodNotAllowed ..................... 405  invalid_request   bad_request
-├── RequestTimeout ....................... 408  invalid_request   bad_request   (the request arrived too slowly)
-├── ClientTooSlow ........................ 408  invalid_request   client_slow   (took nothing for client_write s)
-├── BodyTooLarge ......................... 413  invalid_request   bad_request
-├── HeadersTooLarge ...................... 431  invalid_request   bad_request   (the request head exceeds its limit)
-├── ClientGone ........................... 499  -                 client_disconnect  (never sent: nobody listens)
-├── Overloaded ........................... 429  rate_limit_error  overloaded    (over max_inflight + max_queued)
-├── StatusError .......................... a given status; bad_request below 500, else backend_error
-│   └── BackendAnswered .................. the backend's own error answer, its status and message kept (a 4xx,
-│                                          a 500 about the request, an error event before or after the first token)
-├── BackendFailed ........................ 502  api_error         backend_error (connection lost, ...)
-├── Unavailable .......................... 503  api_error         unavailable   (the gateway's resources ran out)
-│   ├── NoHealthyBackend ................. 503  api_error         unavailable   (no pool has a usable backend)
-│   ├── ShuttingDown ..................... 503  api_error         shutdown      (still running when grace ran out)
-│   └── BackendBusy ...................... 503  api_error         busy          (SGLang's queue is full, or it
-│       └── BackendRateLimited ........... 429  rate_limit_error  busy           answered 503/429, and no other
-│                                                                                backend could take the request)
-├── StateNotSaved ........................ 500  api_error         -             (a live change not persisted)
-└── BackendTimeout ....................... 504  timeout_error     timeout       (first byte or total timeout)
+GatewayError ..................... 500  api_error              backend_error
+├── InvalidRequest ............... 400  invalid_request_error  bad_request       (malformed JSON, wrong types, ...)
+├── Unauthorized ................. 401  authentication_error   unauthorized      (a missing or wrong client key)
+├── AuthenticationFailed ......... 401  authentication_error   bad_request       (admin API: a wrong token)
+├── AdminDisabled ................ 403  permission_error       bad_request       (admin API: no token configured)
+├── NotFound ..................... 404  invalid_request_error  bad_request       (unknown path)
+│   └── ModelNotFound ............ 404  invalid_request_error  bad_request       (no pool serves the model)
+├── MethodNotAllowed ............. 405  invalid_request_error  bad_request
+├── RequestTimeout ............... 408  invalid_request_error  bad_request       (the request arrived too slowly)
+├── ClientTooSlow ................ 408  invalid_request_error  client_slow       (took nothing for client_write)
+├── BodyTooLarge ................. 413  invalid_request_error  bad_request
+├── HeadersTooLarge .............. 431  invalid_request_error  bad_request       (the head exceeds its limit)
+├── ClientGone ................... 499  -                      client_disconnect (never sent: nobody listens)
+├── Overloaded ................... 429  rate_limit_error       overloaded        (over max_inflight + max_queued)
+├── StatusError .................. any  by status              by status         (bad_request below 500)
+│   └── BackendAnswered .......... any  by status              by status         (the backend's own error answer)
+├── BackendFailed ................ 502  api_error              backend_error     (connection lost, 502/504, ...)
+├── Unavailable .................. 503  api_error              unavailable       (the gateway's resources ran out)
+│   ├── NoHealthyBackend ......... 503  api_error              unavailable       (no pool has a usable backend)
+│   ├── ShuttingDown ............. 503  api_error              shutdown          (still running when grace ran out)
+│   └── BackendBusy .............. 503  api_error              busy              (queue full or 503, nowhere else)
+│       └── BackendRateLimited ... 429  rate_limit_error       busy              (a 429, nowhere else to go)
+├── StateNotSaved ................ 500  api_error              -                 (a live change not persisted)
+└── BackendTimeout ............... 504  timeout_error          timeout           (first byte or total timeout)
+
+BackendAnswered keeps the backend's status and message: a 4xx, a 500 about the request, an error event before
+or after the first token. BackendBusy: SGLang's queue-full event or a 503 (BackendRateLimited: a 429) from
+every backend that could take the request.
 
 Retry-After goes with 429 and 503: the OpenAI SDK waits that long before it retries, where a 502 it retries at
 once. BackendTimeout says `x-should-retry: false`: the SDK's retries would wait three times as long for the
