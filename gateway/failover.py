@@ -7,17 +7,17 @@ Whose fault is a failed attempt? Decided once, here (`classify_error`, `classify
     │            while handling a request, a chat template rejecting a role sequence for one), an error
     │            event other than "queue full". The client gets the backend's status and message; the
     │            backend's health is untouched (a 5xx only asks the health checks for a look).
-    ├── BACKEND  the backend's: connection refused or reset, 502/503/504, SGLang's queue-full event, a
-    │            connection lost before the response, an empty stream. Passive evidence for the breaker
-    │            (gateway/health.py), which probes at once and never lets passive signals alone eject a
-    │            pool's last healthy backend.
+    ├── BACKEND  the backend's: connection refused or reset, 502/504, a connection lost before the response,
+    │            an empty stream - passive evidence for the breaker (gateway/health.py), which probes at once
+    │            and never lets passive signals alone eject a pool's last healthy backend; or busy: 503, 429,
+    │            SGLang's queue-full event - no evidence at all.
     └── LOCAL    the gateway's own: out of descriptors or memory, its connection pool exhausted. Never
                  counted against a backend; the client gets 503.
 
 Busy is not broken: SGLang's queue-full event and a 503 or 429 answer are the backend refusing before doing any
-work. They fail over but are no evidence for ejection (a probe looks); when no other backend can take the
-request (always so in time-shared mode) the client gets 503 or 429 with Retry-After (`BackendBusy`), so the
-OpenAI SDK backs off instead of retrying at once.
+work. They fail over but are no evidence for ejection (only the periodic probes look); when no other backend can
+take the request (always so in time-shared mode) the client gets 503 or 429 with Retry-After (`BackendBusy`),
+so the OpenAI SDK backs off instead of retrying at once.
 
 Only failures that say nothing about the request fail over - a connect error (nothing was sent), 502/503/504,
 429 and the queue-full event - and a request is never sent twice to backends that may both have started it:
@@ -215,9 +215,10 @@ class Failover:
         self._report(backend, failure)
 
     def _report(self, backend: Backend, failure: Failure) -> None:
-        if failure.busy:  # a busy backend, not a broken one: a probe may look, but nothing counts against it
+        if failure.busy:
+            # A busy backend, not a broken one: nothing counts against it, and no probe is asked for (SGLang's
+            # /health generates a token, which a full queue would refuse too: a busy backend would be ejected).
             log.info("backend %s is busy: %s", backend.url, failure.detail)
-            self.breaker.check_soon(backend)
         elif failure.fault is Fault.BACKEND:
             log.warning("backend %s failed a request: %s", backend.url, failure.detail)
             self.breaker.failed_passively(backend)
