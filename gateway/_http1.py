@@ -15,10 +15,12 @@ It keeps a keep-alive pool per (scheme, host, port) under one connection limit, 
 reuses a connection idle past the expiry (and closes those as traffic passes); speaks http and https; sends
 a body whole (a streamed one is read first); reads content-length, chunked and close-delimited responses,
 with backpressure and a bounded response head; applies `request.extensions["timeout"]` and raises httpx's
-exceptions. A request written on a reused connection that closed with zero response bytes - the server
-closed it idle as we reused it, so the request provably never started - is sent once more, on a new
-connection, and counted (`on_resend`); nothing else is ever resent. A body not read to the end closes its
-connection, so the backend sees the disconnect (SGLang aborts the request).
+exceptions. Nothing is ever resent: a request whose bytes were written may have reached the backend, whatever
+happens next - a close with zero response bytes is also what a backend that read the request and then died
+looks like. Instead an idle connection is checked as it is taken from the pool: one the server has already
+closed (its EOF waiting unread in the socket) is dropped before anything is written on it, and counted
+(`on_stale`). A body not read to the end closes its connection, so the backend sees the disconnect (SGLang
+aborts the request).
 It does no HTTP/2, proxies, redirects, cookies, auth, decompression, 1xx or Upgrade: a proxy needs none.
 """
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import select
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,9 +59,9 @@ class Http1Transport(httpx.AsyncBaseTransport):
         limits: httpx.Limits = DEFAULT_LIMITS,
         *,
         ssl_context: ssl.SSLContext | None = None,
-        on_resend: Callable[[], None] = lambda: None,
+        on_stale: Callable[[], None] = lambda: None,
     ) -> None:
-        self._on_resend = on_resend
+        self._on_stale = on_stale
         self._max = limits.max_connections if limits.max_connections is not None else float("inf")
         self._max_idle = limits.max_keepalive_connections if limits.max_keepalive_connections is not None else self._max
         self._expiry = limits.keepalive_expiry if limits.keepalive_expiry is not None else float("inf")
@@ -100,34 +103,22 @@ class Http1Transport(httpx.AsyncBaseTransport):
         key = (url.scheme, url.host, port)
         read_timeout = timeout.get("read", DEFAULT_TIMEOUT)
         data = _encode(method, url, headers, body, request) + body  # one segment for the usual small request
-        fresh = False
-        while True:
-            conn = await self._acquire(key, fresh, timeout, request)
-            conn.begin(head_only=method == "HEAD")
-            try:
-                await conn.send(data, timeout.get("write", DEFAULT_TIMEOUT), request)
-                while not conn.head_done:
-                    await conn.wait(read_timeout, httpx.ReadTimeout, request)
-            except httpx.TransportError:
-                # The server closed this idle connection as we sent on it: only a new connection tells whether
-                # the backend is really gone.
-                stale = not fresh and conn.reused and not conn.received and conn.error is not None
-                self._release(conn)
-                if stale:
-                    fresh = True
-                    self._on_resend()
-                    continue
-                raise
-            except BaseException:  # cancelled: the caller is gone, so the request must go too
-                self._release(conn)
-                raise
-            return RawResponse(
-                conn.parser.get_status_code(),
-                conn.headers,
-                _Body(self, conn, request, read_timeout),
-                _VERSIONS.get(conn.parser.get_http_version(), b"HTTP/1.1"),
-                conn.reason,
-            )
+        conn = await self._acquire(key, timeout, request)
+        conn.begin(head_only=method == "HEAD")
+        try:
+            await conn.send(data, timeout.get("write", DEFAULT_TIMEOUT), request)
+            while not conn.head_done:
+                await conn.wait(read_timeout, httpx.ReadTimeout, request)
+        except BaseException:  # failed, or cancelled (the caller is gone, so the request must go too)
+            self._release(conn)
+            raise
+        return RawResponse(
+            conn.parser.get_status_code(),
+            conn.headers,
+            _Body(self, conn, request, read_timeout),
+            _VERSIONS.get(conn.parser.get_http_version(), b"HTTP/1.1"),
+            conn.reason,
+        )
 
     async def aclose(self) -> None:
         self._closed = True
@@ -136,7 +127,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         while self._waiters:  # they wake to find the transport closed
             _resolve(self._waiters.popleft())
 
-    async def _acquire(self, key: Key, fresh: bool, timeout: dict, request: MaybeRequest) -> _Connection:
+    async def _acquire(self, key: Key, timeout: dict, request: MaybeRequest) -> _Connection:
         loop = asyncio.get_running_loop()
         pool_timeout = timeout.get("pool", DEFAULT_TIMEOUT)
         deadline = None if pool_timeout is None else loop.time() + pool_timeout
@@ -145,13 +136,16 @@ class Http1Transport(httpx.AsyncBaseTransport):
             if self._closed:
                 raise httpx.ConnectError("the transport is closed", request=request)
             idle = self._idle.get(key)
-            if idle and not fresh:
+            if idle:
                 conn, _ = idle.popitem()  # the most recently used: the least likely to be closed by now
                 self._idle_count -= 1
                 if loop.time() - conn.idle_since >= self._expiry:  # (a closed one has left the pool already)
                     conn.close()
                     continue
-                conn.reused = True
+                if conn.closed_by_server():
+                    conn.close()
+                    self._on_stale()
+                    continue
                 return conn
             if len(self._conns) + self._connecting < self._max or self._evict_oldest():
                 return await self._connect(key, timeout.get("connect", DEFAULT_TIMEOUT), request, loop)
@@ -247,8 +241,9 @@ class _Connection(asyncio.Protocol):
         self.on_body = self.chunks.append
         self.parser = httptools.HttpResponseParser(self)  # llhttp reads one response after another
         self.transport: asyncio.Transport | None = None
-        self.closed = self.busy = self.reused = self.writing_paused = self.head_only = False
+        self.closed = self.busy = self.writing_paused = self.head_only = False
         self.idle_since = 0.0
+        self.fd = -1  # plain TCP only: what closed_by_server looks at
         self.waiter: asyncio.Future | None = None
 
     def begin(self, head_only: bool) -> None:
@@ -282,6 +277,17 @@ class _Connection(asyncio.Protocol):
         self._resume_reading()
         return data
 
+    def closed_by_server(self) -> bool:
+        """Whether this idle connection has something to read - an EOF or a reset not yet delivered by the
+        event loop, or bytes nobody asked for: either way it cannot carry a request. One poll of the socket,
+        for a close that crossed the pool's last look. (Not under TLS, whose records may come unasked.)"""
+        if self.fd < 0:
+            return False
+        try:
+            return bool(select.select((self.fd,), (), (), 0)[0])
+        except (OSError, ValueError):
+            return True
+
     def close(self) -> None:
         if not self.closed:
             if self.busy:
@@ -309,6 +315,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport  # with TCP_NODELAY: asyncio and uvloop both set it (no 40 ms Nagle stalls)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and transport.get_extra_info("sslcontext") is None:
+            self.fd = sock.fileno()
 
     def data_received(self, data: bytes) -> None:
         self.received = True

@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from crossover.gateway.auth import authorize_admin
 from crossover.gateway.config import MAX_THRESHOLD, POOL_NAMES, Mode, Policy, ThresholdError
-from crossover.gateway.errors import BackendFailed, BodyTooLarge, GatewayError, InvalidRequest, RequestTimeout
+from crossover.gateway.errors import BackendFailed, BodyTooLarge, InvalidRequest, RequestTimeout, StateNotSaved
 from crossover.gateway.state import GatewayState
 
 MAX_ADMIN_BODY_BYTES = 64 * 1024
@@ -117,7 +117,7 @@ def admin_routes(state: GatewayState) -> list[Route]:
         except ThresholdError as exc:
             raise InvalidRequest(str(exc), param=exc.field, code="invalid_value") from None
         except OSError as exc:
-            raise GatewayError(f"the change is live but could not be saved to the state file: {exc}") from None
+            raise StateNotSaved(f"the change is live but could not be saved to the state file: {exc}") from None
         if state.in_engine is not None:
             failed = await state.in_engine.force(None)  # a threshold change ends a forced mode
             if failed:

@@ -19,7 +19,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from crossover.gateway import metrics as labels
 from crossover.gateway.admin import admin_routes
 from crossover.gateway.admission import Admission
 from crossover.gateway.auth import authorize_client, client_keys
@@ -76,9 +75,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        backend_transport = make_transport(
-            settings, transport, on_resend=lambda: state.metrics.resends.labels(labels.STALE_CONNECTION).inc()
-        )
+        backend_transport = make_transport(settings, transport, on_stale=state.metrics.stale_connections.inc)
         state.failover.sender = proxy_sender(backend_transport)
         async with make_client(settings, backend_transport) as client:
             state.client = client

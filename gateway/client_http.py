@@ -8,7 +8,9 @@ each sending an unterminated 8 MiB header took a gateway from 58 to 402 MB. Here
 - a head not complete within `head_timeout` of its first byte, and a body not complete within
   `body_timeout` of the end of its head, get 408; a new connection that sends nothing for `head_timeout`
   is closed;
-- the parser's own 400s are OpenAI-style JSON too, and every refusal carries an X-Request-Id.
+- the parser's own 400s are OpenAI-style JSON too, and every refusal carries an X-Request-Id;
+- every refusal is counted (`on_refused(reason)`, one of REFUSALS) and logged at debug only: a fuzzer or a
+  port scanner must not fill the log (uvicorn logs each unparsable request as a warning).
 A refused connection is closed gracefully: the answer goes out, then what the client still sends is read and
 dropped for up to `LINGER_S` (closing with unread input would reset the connection and lose the answer).
 Per-request timers are armed only for a request that did not arrive whole in one read, so the usual request
@@ -19,7 +21,7 @@ when the client disconnects (under plain ASGI an app learns of it only by awaiti
 every request a task of its own), and may `abort()` a connection whose client stopped reading, so neither its
 buffers nor its descriptor outlive the request.
 
-    config = uvicorn.Config(app, http=client_protocol(65536, head_timeout=10.0, body_timeout=30.0), ...)
+    config = uvicorn.Config(app, http=client_protocol(65536, 10.0, 30.0, on_refused=metrics.refused), ...)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import json
 import logging
 import socket
 import struct
+import sys
 from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -43,10 +46,28 @@ CLIENT_LINK = "crossover.client_link"
 # How long a refused connection's further input is read and dropped before it is closed.
 LINGER_S = 2.0
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+# Why a request was refused before it reached the app (crossover_client_requests_refused_total{reason}).
+INVALID_HTTP = "invalid_http"  # the parser could not read it (400)
+HEAD_TOO_LARGE = "head_too_large"  # 431
+HEAD_TIMEOUT = "head_timeout"  # 408
+BODY_TIMEOUT = "body_timeout"  # 408
+REFUSALS = (INVALID_HTTP, HEAD_TOO_LARGE, HEAD_TIMEOUT, BODY_TIMEOUT)
+# What uvicorn warns of, once per unparsable request.
+_UVICORN_INVALID = "Invalid HTTP request received."
+# Linux's struct tcp_info: tcpi_bytes_acked is the u64 at offset 120 (since 4.1).
+_TCP_INFO = getattr(socket, "TCP_INFO", None)
+_TCP_INFO_BYTES = 256
+_BYTES_ACKED_AT = 120
+_LITTLE = sys.byteorder == "little"
 
 
-def client_protocol(max_head_bytes: int, head_timeout: float, body_timeout: float) -> type[HttpToolsProtocol]:
-    """The protocol class for `uvicorn.Config(http=...)`, with these bounds."""
+def client_protocol(
+    max_head_bytes: int,
+    head_timeout: float,
+    body_timeout: float,
+    on_refused: Callable[[str], None] = lambda reason: None,
+) -> type[HttpToolsProtocol]:
+    """The protocol class for `uvicorn.Config(http=...)`, with these bounds; `on_refused` hears of each refusal."""
 
     class ClientProtocol(_BoundedHead):
         pass
@@ -54,7 +75,23 @@ def client_protocol(max_head_bytes: int, head_timeout: float, body_timeout: floa
     ClientProtocol.max_head_bytes = max_head_bytes
     ClientProtocol.head_timeout = head_timeout
     ClientProtocol.body_timeout = body_timeout
+    ClientProtocol.on_refused = staticmethod(on_refused)
     return ClientProtocol
+
+
+class _QuietParserLog:
+    """uvicorn's logger, as its protocol uses it, but the warning it gives each unparsable request goes to debug:
+    the refusal is counted instead."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger = logger
+
+    def __getattr__(self, name: str):
+        return getattr(self._logger, name)
+
+    def warning(self, msg, *args, **kwargs) -> None:
+        logger = self._logger
+        (logger.debug if msg == _UVICORN_INVALID else logger.warning)(msg, *args, **kwargs)
 
 
 class ClientLink:
@@ -82,6 +119,21 @@ class ClientLink:
             protocol.cycle.disconnected = True  # the app's end is no incomplete response of uvicorn's to report
         transport.abort()
 
+    def taken(self) -> int | None:
+        """Bytes the client's TCP stack has acknowledged on this connection - what it really took, however long
+        a write blocks for room - or None where the socket cannot say (not TCP, not Linux)."""
+        transport = self._protocol.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is None or _TCP_INFO is None:
+            return None
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_BYTES)
+        except OSError:
+            return None
+        if len(info) < _BYTES_ACKED_AT + 8:  # a kernel before 4.1
+            return None
+        return int.from_bytes(info[_BYTES_ACKED_AT : _BYTES_ACKED_AT + 8], "little" if _LITTLE else "big")
+
     def gone(self) -> None:
         callback, self.callback = self.callback, None
         if callback is not None:
@@ -103,9 +155,11 @@ class _BoundedHead(HttpToolsProtocol):
     max_head_bytes = 64 * 1024
     head_timeout = 10.0
     body_timeout = 30.0
+    on_refused: Callable[[str], None] = staticmethod(lambda reason: None)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.logger = _QuietParserLog(self.logger)  # type: ignore[assignment]
         # A head's size two ways: bytes received while it is unfinished, and what the parser has read of it.
         self._head_received = self._head_parsed = 0
         self._in_head = self._lingering = False
@@ -172,7 +226,7 @@ class _BoundedHead(HttpToolsProtocol):
         if self._head_parsed > self.max_head_bytes:
             self._refuse_too_large()
         else:
-            self._refuse(400, msg, "invalid_http_request")
+            self._refuse(400, msg, "invalid_http_request", INVALID_HTTP)
 
     def _end_head(self) -> None:
         self._in_head = False
@@ -194,23 +248,27 @@ class _BoundedHead(HttpToolsProtocol):
         self._body_timer = None
         cycle = self.cycle
         if cycle is not None and cycle.more_body and not cycle.response_started:
-            self._refuse(408, f"the request body did not arrive within {self.body_timeout:g} s", "request_timeout")
+            message = f"the request body did not arrive within {self.body_timeout:g} s"
+            self._refuse(408, message, "request_timeout", BODY_TIMEOUT)
 
     def _head_too_slow(self) -> None:
         self._head_timer = None
         if self._in_head:
-            self._refuse(408, f"the request head did not arrive within {self.head_timeout:g} s", "request_timeout")
+            message = f"the request head did not arrive within {self.head_timeout:g} s"
+            self._refuse(408, message, "request_timeout", HEAD_TIMEOUT)
 
     def _refuse_too_large(self) -> None:
-        self._refuse(431, f"the request head exceeds {self.max_head_bytes} bytes", "request_header_too_large")
+        message = f"the request head exceeds {self.max_head_bytes} bytes"
+        self._refuse(431, message, "request_header_too_large", HEAD_TOO_LARGE)
 
-    def _refuse(self, status: int, message: str, code: str) -> None:
+    def _refuse(self, status: int, message: str, code: str, reason: str) -> None:
         self._end_head()
         self._end_body()
         transport = self.transport
         if transport is None or transport.is_closing() or self._lingering:
             return
-        log.info("refused a request from %s: %s", self.client, message)
+        log.debug("refused a request from %s: %s", self.client, message)
+        self.on_refused(reason)
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             # The app may be waiting in receive() for the rest of the body: it hears that the client is gone,

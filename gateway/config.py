@@ -47,7 +47,7 @@ DEFAULT_NON_STREAM_TIMEOUT_S: float | None = None
 DEFAULT_BETWEEN_CHUNKS_TIMEOUT_S = 60.0
 DEFAULT_TOTAL_TIMEOUT_S = 3600.0
 DEFAULT_QUEUE_TIMEOUT_S = 30.0
-# One write to a client that does not read: its buffer stays full this long, then the stream is the client's loss.
+# A client that takes none of its response (no byte acknowledged) this long: then the stream is the client's loss.
 DEFAULT_CLIENT_WRITE_TIMEOUT_S = 60.0
 # A request head (and a body) must arrive within these: a connection that trickles holds memory and a slot.
 DEFAULT_REQUEST_HEAD_TIMEOUT_S = 10.0
@@ -114,6 +114,18 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def check_token(token: str, what: str, *, empty_ok: bool) -> str:
+    """A bearer token as HTTP can carry it: a header value loses surrounding whitespace on the way, so a token
+    that is blank or has any would never match, and nothing could authenticate."""
+    if not token and empty_ok:
+        return token
+    if not token.strip():
+        raise ValueError(f"{what} is blank, which nothing can match" if token else f"{what} must not be empty")
+    if token != token.strip():
+        raise ValueError(f"{what} has leading or trailing whitespace, which no Authorization header can carry")
+    return token
+
+
 class PoolSettings(_Section):
     backends: list[str] = Field(min_length=1)
     # The pool's SGLang --api-key: sent on every call the gateway makes to these backends, in place of the client's.
@@ -129,6 +141,12 @@ class PoolSettings(_Section):
                 raise ValueError(f"{url!r} is not an http(s) URL like http://127.0.0.1:30000")
             if parts.query or parts.fragment:
                 raise ValueError(f"{url!r}: a backend URL takes no query or fragment")
+            if parts.username is not None or parts.password is not None:
+                # Never sent (the backend key goes as a bearer token) and the URL is public: /metrics labels it.
+                raise ValueError(
+                    f"{parts.scheme}://...@{parts.hostname}: a backend URL takes no credentials; set the pool's "
+                    "api_key (sent as 'Authorization: Bearer') instead"
+                )
             try:
                 port = parts.port  # None when not given
             except ValueError:  # not a number, or past 65535
@@ -137,6 +155,11 @@ class PoolSettings(_Section):
                 raise ValueError(f"{url!r}: the port must be a number from 1 to 65535")
             cleaned.append(url.rstrip("/"))
         return cleaned
+
+    @field_validator("api_key")
+    @classmethod
+    def _api_key(cls, key: str) -> str:
+        return check_token(key, "api_key", empty_ok=True)
 
 
 class PoolsSettings(_Section):
@@ -296,9 +319,14 @@ class Settings(BaseSettings):
     @field_validator("api_keys")
     @classmethod
     def _keys(cls, keys: list[str]) -> list[str]:
-        if any(not key.strip() for key in keys):
-            raise ValueError("an API key must not be empty")
+        for key in keys:
+            check_token(key, "an API key", empty_ok=False)
         return keys
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token(cls, token: str) -> str:
+        return check_token(token, "admin_token", empty_ok=True)
 
     @model_validator(mode="after")
     def _threshold(self) -> Settings:

@@ -7,18 +7,21 @@ Whose fault is a failed attempt? Decided once, here (`classify_error`, `classify
     │            while handling a request, a chat template rejecting a role sequence for one), an error
     │            event other than "queue full". The client gets the backend's status and message; the
     │            backend's health is untouched (a 5xx only asks the health checks for a look).
-    ├── BACKEND  the backend's: connection refused or reset, 502/503/504, SGLang's queue-full event, a
-    │            connection lost before the response, an empty stream. Passive evidence for the breaker
-    │            (gateway/health.py), which probes at once and never lets passive signals alone eject a
-    │            pool's last healthy backend.
+    ├── BACKEND  the backend's: connection refused or reset, 502/504, a connection lost before the response,
+    │            an empty stream - passive evidence for the breaker (gateway/health.py), which probes at once
+    │            and never lets passive signals alone eject a pool's last healthy backend; or busy: 503, 429,
+    │            SGLang's queue-full event - no evidence at all.
     └── LOCAL    the gateway's own: out of descriptors or memory, its connection pool exhausted. Never
                  counted against a backend; the client gets 503.
 
-Only failures that say nothing about the request fail over - a connect error (nothing was sent), 502/503/504
-and the queue-full event (the backend refused before doing any work) - and a request is never sent twice to
-backends that may both have started it. The one resend to the same backend, of a request written on a reused
-keep-alive connection that closed with zero response bytes, happens inside the transport (gateway/_http1.py),
-at most once, counted in crossover_resends_total.
+Busy is not broken: SGLang's queue-full event and a 503 or 429 answer are the backend refusing before doing any
+work. They fail over but are no evidence for ejection (only the periodic probes look); when no other backend can
+take the request (always so in time-shared mode) the client gets 503 or 429 with Retry-After (`BackendBusy`),
+so the OpenAI SDK backs off instead of retrying at once.
+
+Only failures that say nothing about the request fail over - a connect error (nothing was sent), 502/503/504,
+429 and the queue-full event - and a request is never sent twice to backends that may both have started it:
+once its bytes are written, nothing sends it again (gateway/_http1.py), whatever the connection does next.
 """
 
 from __future__ import annotations
@@ -34,7 +37,18 @@ import httpx
 
 from crossover.gateway import metrics as labels
 from crossover.gateway._http1 import RawResponse
-from crossover.gateway.errors import BackendFailed, BackendTimeout, GatewayError, NoHealthyBackend, Unavailable
+from crossover.gateway.errors import (
+    BackendAnswered,
+    BackendBusy,
+    BackendFailed,
+    BackendRateLimited,
+    BackendTimeout,
+    GatewayError,
+    NoHealthyBackend,
+    Unavailable,
+    backend_error_fields,
+    retry_after,
+)
 from crossover.gateway.headers import request_headers
 from crossover.gateway.health import Breaker
 from crossover.gateway.metrics import Metrics
@@ -47,7 +61,8 @@ log = logging.getLogger("crossover.failover")
 # Errors of the gateway's own making when it opens a connection: no backend is to blame.
 LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL})
 QUEUE_FULL_STATUS = 503
-FAILOVER_STATUSES = frozenset({502, 503, 504})
+BUSY_STATUSES = frozenset({429, 503})
+FAILOVER_STATUSES = frozenset({502, 504}) | BUSY_STATUSES
 
 
 class Fault(enum.Enum):
@@ -59,13 +74,17 @@ class Fault(enum.Enum):
 class Failure(Exception):
     """One attempt failed before the client saw a byte; `error` is what the client gets if nothing else works."""
 
-    def __init__(self, fault: Fault, error: GatewayError, *, failover: str | None = None, detail: str = "") -> None:
+    def __init__(
+        self, fault: Fault, error: GatewayError, *, failover: str | None = None, detail: str = "", busy: bool = False
+    ) -> None:
         super().__init__(detail or error.message)
         self.fault = fault
         self.error = error
         # The failover reason (a crossover_failovers_total label) when another backend may take the request.
         self.failover = failover
         self.detail = detail or error.message
+        # The backend refused for now (queue full, 503, 429): no evidence against its health.
+        self.busy = busy
 
 
 @dataclass(slots=True)
@@ -80,52 +99,57 @@ class Opened:
     lease: Lease
 
 
-def classify_error(exc: httpx.HTTPError) -> Failure:
-    """A transport error before any response arrived."""
+def classify_error(exc: httpx.HTTPError, pool: str | None = None) -> Failure:
+    """A transport error before any response arrived (from a backend of `pool`)."""
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         cause = exc.__cause__
         if isinstance(cause, OSError) and cause.errno in LOCAL_ERRNOS:
             return Failure(Fault.LOCAL, Unavailable("the gateway is out of resources; retry shortly"), detail=str(exc))
         return Failure(
-            Fault.BACKEND, BackendFailed("no backend could be reached"), failover=labels.CONNECT_ERROR, detail=str(exc)
+            Fault.BACKEND,
+            BackendFailed("no backend could be reached", pool=pool),
+            failover=labels.CONNECT_ERROR,
+            detail=str(exc),
         )
     if isinstance(exc, httpx.PoolTimeout):
         return Failure(Fault.LOCAL, Unavailable("the gateway has no free backend connection; retry shortly"))
     if isinstance(exc, httpx.TimeoutException):
         return Failure(Fault.REQUEST, BackendTimeout("the backend did not answer in time"), detail=repr(exc))
     # Reset, closed or broken after the request was written: the backend may have started it, so no resend.
-    return Failure(Fault.BACKEND, BackendFailed("the backend closed the connection"), detail=repr(exc))
+    return Failure(Fault.BACKEND, BackendFailed("the backend closed the connection", pool=pool), detail=repr(exc))
 
 
-def classify_response(status: int, head: bytes, stream: bool) -> Failure | None:
-    """A response that arrived: None if it goes to the client as it is (4xx and 500 included)."""
+def classify_response(
+    status: int, head: bytes, stream: bool, pool: str | None = None, headers: list[tuple[bytes, bytes]] = ()
+) -> Failure | None:
+    """A response that arrived (from a backend of `pool`): None if it goes to the client as it is (4xx and 500)."""
+    if status in BUSY_STATUSES:
+        wait = retry_after(next((value for name, value in headers if name.lower() == b"retry-after"), None))
+        busy = BackendRateLimited if status == 429 else BackendBusy
+        message = backend_error_fields(status, head)[0]
+        return Failure(
+            Fault.BACKEND, busy(message, retry_after_s=wait, pool=pool), failover=labels.BACKEND_BUSY, busy=True
+        )
     if status in FAILOVER_STATUSES:
         return Failure(
             Fault.BACKEND,
-            BackendFailed(f"the backend answered HTTP {status}"),
+            BackendFailed(f"the backend answered HTTP {status}", pool=pool),
             failover=labels.BACKEND_UNAVAILABLE,
         )
     if status != 200:
         return None
     if not head:
         if stream:
-            return Failure(Fault.BACKEND, BackendFailed("the backend ended the stream before any event"))
+            return Failure(Fault.BACKEND, BackendFailed("the backend ended the stream before any event", pool=pool))
         return None
     event = error_in(head) if head.startswith(b"data:") else None
     if event is None:
         return None
     if event.status == QUEUE_FULL_STATUS:
-        return Failure(Fault.BACKEND, BackendFailed(event.message), failover=labels.QUEUE_FULL, detail=event.message)
+        return Failure(Fault.BACKEND, BackendBusy(event.message, pool=pool), failover=labels.QUEUE_FULL, busy=True)
     if not stream:  # an error event as a non-streaming body: not a success, whatever its status line said
-        return Failure(Fault.REQUEST, _backend_error(event.status or 500, event.message))
-    return None  # a stream that opens with the request's error: passed on as the backend sent it
-
-
-def _backend_error(status: int, message: str) -> GatewayError:
-    error = GatewayError(message, code="backend_error")
-    error.status = status
-    error.type = "invalid_request_error" if status < 500 else "api_error"
-    return error
+        return Failure(Fault.REQUEST, BackendAnswered(event.status or 500, event.message, pool=pool))
+    return None  # a stream that opens with the request's error: passed on, reshaped (gateway/proxy.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +192,6 @@ class Failover:
                 tried.add(backend)
                 following = self._choose(pool, tried, other_pool) if failure.failover else None
                 if following is None or failovers == self.max_failovers:
-                    failure.error.pool = backend.pool
                     raise failure.error from None
                 failovers += 1
                 self.metrics.failovers.labels(failure.failover).inc()
@@ -186,14 +209,19 @@ class Failover:
 
     def broke_mid_stream(self, backend: Backend, exc: Exception) -> None:
         """A stream under way broke: the backend's kind of failure, though nothing can fail over any more."""
-        self._report(backend, Failure(Fault.BACKEND, BackendFailed("the backend failed mid-stream"), detail=repr(exc)))
+        failure = Failure(
+            Fault.BACKEND, BackendFailed("the backend failed mid-stream", pool=backend.pool), detail=repr(exc)
+        )
+        self._report(backend, failure)
 
     def _report(self, backend: Backend, failure: Failure) -> None:
-        if failure.fault is Fault.BACKEND:
+        if failure.busy:
+            # A busy backend, not a broken one: nothing counts against it, and no probe is asked for (SGLang's
+            # /health generates a token, which a full queue would refuse too: a busy backend would be ejected).
+            log.info("backend %s is busy: %s", backend.url, failure.detail)
+        elif failure.fault is Fault.BACKEND:
             log.warning("backend %s failed a request: %s", backend.url, failure.detail)
-            # A full queue is a busy backend, not a broken one: it fails over but is no evidence for ejection.
-            if failure.failover != labels.QUEUE_FULL:
-                self.breaker.failed_passively(backend)
+            self.breaker.failed_passively(backend)
         elif failure.fault is Fault.LOCAL:
             log.error("the gateway itself failed a request to %s: %s", backend.url, failure.detail)
 
@@ -217,17 +245,17 @@ async def attempt(sender: ProxySender, backend: Backend, outgoing: Outgoing) -> 
     try:
         response = await sender.open("POST", url, headers, outgoing.body, outgoing.timeout)
     except httpx.HTTPError as exc:
-        raise classify_error(exc) from exc
+        raise classify_error(exc, backend.pool) from exc
     try:
         if outgoing.stream and response.status_code == 200:
             chunks = aiter(response.stream)
             head = await first_event(chunks)
         else:
             chunks, head = None, await response.aread()
-        failure = classify_response(response.status_code, head, outgoing.stream)
+        failure = classify_response(response.status_code, head, outgoing.stream, backend.pool, response.headers)
     except httpx.HTTPError as exc:
         await response.aclose()
-        raise classify_error(exc) from exc
+        raise classify_error(exc, backend.pool) from exc
     except BaseException:
         await response.aclose()
         raise

@@ -14,6 +14,20 @@ from prometheus_client.registry import Collector
 
 from crossover.gateway.admission import Admission
 from crossover.gateway.config import POOL_NAMES
+from crossover.gateway.errors import (  # noqa: F401  (the outcomes: re-exported with the other label values)
+    BACKEND_ERROR,
+    BAD_REQUEST,
+    BUSY,
+    CLIENT_DISCONNECT,
+    CLIENT_SLOW,
+    OK,
+    OUTCOMES,
+    OVERLOADED,
+    SHUTDOWN,
+    TIMEOUT,
+    UNAUTHORIZED,
+    UNAVAILABLE,
+)
 from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
 
@@ -24,29 +38,17 @@ DURATION_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 
 # Label value for requests that ended before a pool was chosen (bad input, overload).
 NO_POOL = "none"
 
-# How a request ended (the `outcome` label of crossover_requests_total), each written down once here.
-OK = "ok"
-BAD_REQUEST = "bad_request"  # refused by the gateway's checks, or answered 4xx / 500 by the backend (the request's)
-UNAUTHORIZED = "unauthorized"  # api_keys configured and none of them presented
-OVERLOADED = "overloaded"  # over max_inflight + max_queued, or waited too long for a slot
-UNAVAILABLE = "unavailable"  # no healthy backend, shutting down, or the gateway's own resources ran out
-BACKEND_ERROR = "backend_error"  # the backend's fault: connection lost, 502/503/504 everywhere, a broken stream
-TIMEOUT = "timeout"  # first byte or total deadline passed (the client's outcome, not the backend's health)
-CLIENT_DISCONNECT = "client_disconnect"
-CLIENT_SLOW = "client_slow"  # the client did not read what it was sent within timeouts.client_write
-SHUTDOWN = "shutdown"  # still running when the graceful shutdown ran out: ended with an error event
-OUTCOMES = (OK, BAD_REQUEST, UNAUTHORIZED, OVERLOADED, UNAVAILABLE, BACKEND_ERROR, TIMEOUT, CLIENT_DISCONNECT,
-            CLIENT_SLOW, SHUTDOWN)  # fmt: skip
+# How a request ended (the `outcome` label of crossover_requests_total): OUTCOMES, written down in
+# gateway/errors.py, where each error carries its own.
 
 # Why an attempt was abandoned before the first byte and the request tried on another backend
 # (crossover_failovers_total{reason}); only failures that say nothing about the request fail over.
 CONNECT_ERROR = "connect_error"  # nothing reached the backend
-BACKEND_UNAVAILABLE = "backend_unavailable"  # HTTP 502/503/504 from the backend (or a proxy in front of it)
+BACKEND_UNAVAILABLE = "backend_unavailable"  # HTTP 502/504 from the backend (or a proxy in front of it)
+BACKEND_BUSY = "backend_busy"  # HTTP 503/429 from the backend: busy, refused before doing any work
 QUEUE_FULL = "queue_full"  # SGLang's error event with code 503 (HTTP 200): "The request queue is full."
-FAILOVER_REASONS = (CONNECT_ERROR, BACKEND_UNAVAILABLE, QUEUE_FULL)
+FAILOVER_REASONS = (CONNECT_ERROR, BACKEND_UNAVAILABLE, BACKEND_BUSY, QUEUE_FULL)
 
-# Why a request was sent again to the same backend (crossover_resends_total{reason}).
-STALE_CONNECTION = "stale_connection"  # a reused keep-alive connection closed with zero response bytes
 # Mode switches of a time-shared GPU set: a sleep/wake takes seconds, a restart of a large model minutes.
 SWITCH_BUCKETS_S = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 900, 1800)
 
@@ -86,9 +88,18 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
-        self.resends = Counter(
-            "crossover_resends",
-            "Requests sent again to the same backend because they provably never reached it.",
+        # Never a resend: nothing was written on them. Many mean backend_keepalive is not below the backends' own
+        # idle timeout. (A request once written is never sent again: it may have reached the backend.)
+        self.stale_connections = Counter(
+            "crossover_backend_stale_connections",
+            "Idle backend connections found closed by the backend as a request was about to go on one; dropped "
+            "unused, the request went on another.",
+            registry=registry,
+        )
+        self.refused_requests = Counter(
+            "crossover_client_requests_refused",
+            "Requests refused before they reached the gateway's app: unparsable (invalid_http), a head too large, "
+            "a head or body too slow. Logged at debug only.",
             ["reason"],
             registry=registry,
         )
@@ -138,6 +149,9 @@ class Metrics:
             child = self._children[key] = metric.labels(*values)
         return child
 
+    def refused(self, reason: str) -> None:
+        self._child(self.refused_requests, reason).inc()
+
     def routed(self, pool: str, reason: str) -> None:
         self._child(self.route_decisions, pool, reason).inc()
 
@@ -170,6 +184,12 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily("crossover_routing_threshold", "Live routing threshold.", value=self.routing.threshold)
         yield GaugeMetricFamily(
             "crossover_routing_hysteresis", "Live hysteresis of the switch policy.", value=self.routing.hysteresis
+        )
+        yield GaugeMetricFamily(
+            "crossover_state_file_problem",
+            "1 while the state file could not be restored at start (the configured threshold serves) or the last "
+            "save failed; /admin/state says why.",
+            value=1.0 if self.routing.state_file_problem else 0.0,
         )
         healthy = GaugeMetricFamily(
             "crossover_backend_healthy", "1 if the backend is known healthy.", labels=["pool", "backend"]

@@ -7,10 +7,13 @@
 One deadline per request (`asyncio.Timeout`) moves with its phase: first byte (streams) or the whole body
 (non-streaming: `non_stream`, else only `total`), then `total`. It also expires early - cancelling whatever
 the request waits on, queueing in the engine included, so the backend connection closes and SGLang aborts -
-when the client hangs up, when the backend stays silent for `between_chunks`, when one write to the client
-stays blocked for `client_write` (the client's slowness, never the backend's), or when a shutdown runs out
-of grace. A stream cut for any reason other than the client leaving ends with an SSE error event and
-`data: [DONE]`.
+when the client hangs up, when the backend stays silent for `between_chunks`, when the client takes none of
+what it was sent for `client_write` (the client's slowness, never the backend's: measured by the bytes its
+TCP stack acknowledged, so a slow reader that keeps reading is never cut), or when a shutdown runs out of
+grace. The reason it was cut is the error it ends with (`Exchange.cut`). A stream cut for any reason other
+than the client leaving ends with an SSE error event and `data: [DONE]`. A backend's own error event, before
+or after the first token, is passed on in the gateway's error shape (its message and status kept) and counted
+as the failure it is.
 
 Written as a raw ASGI app: a framework's response and middleware would wrap `send` for every chunk.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 
@@ -30,15 +34,19 @@ from crossover.gateway.auth import authorize_client, client_keys
 from crossover.gateway.client_http import CLIENT_LINK, ClientLink
 from crossover.gateway.config import Settings
 from crossover.gateway.errors import (
+    BackendAnswered,
     BackendFailed,
     BackendTimeout,
     BodyTooLarge,
+    ClientGone,
+    ClientTooSlow,
     GatewayError,
-    Overloaded,
     RequestTimeout,
-    Unauthorized,
+    ShuttingDown,
     Unavailable,
     backend_error_body,
+    error_body,
+    openai_type,
     send_error,
 )
 from crossover.gateway.failover import Failover, Opened, Outgoing
@@ -49,6 +57,7 @@ from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
 from crossover.gateway.sse import (
     DONE,
+    ERROR_MARK,
     EVENT_ENDS,
     error_event,
     error_in,
@@ -67,10 +76,6 @@ MAX_PENDING_BYTES = 1024 * 1024
 # How long the last words (an error response or event) may take to reach a client that stopped reading.
 LAST_WORDS_TIMEOUT_S = 1.0
 SHUTDOWN_MESSAGE = "the gateway is shutting down; retry the request"
-
-
-class ClientLeft(Exception):
-    """The client disconnected while we were still reading its request."""
 
 
 class Live:
@@ -140,11 +145,10 @@ class Exchange:
         timeouts = endpoint.settings.timeouts
         self.timeouts = timeouts
         self.deadline: asyncio.Timeout | None = None
-        # Set when the deadline is expired early, to say why.
-        self.disconnected = self.stalled = self.client_slow = self.shutdown = self.cut_early = False
-        # Time-shared: the request's place on the active mode, and why a switch's drain deadline cut it.
+        # Why the deadline was expired early: the error the request ends with (the first reason wins).
+        self.cut: GatewayError | None = None
+        # Time-shared: the request's place on the active mode.
         self.mode_lease: Lease | None = None
-        self.cut_reason: str | None = None
         self.finished = False
         self.opened: Opened | None = None
         self.pool = NO_POOL
@@ -155,7 +159,11 @@ class Exchange:
         # Backend silence and blocked client writes are timed apart: only the first is the backend's.
         self.last_chunk_at = 0.0
         self.writing_since: float | None = None
+        # What the client's TCP stack had acknowledged when a blocked write was last looked at (None: unknown).
+        self.taken: int | None = None
         self.streaming = False
+        # A backend's own error event in the stream (passed on reshaped): the failure the request counts as.
+        self.stream_error: BackendAnswered | None = None
         self.timer: asyncio.TimerHandle | None = None
         # The last chunk streamed to the client: an error event must not be glued to half an event.
         self.last_chunk = b""
@@ -173,12 +181,10 @@ class Exchange:
                 authorize_client(self.scope["headers"], endpoint.api_keys)
                 body = await self._read_body(receive)
                 generation = parse_generation(body, endpoint.pools.model_names())
-            except ClientLeft:
-                self.outcome = labels.CLIENT_DISCONNECT
-                return
             except GatewayError as exc:
-                self.outcome = _outcome(exc)
-                await self._tell(exc)
+                self.outcome = exc.outcome
+                if not isinstance(exc, ClientGone):
+                    await self._tell(exc)
                 return
             if self.link is not None:  # our server says when the client leaves
                 self.link.callback = self._client_left
@@ -193,17 +199,19 @@ class Exchange:
                 await self._timed_out(generation.stream)
             except GatewayError as exc:
                 self.pool = exc.pool or self.pool
-                self.outcome = _outcome(exc)
+                self.outcome = exc.outcome
                 await self._tell(exc)
             except httpx.HTTPError as exc:  # the backend broke off a stream already under way
                 if self.opened is not None:
                     endpoint.failover.broke_mid_stream(self.opened.backend, exc)
-                self.outcome = labels.BACKEND_ERROR
-                await self._tell(BackendFailed("the backend failed mid-stream"))
+                error = BackendFailed("the backend failed mid-stream")
+                self.outcome = error.outcome
+                await self._tell(error)
             except Exception:
                 log.exception("request %s failed unexpectedly", self.request_id.decode(errors="replace"))
-                self.outcome = labels.BACKEND_ERROR
-                await self._tell(GatewayError("internal gateway error"))
+                error = GatewayError("internal gateway error")
+                self.outcome = error.outcome
+                await self._tell(error)
         finally:
             # Synchronous accounting first, the in-flight count last: nothing can interrupt it, and a count
             # back at zero means every metric of the request is recorded.
@@ -236,7 +244,7 @@ class Exchange:
         # The usual body came with its head: one receive, no deadline to set up.
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ClientLeft
+            raise ClientGone("the client left before its request arrived")
         chunks = [message.get("body", b"")]
         size = len(chunks[0])
         if size > limit:
@@ -249,7 +257,7 @@ class Exchange:
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
-                        raise ClientLeft
+                        raise ClientGone("the client left before its request arrived")
                     chunk = message.get("body", b"")
                     size += len(chunk)
                     if size > limit:
@@ -302,7 +310,7 @@ class Exchange:
             headers = [(name, value) for name, value in headers if name != b"content-type"] + [_JSON]
             if status >= 500:  # SGLang's 500 is about the request: an SDK's retry would only repeat it
                 headers.append((SHOULD_RETRY, b"false"))
-            self.outcome = labels.BAD_REQUEST
+            self.outcome = BackendAnswered(status, "").outcome
         else:
             self.outcome = labels.OK
         headers.append((b"content-length", str(len(body)).encode()))
@@ -317,7 +325,8 @@ class Exchange:
         # client gets whole events and then a clean error event, never half a JSON object.
         head, pending = split_events(opened.head)
         # A stream that opens with the request's own error (not queue-full: that failed over) is passed on.
-        rejected = error_in(head) is not None
+        if ERROR_MARK in head:
+            head = self._reshape(head)
         self._watch(streaming=True)
         await self._write(self._start(response.status_code, response_headers(response.headers)))
         # The piece that ends the backend's body also ends the client's: one write less per stream.
@@ -339,12 +348,29 @@ class Exchange:
                     chunk, pending = chunk + pending, b""
                 if not chunk:
                     continue
+            if ERROR_MARK in chunk:  # a C-level search; rare: SGLang's error event, just before [DONE]
+                chunk = self._reshape(chunk)
             await self._write({"type": "http.response.body", "body": chunk, "more_body": not ended})
             previous, self.last_chunk = self.last_chunk, chunk
         if not ended:
             await self._write({"type": "http.response.body", "body": pending, "more_body": False})
-        self.outcome = labels.BAD_REQUEST if rejected else labels.OK
+        self.outcome = labels.OK if self.stream_error is None else self.stream_error.outcome
         return usage_tokens(previous + self.last_chunk)
+
+    def _reshape(self, events: bytes) -> bytes:
+        """SGLang's error events (`data: {"error": {"object": "error", "type": "BadRequest", "code": 400, ...}}`)
+        in the gateway's error shape, their message and status kept; the first is the failure the request counts as."""
+        out = []
+        for event in events.split(b"\n\n"):
+            found = error_in(event) if ERROR_MARK in event else None
+            if found is not None:
+                status = found.status or 500
+                event = b"data: " + json.dumps(error_body(found.message, openai_type(status), None, status)).encode()
+                if self.stream_error is None:
+                    self.stream_error = BackendAnswered(status, found.message, pool=self.pool)
+                    log.info("request %s: the backend's stream failed: %s", self.request_id.decode(), found.message)
+            out.append(event)
+        return b"\n\n".join(out)
 
     # -- timing ---------------------------------------------------------------------------------------
 
@@ -371,14 +397,18 @@ class Exchange:
         if self.writing_since is not None:
             due = self.writing_since + timeouts.client_write
             if now >= due:
-                self.client_slow = True
-                self._expire_now()
-                return
+                # A write blocks until the kernel has room, which may take far longer than the client takes to
+                # read a little: what counts is whether it took anything since the last look.
+                taken = self.link.taken() if self.link is not None else None
+                if taken is None or taken == self.taken:
+                    self._cut(ClientTooSlow(f"the client read nothing for {timeouts.client_write:g} s"))
+                    return
+                self.taken, self.writing_since = taken, now
+                due = now + timeouts.client_write
         elif self.streaming:
             due = self.last_chunk_at + timeouts.between_chunks
             if now >= due:
-                self.stalled = True
-                self._expire_now()
+                self._cut(BackendTimeout(f"the stream stalled for {timeouts.between_chunks:g} s"))
                 return
         else:
             due = now + timeouts.client_write
@@ -387,12 +417,15 @@ class Exchange:
     def _move_deadline(self, when: float) -> None:
         """The next phase's deadline - unless the request was cut early: the cut arrives at the next await,
         and a phase that began meanwhile must not undo it."""
-        if not self.cut_early and self.deadline.when() != when:
+        if self.cut is None and self.deadline.when() != when:
             self.deadline.reschedule(when)
 
-    def _expire_now(self) -> None:
-        """Whatever the request waits on is cancelled; its cleanup runs in `run`'s `finally`."""
-        self.cut_early = True
+    def _cut(self, why: GatewayError) -> None:
+        """End the request early with `why`: whatever it waits on is cancelled; its cleanup runs in `run`'s
+        `finally`. The first reason stands."""
+        if self.finished or self.cut is not None:
+            return
+        self.cut = why
         if self.deadline is not None and not self.deadline.expired():
             with contextlib.suppress(RuntimeError):  # the deadline's block has just ended
                 self.deadline.reschedule(self.loop.time())
@@ -403,46 +436,33 @@ class Exchange:
         self._client_left()
 
     def _client_left(self) -> None:
-        if not self.finished:
-            self.disconnected = True
-            self._expire_now()
+        self._cut(ClientGone("the client disconnected"))
 
     def cut_for_shutdown(self) -> None:
-        if not self.finished:
-            self.shutdown = True
-            self._expire_now()
+        self._cut(ShuttingDown(SHUTDOWN_MESSAGE))
 
     def cut_for_switch(self, reason: str) -> None:
         """A mode switch's drain deadline passed: end the request (an error event and [DONE] if it streams)."""
-        if not self.finished:
-            self.cut_reason = reason
-            self._expire_now()
+        self._cut(SwitchUnavailable(reason, code="mode_switch_cut"))
 
     async def _timed_out(self, stream: bool) -> None:
         timeouts = self.timeouts
-        if self.disconnected:
-            self.outcome = labels.CLIENT_DISCONNECT
-        elif self.client_slow:
-            self.outcome = labels.CLIENT_SLOW
-            log.info("request %s: the client read nothing for %g s", self.request_id.decode(), timeouts.client_write)
-            if self.link is not None:  # what it left unread would keep its buffers and descriptor for a long while
-                self.link.abort()
-        elif self.shutdown:
-            self.outcome = labels.SHUTDOWN
-            await self._tell(Unavailable(SHUTDOWN_MESSAGE))
-        elif self.cut_reason is not None:
-            self.outcome = labels.UNAVAILABLE
-            await self._tell(SwitchUnavailable(self.cut_reason, code="mode_switch_cut"))
-        elif self.stalled:
-            self.outcome = labels.TIMEOUT
-            await self._tell(BackendTimeout(f"the stream stalled for {timeouts.between_chunks:g} s"))
-        elif self.response_started or self.opened is not None:
-            self.outcome = labels.TIMEOUT
-            await self._tell(BackendTimeout(f"the request took longer than {timeouts.total:g} s"))
-        else:
-            self.outcome = labels.TIMEOUT
-            limit = timeouts.first_byte if stream else timeouts.non_stream or timeouts.total
-            await self._tell(BackendTimeout(f"no response from the backend within {min(limit, timeouts.total):g} s"))
+        error = self.cut
+        if error is None:  # the deadline itself
+            if self.response_started or self.opened is not None:
+                error = BackendTimeout(f"the request took longer than {timeouts.total:g} s")
+            else:
+                limit = timeouts.first_byte if stream else timeouts.non_stream or timeouts.total
+                error = BackendTimeout(f"no response from the backend within {min(limit, timeouts.total):g} s")
+        self.outcome = error.outcome
+        if isinstance(error, ClientGone):
+            return
+        if isinstance(error, ClientTooSlow):
+            log.info("request %s: %s", self.request_id.decode(), error.message)
+        await self._tell(error)
+        if isinstance(error, ClientTooSlow) and self.link is not None:
+            # What it left unread would keep its buffers and descriptor for a long while.
+            self.link.abort()
 
     # -- answers --------------------------------------------------------------------------------------
 
@@ -492,15 +512,3 @@ class Http10Send:
         headers.append((b"content-length", str(len(body)).encode()))
         await self.send({**self.start, "headers": headers})
         await self.send({"type": "http.response.body", "body": body})
-
-
-def _outcome(error: GatewayError) -> str:
-    if isinstance(error, Unauthorized):
-        return labels.UNAUTHORIZED
-    if isinstance(error, Overloaded):
-        return labels.OVERLOADED
-    if isinstance(error, Unavailable):
-        return labels.UNAVAILABLE
-    if isinstance(error, BackendTimeout):
-        return labels.TIMEOUT
-    return labels.BAD_REQUEST if error.status < 500 else labels.BACKEND_ERROR

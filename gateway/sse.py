@@ -16,6 +16,9 @@ from crossover.gateway.errors import error_body
 
 EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
 DONE = b"data: [DONE]\n\n"
+# What every error event holds, and generated text cannot (its quotes are escaped): a test cheap enough for
+# every chunk of a stream.
+ERROR_MARK = b'{"error"'
 
 
 @dataclass(frozen=True, slots=True)

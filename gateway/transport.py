@@ -48,7 +48,7 @@ def backend_timeout(timeouts: TimeoutSettings) -> httpx.Timeout:
 def make_transport(
     settings: Settings,
     transport: httpx.AsyncBaseTransport | None = None,
-    on_resend: Callable[[], None] = lambda: None,
+    on_stale: Callable[[], None] = lambda: None,
 ) -> httpx.AsyncBaseTransport:
     if transport is not None:
         return transport
@@ -61,7 +61,7 @@ def make_transport(
             max_keepalive_connections=limit,
             keepalive_expiry=settings.timeouts.backend_keepalive,
         ),
-        on_resend=on_resend,
+        on_stale=on_stale,
     )
 
 

@@ -5,7 +5,7 @@
 
 - GPU ids exist (when `nvidia-smi` is there; without it only disjointness is checked, and the report says so)
   and no GPU is held by two servers that run at the same time;
-- every port is free to bind;
+- every port is free to bind (as the servers bind: with SO_REUSEADDR);
 - with sleep/wake, the host can hold the released configuration's weights: the reference box has no swap,
   and running out of host memory takes the whole machine down. Sizes come from a local model folder's
   safetensors index, else from the profile's `weights_gb`.
@@ -100,7 +100,11 @@ def host_available_gb() -> float:
 
 
 def port_is_free(host: str, port: int) -> bool:
-    with socket.socket() as sock:
+    """Whether a server could bind `host:port` now, as SGLang's uvicorn will: with SO_REUSEADDR, so a port
+    left in TIME_WAIT by a server just stopped (`servers down`, then `up`) counts as free, as it is to them."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

@@ -29,7 +29,8 @@ GATEWAY_CONTRACT = (
     "crossover_routing_threshold", "crossover_routing_hysteresis", "crossover_time_to_first_token_seconds",
     "crossover_request_duration_seconds", "crossover_output_tokens_total", "crossover_failovers_total",
     "crossover_backend_healthy", "crossover_backend_inflight_requests", "crossover_backend_scraped_load",
-    "crossover_resends_total", "crossover_backend_ejections_total", "crossover_admission_queued_requests",
+    "crossover_backend_stale_connections_total", "crossover_backend_ejections_total",
+    "crossover_admission_queued_requests",
     "crossover_active_mode", "crossover_mode_switches_total", "crossover_switch_duration_seconds",
     "crossover_switch_queued_requests", "crossover_switch_dropped_total",
 )  # fmt: skip

@@ -38,7 +38,7 @@ def gateway(serve):
         settings = Settings(**overrides)
         registry = CollectorRegistry()
         app = create_app(settings, registry=registry, transport=transport)
-        server = serve(app, **({} if plain_uvicorn else protocol_options(settings)))
+        server = serve(app, **({} if plain_uvicorn else protocol_options(settings, app.state.metrics.refused)))
         return RunningGateway(server.url, app, registry, settings)
 
     return start

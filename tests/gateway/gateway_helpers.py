@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -137,6 +138,7 @@ class Scripted:
         self.chunks, self.status, self.headers, self.body = list(chunks), status, list(headers), body
         self.delay_s, self.gap_s, self.stall_after = delay_s, gap_s, stall_after
         self.requests: list[tuple[str, dict[bytes, bytes], bytes]] = []
+        self.arrived: list[float] = []  # time.monotonic() as each generation request arrived: the backend's clock
         self.queries: list[bytes] = []
         self.probes: list[tuple[str, dict[bytes, bytes]]] = []  # the gateway's own calls: health, models
 
@@ -151,6 +153,7 @@ class Scripted:
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": body})
             return
+        self.arrived.append(time.monotonic())
         body = await read_all(receive)
         self.requests.append((scope["path"], dict(scope["headers"]), body))
         self.queries.append(scope["query_string"])
@@ -210,10 +213,12 @@ class Picky(Scripted):
 
 
 class _RawBackend:
-    """A raw HTTP/1.1 backend on its own event loop in a thread, for what no well-behaved server does."""
+    """A raw HTTP/1.1 backend on its own event loop in a thread, for what no well-behaved server does.
+    `received` holds the X-Request-Id of every POST that arrived whole, answered or not."""
 
     def __init__(self) -> None:
         self.posts = 0
+        self.received: list[bytes] = []
         self.loop = asyncio.new_event_loop()
         self.server = self.loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
@@ -248,6 +253,13 @@ class _RawBackend:
         await reader.readexactly(length)
         return head
 
+    def record(self, head: bytes) -> None:
+        """A POST arrived whole: from here on the backend may be generating it."""
+        for line in head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.lower() == b"x-request-id":
+                self.received.append(value.strip())
+
     @staticmethod
     async def answer(writer: asyncio.StreamWriter, payload: dict) -> None:
         body = json.dumps(payload).encode()
@@ -271,6 +283,17 @@ class _RawBackend:
 MODELS = {"object": "list", "data": [{"id": MODEL}]}
 
 
+def sglang_error(message: str, status: int, type: str) -> dict:
+    """SGLang's error body (ErrorResponse): top-level before a stream starts, under "error" in an event."""
+    return {"object": "error", "message": message, "type": type, "param": None, "code": status}
+
+
+QUEUE_FULL_EVENT = (
+    b"data: %s\n\n"
+    % json.dumps({"error": sglang_error("The request queue is full.", 503, "SERVICE_UNAVAILABLE")}).encode()
+)
+
+
 class DroppingBackend(_RawBackend):
     """Reads each generation request, counts it, and closes the connection without a word; GETs are answered."""
 
@@ -279,19 +302,22 @@ class DroppingBackend(_RawBackend):
             head = await self.read_request(reader)
             if head.startswith(b"POST"):
                 self.posts += 1
+                self.record(head)
                 return
             await self.answer(writer, MODELS)
 
 
 class ClosingBackend(_RawBackend):
-    """Each connection answers one POST, then closes - without a word - when the next request arrives on
-    it: the race of a keep-alive connection closed just as it is reused. GETs are always answered."""
+    """Each connection answers one POST, then reads the next request on it whole and closes without a word:
+    from the gateway's side just what an idle close crossing a reused connection looks like - but this backend
+    got the request (and may be generating it). GETs are always answered."""
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         served_post = False
         while True:
             head = await self.read_request(reader)
             if head.startswith(b"POST"):
+                self.record(head)
                 if served_post:
                     return  # close instead of answering
                 served_post = True

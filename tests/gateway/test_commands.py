@@ -61,3 +61,19 @@ def test_command_line_shapes():
     assert serve.port == 9000 and str(serve.config) == "c.toml" and callable(serve.run)
     demo = parser.parse_args(["demo", "--policy", "switch", "--threshold", "8", "--time-scale", "5"])
     assert (demo.port, demo.policy, demo.threshold, demo.time_scale, demo.admin_token) == (8000, "switch", 8, 5.0, None)
+
+
+def test_serve_refuses_credentials_in_a_backend_url_and_blank_tokens(tmp_path):
+    """A password in a URL would never be sent (the pool's api_key is) and would be published on /metrics and
+    /admin/state; a blank token can match nothing. Both stop the start, naming the field - and no secret."""
+    config = tmp_path / "bad.toml"
+    config.write_text(
+        'admin_token = " "\napi_keys = ["\\t"]\n[pools.speculative]\nbackends = ["http://admin:hunter2@127.0.0.1:1"]\n'
+        '[pools.plain]\nbackends = ["http://127.0.0.1:2"]\napi_key = " sk-1"\n'
+    )
+    result = refused_serve(config)
+    assert result.returncode == 2, result.stderr
+    assert "  pools.speculative.backends: " in result.stderr and "api_key" in result.stderr
+    for field in ("admin_token", "api_keys", "pools.plain.api_key"):
+        assert f"  {field}: " in result.stderr, result.stderr
+    assert "hunter2" not in result.stderr and "Traceback" not in result.stderr

@@ -78,6 +78,19 @@ def test_environment_overrides_the_file_with_nesting(tmp_path, monkeypatch):
             "the port must be a number from 1 to 65535",
         ),
         (
+            '[pools.speculative]\nbackends = ["http://user:secret@a:1"]\n[pools.plain]\nbackends = ["http://a:2"]\n',
+            "pools.speculative.backends",
+            "takes no credentials; set the pool's api_key",
+        ),
+        ('admin_token = "  "\n' + POOLS, "admin_token", "admin_token is blank"),
+        ('api_keys = ["sk-1", " "]\n' + POOLS, "api_keys", "an API key is blank"),
+        ('api_keys = ["sk-1 "]\n' + POOLS, "api_keys", "leading or trailing whitespace"),
+        (
+            '[pools.speculative]\nbackends = ["http://a:1"]\napi_key = "\\t"\n[pools.plain]\nbackends = ["http://a:2"]\n',
+            "pools.speculative.api_key",
+            "api_key is blank",
+        ),
+        (
             '[pools.speculative]\nbackends = []\n[pools.plain]\nbackends = ["http://a:1"]\n',
             "pools.speculative.backends",
             "at least 1 item",

@@ -6,18 +6,24 @@ have started it. Every backend here is real: stand-ins, or small scripted server
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 
 import httpx
+import openai
 import pytest
 
 from crossover.gateway.failover import Fault, classify_error, classify_response
 from tests.gateway.gateway_helpers import (
     LONG,
+    MODEL,
+    QUEUE_FULL_EVENT,
     ClosingBackend,
     DroppingBackend,
     Picky,
     Scripted,
     chat,
+    sglang_error,
     sse_events,
     stream_text,
     unused_url,
@@ -76,7 +82,7 @@ def test_a_503_fails_over_to_the_other_pool(sims, gateway):
     with httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client:
         response = client.post("/v1/chat/completions", json=chat())
     assert response.status_code == 200 and response.headers["x-crossover-pool"] == "plain"
-    assert gw.metric("crossover_failovers_total", reason="backend_unavailable") == 1
+    assert gw.metric("crossover_failovers_total", reason="backend_busy") == 1
     assert gw.metric("crossover_route_decisions_total", pool="plain", reason="fallback") == 1
 
 
@@ -102,8 +108,54 @@ def test_an_sse_error_before_any_token_fails_over(sim, gateway):
     assert gw.state.pools.speculative[0].healthy is True  # busy is not broken
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["queue-full-event", "http-503"])
+def test_busy_everywhere_is_503_with_retry_after_and_the_openai_sdk_backs_off(serve, gateway, stream):
+    """SGLang's queue-full answers - an error event after HTTP 200 when streaming, a 503 otherwise - from every
+    backend that could take the request: the client hears "busy, come back in a second", not "broken", and the
+    official SDK waits that second before each retry. Judged on the backends' own clock, by a lower bound only:
+    a loaded machine makes the gaps longer, never shorter."""
+    if stream:
+        backends = [Scripted(chunks=[QUEUE_FULL_EVENT, b"data: [DONE]\n\n"]) for _ in range(2)]
+    else:
+        body = json.dumps(sglang_error("The request queue is full.", 503, "ServiceUnavailable")).encode()
+        backends = [Scripted(status=503, body=body) for _ in range(2)]
+    speculative, plain = backends
+    gw = gateway([serve(speculative).url], [serve(plain).url], health={"interval": 60})
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=2, timeout=30)
+    with pytest.raises(openai.APIStatusError) as caught:
+        answer = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=stream
+        )
+        if stream:
+            list(answer)
+    error = caught.value
+    assert error.status_code == 503 and error.response.headers["retry-after"] == "1"
+    assert error.body["code"] == "backend_busy" and error.body["message"] == "The request queue is full."
+    # Three attempts (max_retries=2), each tried on both pools; between attempts the SDK slept Retry-After.
+    assert len(speculative.arrived) == len(plain.arrived) == 3
+    gaps = [later - earlier for earlier, later in itertools.pairwise(speculative.arrived)]
+    assert all(gap >= 0.9 for gap in gaps), gaps  # the SDK's own backoff without Retry-After: 0.375-0.5 s first
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="plain", outcome="busy") == 3
+    assert gw.metric("crossover_failovers_total", reason="queue_full" if stream else "backend_busy") == 3
+    assert all(backend.healthy is not False for backend in gw.state.pools.all())  # busy is no evidence
+
+
+def test_a_backend_429_alone_is_429_with_its_retry_after(serve, gateway):
+    backend = Scripted(status=429, headers=[(b"retry-after", b"3")], body=b'{"message": "slow down"}')
+    url = serve(backend).url
+    gw = gateway([url], [url], limits={"max_failovers": 0}, health={"interval": 60})
+    response = httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=10, trust_env=False)
+    assert response.status_code == 429 and response.headers["retry-after"] == "3"
+    assert response.json()["error"] == {
+        "message": "slow down", "type": "rate_limit_error", "param": None, "code": "backend_rate_limited"
+    }  # fmt: skip
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="busy") == 1
+
+
 def test_failover_is_bounded_and_ends_in_502(serve, gateway):
-    backends = [Scripted(status=503, body=b"overloaded") for _ in range(4)]
+    backends = [Scripted(status=502, body=b"bad gateway") for _ in range(4)]
     urls = [serve(backend).url for backend in backends]
     gw = gateway(urls[:2], urls[2:], limits={"max_failovers": 2}, health={"interval": 60})
     with httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client:
@@ -183,24 +235,32 @@ def test_connect_errors_fail_over_within_the_pool(sim, gateway):
     assert {response.headers["x-crossover-pool"] for response in responses} == {"speculative"}
 
 
-def test_a_stale_keepalive_connection_is_resent_once_and_counted(gateway):
+def test_a_request_the_backend_received_is_never_sent_again(gateway):
+    """The backend reads a request on a reused keep-alive connection and closes it without a byte. The close
+    proves nothing - the backend may be generating it - so the request reaches it once, and the client hears
+    that the backend failed (502: the OpenAI SDK may retry it; the gateway must not decide that for it)."""
     backend = ClosingBackend()
     try:
-        # No failover budget: only the transport's resend on a fresh connection can save these.
-        gw = gateway([backend.url], [backend.url], health={"interval": 60}, limits={"max_failovers": 0})
+        # A failover budget, and the backend in both pools: only "it was never sent" could justify a second try.
+        gw = gateway([backend.url], [backend.url], health={"interval": 60})
         with httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client:
-            statuses = [client.post("/v1/chat/completions", json=chat()).status_code for _ in range(3)]
+            responses = [
+                client.post("/v1/chat/completions", json=chat(), headers={"x-request-id": f"req-{n}"}) for n in range(3)
+            ]
     finally:
         backend.close()
-    assert statuses == [200, 200, 200]
-    assert backend.posts == 3
-    assert gw.metric("crossover_resends_total", reason="stale_connection") == 2  # the 2nd and 3rd reused one
-    assert all(b.healthy for b in gw.state.pools.all())
+    # Each connection: one answered, then one read and dropped; the third goes on a new connection.
+    assert [response.status_code for response in responses] == [200, 502, 200]
+    assert responses[1].json()["error"]["code"] == "backend_unavailable"
+    assert sorted(backend.received) == [b"req-0", b"req-1", b"req-2"]  # each generated once, backend-side
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="backend_error") == 1
+    assert gw.metric("crossover_failovers_total", reason="connect_error") == 0
 
 
-def test_a_backend_that_drops_requests_it_read_gets_each_at_most_twice(gateway):
-    """It reads each request, records it, and closes without a word. Only a request written on a reused
-    connection may be resent (once); nothing fails over, since the backend may have started each one."""
+def test_a_backend_that_drops_requests_it_read_gets_each_once(gateway):
+    """It reads each request, records it, and closes without a word: it may have started each one, so nothing
+    is resent and nothing fails over."""
     backend = DroppingBackend()
     other = DroppingBackend()
     try:
@@ -211,11 +271,9 @@ def test_a_backend_that_drops_requests_it_read_gets_each_at_most_twice(gateway):
         backend.close()
         other.close()
     assert all(response.status_code == 502 for response in responses)
-    assert backend.posts + other.posts <= 2 * len(responses)
+    assert backend.posts + other.posts == len(responses)
+    assert len(set(backend.received + other.received)) == len(responses)
     assert gw.metric("crossover_failovers_total", reason="connect_error") == 0
-    # Every arrival beyond the first of each request is a counted resend.
-    resends = gw.metric("crossover_resends_total", reason="stale_connection")
-    assert len(responses) <= backend.posts + other.posts <= len(responses) + resends
 
 
 def test_classification():
@@ -228,11 +286,16 @@ def test_classification():
     lost = classify_error(httpx.RemoteProtocolError("closed"))
     assert lost.fault is Fault.BACKEND and lost.failover is None  # it may have started: no resend elsewhere
     assert classify_error(httpx.ReadTimeout("slow")).fault is Fault.REQUEST
-    assert classify_response(503, b"", False).failover == "backend_unavailable"
+    assert classify_response(502, b"", False).failover == "backend_unavailable"
+    busy = classify_response(503, b"", False, headers=[(b"retry-after", b"7")])
+    assert busy.failover == "backend_busy" and busy.busy and busy.error.headers["retry-after"] == "7"
+    assert busy.error.status == 503 and busy.error.outcome == "busy"
+    assert classify_response(429, b"", True).error.status == 429
     assert classify_response(500, b"{}", False) is None and classify_response(400, b"{}", True) is None
     queue_full = b'data: {"error": {"message": "The request queue is full.", "code": 503}}\n\ndata: [DONE]\n\n'
     assert classify_response(200, queue_full, True).failover == "queue_full"
     own_error = b'data: {"error": {"message": "bad logprobs", "code": 400}}\n\n'
     assert classify_response(200, own_error, True) is None  # passed on as the backend sent it
     assert classify_response(200, own_error, False).error.status == 400  # not a success, whatever the status line
+    assert classify_response(200, queue_full, True, pool="plain").error.pool == "plain"  # built whole, not edited
     assert classify_response(200, b"", True).fault is Fault.BACKEND

@@ -10,8 +10,10 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import select
 import socket
 import ssl
+import threading
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -485,30 +487,71 @@ def test_a_body_after_a_head_response_is_not_passed_on(run):
     run(scenario)
 
 
-def test_a_request_on_a_connection_the_server_closed_is_retried_once(run):
-    connections = 0
+def test_a_request_the_server_read_is_never_sent_again(run):
+    received = []
 
     async def handler(reader, writer):
-        # Answer the first request of each connection; close under the second, as an idle close that
-        # crossed the request on the wire looks to the client.
-        nonlocal connections
-        connections += 1
-        await read_request(reader)
+        # Answer the first request of each connection; read the second whole and close without a word: to the
+        # client just like an idle close that crossed the request, but this server got it.
+        received.append(await read_request(reader))
         writer.write(OK)
         await writer.drain()
-        await read_request(reader)
+        received.append(await read_request(reader))  # then the connection closes, unanswered
 
     async def scenario():
         async with raw_server(handler) as url, Http1Transport(LIMITS) as transport:
-            bodies = []
-            for _ in range(3):
-                response = await transport.handle_async_request(post(url))
-                bodies.append(await response.aread())
+            first = await (await transport.handle_async_request(post(url))).aread()
+            with pytest.raises(httpx.RemoteProtocolError, match="without a response"):
+                await transport.handle_async_request(post(url))
+            third = await (await transport.handle_async_request(post(url))).aread()
             assert_settled(transport)
-            return bodies
+            return first, third
 
-    assert run(scenario) == [b"ok"] * 3
-    assert connections == 3
+    assert run(scenario) == (b"ok", b"ok")
+    assert len([request for request in received if request]) == 3  # each request arrived once
+
+
+def test_an_idle_connection_the_server_closed_is_dropped_before_anything_is_written(run):
+    """The server's close is in the socket but the event loop has not delivered it yet (it was busy): the pool
+    must not write on that connection, and takes a new one."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    close_now, closed, requests = threading.Event(), threading.Event(), []
+
+    def server():
+        for index in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                requests.append(conn.recv(65536))
+                conn.sendall(OK)
+                if index == 0:
+                    close_now.wait(10)
+                else:
+                    conn.recv(1)  # until the client closes
+            closed.set()
+
+    thread = threading.Thread(target=server, daemon=True)
+    thread.start()
+    stale = []
+
+    async def scenario():
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        async with Http1Transport(LIMITS, on_stale=lambda: stale.append(1)) as transport:
+            assert await (await transport.handle_async_request(post(url))).aread() == b"ok"
+            (idle,) = transport._conns
+            # The loop is held (no await) while the server closes: its FIN waits in the socket, undelivered.
+            close_now.set()
+            assert closed.wait(10)
+            assert select.select([idle.fd], [], [], 10)[0]
+            assert await (await transport.handle_async_request(post(url))).aread() == b"ok"
+            assert idle.closed and stale == [1]
+            assert_settled(transport)
+
+    try:
+        run(scenario)
+    finally:
+        thread.join(10)
+        listener.close()
+    assert len(requests) == 2  # one per connection: nothing was written on the closed one
 
 
 def test_a_fresh_connection_closed_without_a_response_is_an_error(run):

@@ -7,15 +7,26 @@ import asyncio
 import json
 import random
 import socket
+import time
 
 import httpx
 import pytest
 
 from crossover.gateway.app import create_app
 from crossover.gateway.config import Settings, TimeoutSettings
+from crossover.gateway.errors import ClientGone
 from crossover.gateway.proxy import Exchange
 from crossover.gateway.validation import CHAT
-from tests.gateway.gateway_helpers import LONG, Scripted, chat, sim_running, sse_events, stream_text, wait_until
+from tests.gateway.gateway_helpers import (
+    LONG,
+    Scripted,
+    chat,
+    sglang_error,
+    sim_running,
+    sse_events,
+    stream_text,
+    wait_until,
+)
 
 SSE = [(b"content-type", b"text/event-stream")]
 # Deliberately awkward: an event split across two chunks, a comment, a usage event, no trailing newline games.
@@ -123,6 +134,31 @@ def test_a_stalled_stream_ends_with_an_error_event_and_done(serve, gateway):
     assert gw.metric("crossover_requests_total", pool="speculative", outcome="timeout") == 1
 
 
+@pytest.mark.parametrize("status", [500, 400])
+def test_an_error_event_after_the_first_tokens_is_a_failure_in_the_gateways_shape(serve, gateway, status):
+    """SGLang reports a failure after tokens have gone out as an event in its own shape (HTTP 200 by then). The
+    client gets it in the gateway's OpenAI shape, SGLang's message and status kept, and the request counts as
+    what it was: the backend's failure (a 500) or the request's (a 400) - not `ok`."""
+    message = "Internal server error: CUDA error: an illegal memory access" if status == 500 else "bad logit_bias"
+    kind = "InternalServerError" if status == 500 else "BadRequest"
+    error = b"data: %s\n\n" % json.dumps({"error": sglang_error(message, status, kind)}).encode()
+    backend = Scripted(chunks=[*ODD_CHUNKS[:3], error, b"data: [DONE]\n\n"], headers=SSE)
+    url = serve(backend).url
+    gw = gateway([url], [url], health={"interval": 60})
+    response = httpx.post(gw.url + "/v1/chat/completions", json=chat(True), timeout=10, trust_env=False)
+    events = sse_events(response.content)
+    assert response.status_code == 200 and stream_text(events) == "Hello"
+    assert events[-1] == "[DONE]"
+    assert events[-2] == {
+        "error": {"message": message, "type": "api_error" if status == 500 else "invalid_request_error",
+                  "param": None, "code": status}
+    }  # fmt: skip
+    gw.settled()
+    outcome = "backend_error" if status == 500 else "bad_request"
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome=outcome) == 1
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="ok") == 0
+
+
 @pytest.mark.parametrize(("stream", "timeouts"), [(False, {"non_stream": 0.3}), (True, {"first_byte": 0.3})])
 def test_no_first_byte_in_time_is_504_and_not_retried_by_the_sdk(serve, gateway, stream, timeouts):
     url = serve(Scripted(body=b"{}", delay_s=30)).url
@@ -173,7 +209,7 @@ def test_a_request_cut_early_stays_cut_when_its_next_phase_begins():
                 exchange._client_left()
                 exchange._move_deadline(exchange.loop.time() + 60)
                 await asyncio.sleep(30)
-        assert exchange.disconnected
+        assert isinstance(exchange.cut, ClientGone)
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
 
@@ -313,6 +349,40 @@ def test_a_slow_reader_gets_its_whole_stream_and_the_backend_is_not_blamed(serve
     gw.settled()
     assert gw.metric("crossover_requests_total", pool="speculative", outcome="ok") == 1
     assert all(backend.healthy for backend in gw.state.pools.all())
+
+
+SMALL_EVENT = b"data: " + b"y" * 1018 + b"\n\n"  # 1 KiB
+
+
+def test_a_slow_but_steady_reader_is_never_cut(serve, gateway):
+    """A client reading a little at a time, never pausing for long, from an answer produced at once. Once the
+    buffers between them are full (the gateway's socket alone holds up to tcp_wmem's 4 MB), the kernel wants
+    more only after a good part of them has drained, so one write of the gateway waits far longer than the
+    reader takes for a little. What counts is that it keeps taking bytes. Scaled to seconds: client_write is
+    0.5 s and the reader takes 20 KiB every 0.025 s (20 times inside it) of 6 MB; at that pace a blocked write
+    lasts seconds."""
+    total_events = 6000
+    # Produced at once, in one piece: the gateway passes it on as fast as its buffers take it.
+    backend = Scripted(chunks=[SMALL_EVENT * total_events, b"data: [DONE]\n\n"], headers=SSE)
+    url = serve(backend).url
+    gw = gateway([url], [url], timeouts={"between_chunks": 60, "client_write": 0.5}, health={"interval": 60})
+    body = json.dumps(chat(True)).encode()
+    received = b""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)  # before connecting: the window stays small
+        sock.settimeout(30)
+        sock.connect(("127.0.0.1", int(gw.url.rsplit(":", 1)[1])))
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        while chunk := sock.recv(20480):
+            received += chunk
+            time.sleep(0.025)  # the reader's pace, the behaviour under test: not a wait for anything
+    assert received.count(SMALL_EVENT) == total_events and received.rstrip(b"\r\n0").endswith(b"data: [DONE]")
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="ok") == 1
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="client_slow") == 0
 
 
 def test_a_client_that_stops_reading_is_its_own_outcome_and_its_connection_is_dropped(serve, gateway):

@@ -2,16 +2,25 @@
 
 import asyncio
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.gateway.config import MAX_THRESHOLD, Settings, ThresholdError
 from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
-from tests.gateway.gateway_helpers import LONG, chat, hold, wait_until
+from crossover.servers.process import free_port, spawn, stop, wait_ready
+from tests.gateway.gateway_helpers import LONG, WAIT_S, Scripted, chat, hold, wait_until
 
 POOLS = {"speculative": {"backends": ["http://s:1"]}, "plain": {"backends": ["http://p:2"]}}
+ADMIN = {"authorization": "Bearer t0ken"}
 
 
 def test_switch_remembers_its_side_between_decisions():
@@ -59,12 +68,98 @@ def test_live_changes_survive_a_restart_through_the_state_file(tmp_path):
     assert (restarted.threshold, restarted.hysteresis) == (20, 3)
 
 
-@pytest.mark.parametrize("saved", ['{"threshold": "many"}', '{"threshold": 1' + "0" * 400 + "}", "[]"])
-def test_a_corrupt_state_file_fails_the_start_with_its_name(tmp_path, saved):
+@pytest.mark.parametrize("saved", ['{"threshold": "many"}', '{"threshold": 1' + "0" * 400 + "}", "[]", "{"])
+def test_a_corrupt_state_file_serves_the_configured_values_and_says_so(tmp_path, saved, caplog):
     state_file = tmp_path / "routing.json"
     state_file.write_text(saved)
-    with pytest.raises(ValueError, match=r"routing\.json"):
-        Routing.from_settings(Settings(state_file=state_file, pools=POOLS))
+    routing = Routing.from_settings(Settings(threshold=9, state_file=state_file, pools=POOLS))
+    assert routing.threshold == 9
+    assert "routing.json cannot be restored" in routing.state_file_problem
+    assert routing.state()["state_file"]["problem"] == routing.state_file_problem
+    assert "serving the configured threshold 9" in caplog.text
+    routing.update(threshold=5)  # a save that works clears the problem
+    assert routing.state_file_problem is None and json.loads(state_file.read_text())["threshold"] == 5
+
+
+# -- a real gateway process whose state directory it may only read ---------------------------------------
+
+
+@pytest.fixture
+def reading_only(serve):
+    """start(saved) -> (url, log path): `crossover serve` whose state file holds `saved`, in a directory it can
+    read but not write - owned by root and run as nobody when the tests run as root (root writes anywhere),
+    else mode 0555."""
+    started: list[subprocess.Popen] = []
+    home = Path(tempfile.mkdtemp(prefix="crossover-ro-"))
+    home.chmod(0o755)  # tmp_path's parents are root's alone
+    backend = serve(Scripted(body=json.dumps({"choices": [], "usage": {"completion_tokens": 1}}).encode())).url
+
+    def start(saved: str) -> tuple[str, Path, subprocess.Popen]:
+        state_dir = home / "state"
+        state_dir.mkdir()
+        (state_dir / "routing.json").write_text(saved)
+        port = free_port()
+        config = home / "crossover.toml"
+        config.write_text(
+            f'port = {port}\nthreshold = 9\nadmin_token = "t0ken"\nstate_file = "{state_dir / "routing.json"}"\n'
+            f'[pools.speculative]\nbackends = ["{backend}"]\n[pools.plain]\nbackends = ["{backend}"]\n'
+        )
+        config.chmod(0o644)
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+        if not prefix:
+            state_dir.chmod(0o555)
+        log = home / "gateway.log"
+        with log.open("wb") as out:
+            argv = [*prefix, sys.executable, "-m", "crossover.gateway.cli", "serve", "--config", str(config)]
+            env = {**os.environ, "CROSSOVER_TIMEOUTS__SHUTDOWN_DELAY": "0"}
+            proc = spawn(argv, die_with_parent=False, env=env, stdout=out, stderr=subprocess.STDOUT)
+        started.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url + "/health", proc, WAIT_S)
+        return url, log, proc
+
+    yield start
+    stop(started, timeout=30)
+    (home / "state").chmod(0o755)
+    shutil.rmtree(home)
+
+
+def admin_state(url: str) -> dict:
+    return httpx.get(url + "/admin/state", headers=ADMIN, timeout=10, trust_env=False).json()
+
+
+def state_file_problem(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
+    return next(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "crossover_state_file_problem"
+    )
+
+
+def test_a_read_only_state_directory_serves_the_saved_threshold(reading_only):
+    url, _, _ = reading_only('{"threshold": 20, "hysteresis": 3, "policy": "spillover"}\n')
+    served = httpx.post(url + "/v1/chat/completions", json=chat(), timeout=10, trust_env=False)
+    assert served.status_code == 200
+    state = admin_state(url)
+    assert (state["threshold"], state["hysteresis"]) == (20, 3) and state["state_file"]["problem"] is None
+    assert state_file_problem(url) == 0
+    # A change cannot be saved there: it is live, and the answer says why with a stable code.
+    changed = httpx.put(url + "/admin/threshold", json={"threshold": 7}, headers=ADMIN, timeout=10, trust_env=False)
+    assert changed.status_code == 500 and changed.json()["error"]["code"] == "state_not_saved"
+    assert admin_state(url)["threshold"] == 7 and "cannot be saved" in admin_state(url)["state_file"]["problem"]
+    assert state_file_problem(url) == 1
+
+
+def test_a_corrupt_state_file_serves_the_configured_threshold_with_a_warning(reading_only):
+    url, log, _ = reading_only('{"threshold": "twenty"')
+    served = httpx.post(url + "/v1/chat/completions", json=chat(), timeout=10, trust_env=False)
+    assert served.status_code == 200
+    state = admin_state(url)
+    assert state["threshold"] == 9 and "routing.json cannot be restored" in state["state_file"]["problem"]
+    assert state_file_problem(url) == 1
+    assert "serving the configured threshold 9" in log.read_text()
 
 
 def test_a_threshold_out_of_bounds_is_refused_everywhere(tmp_path):
@@ -77,8 +172,6 @@ def test_a_threshold_out_of_bounds_is_refused_everywhere(tmp_path):
 
 
 # -- live: a real gateway in front of real stand-ins, under a held load -----------------------------------
-
-ADMIN = {"authorization": "Bearer t0ken"}
 
 
 async def open_stream(client: httpx.AsyncClient) -> httpx.Response:

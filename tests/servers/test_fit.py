@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 
 import pytest
+import uvicorn
 
-from crossover.servers.fit import check_fit, folder_weights_gb, gpu_processes
+from crossover.servers.fit import check_fit, folder_weights_gb, gpu_processes, port_is_free
 from crossover.servers.profile import load_profile, parse_profile
 from tests.conftest import crossover_argv
-from tests.servers.conftest import CLI_TIMEOUT_S, SHIPPED
+from tests.servers.conftest import CLI_TIMEOUT_S, SHIPPED, run_cli
+from tests.waiting import wait_until
 
 FAKE_SMI = """#!/usr/bin/env bash
 # Answers the nvidia-smi queries crossover makes, from $FAKE_GPUS and $FAKE_APPS ("pid,gpu,MiB;...").
@@ -149,3 +152,57 @@ def test_down_reports_processes_still_holding_the_profiles_gpus(fake_nvidia_smi,
     monkeypatch.setenv("FAKE_GPUS", "8")
     monkeypatch.setenv("FAKE_APPS", "4242,2,81234;5151,7,100")
     assert [(p.pid, p.gpu) for p in gpu_processes([0, 1, 2, 3])] == [(4242, 2)]
+
+
+def test_a_port_left_in_time_wait_by_a_stopped_server_is_free_as_its_next_server_binds(serve):
+    """`servers down` then `up`: the stopped server closed its connections first, so its port sits in
+    TIME_WAIT for a minute. uvicorn (SGLang's server) binds with SO_REUSEADDR and gets it; so must the check."""
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    server = serve(app)
+    # The server closes first (Connection: close; the client reads to its EOF before closing): the TIME_WAIT
+    # is on the server's side, at its listening port.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+        client.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+    assert b"200 OK" in answer
+    server.server.should_exit = True
+    wait_until(lambda: port_is_free("127.0.0.1", server.port), what="the stopped server's port to be free")
+    # The state the old check tripped on: a bind without SO_REUSEADDR fails.
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", server.port))
+    assert port_is_free("127.0.0.1", server.port)
+    config = uvicorn.Config(app, host="127.0.0.1", port=server.port)
+    config.bind_socket().close()  # and the next server really binds there
+
+
+def test_servers_up_straight_after_down_with_connections_that_were_open(standin_profile, state_dir):
+    """A gateway holds keep-alive connections to its servers; `down` stops them, so each server closes those
+    first and leaves its port in TIME_WAIT. `up` at once must not call the ports taken."""
+    profile = standin_profile("standin-partitioned")
+    assert run_cli("up", str(profile), "--state-dir", str(state_dir)).returncode == 0
+    servers = load_profile(str(profile)).servers
+    held = []
+    for server in servers:  # what a gateway's pool holds: a request answered, its connection kept open
+        sock = socket.create_connection((server.host, server.port), timeout=10)
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        held.append(sock)
+    try:
+        down = run_cli("down", str(profile), "--state-dir", str(state_dir))
+        assert down.returncode == 0, down.stderr
+        for sock in held:  # the server closed first (its shutdown); the client then closes its side
+            while sock.recv(65536):
+                pass
+    finally:
+        for sock in held:
+            sock.close()
+    again = run_cli("up", str(profile), "--state-dir", str(state_dir))
+    assert again.returncode == 0 and "in use" not in again.stderr, again.stderr
+    assert run_cli("down", str(profile), "--state-dir", str(state_dir)).returncode == 0
