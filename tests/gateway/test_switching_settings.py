@@ -78,7 +78,7 @@ def test_a_time_shared_restart_setup_with_the_token_from_the_environment(tmp_pat
         ('[switching]\nagent_url = "10.0.0.5:9000"\n' + ONE_EACH, "not an agent URL"),
         ("[switching]\nqueue_timeout = 0.5\ninterval = 1.0\n" + ONE_EACH, "must be at least interval"),
         ("[switching]\ndwell = -1\n" + ONE_EACH, "greater than or equal to 0"),
-        ('topology = "shared"\n' + ONE_EACH, "'partitioned' or 'time-shared'"),
+        ('topology = "shared"\n' + ONE_EACH, "'partitioned', 'time-shared' or 'in-engine'"),
     ],
 )
 def test_invalid_switching_settings_say_what_to_fix(tmp_path, text, words):
