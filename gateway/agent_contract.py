@@ -30,8 +30,6 @@ OPERATIONS: tuple[Operation, ...] = typing.get_args(Operation)
 # Where the agent and the gateway look for the token when it is not given otherwise. The agent never passes
 # it on to the servers it starts.
 TOKEN_ENV = "CROSSOVER_AGENT_TOKEN"
-# The paths that need no token (a load balancer's probe, Prometheus).
-OPEN_PATHS = ("/health", "/metrics")
 
 
 class ServerStatus(BaseModel):

@@ -604,7 +604,9 @@ class SwitchController:
     async def _recover_task(self, dead: Mode | None, reason: str = RECOVERY) -> None:
         """The serving mode died (`dead`), or none serves: bring up whichever mode can serve soonest."""
         mechanism = self._mechanism
-        order = mechanism.recovery_order(dead if dead is not None else other(self.settings.initial_mode))
+        initial = self.settings.initial_mode
+        # Nothing known to have died (start-up, or no mode served): the configured mode first.
+        order = mechanism.recovery_order(dead) if dead is not None else (initial, other(initial))
         started = self.clock()
         record = SwitchRecord(None, order[0], mechanism.name, reason)
         self.last_switch = record

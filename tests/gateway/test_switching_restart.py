@@ -324,3 +324,14 @@ def test_a_planned_stop_is_not_an_ejection(agent_box, restart_gateway, caplog):
     wait_until(lambda: stopped.failures >= 2 * gw.settings.health.failure_threshold, what="failed probes of it")
     assert not any("ejected backend" in r.getMessage() for r in caplog.records)
     assert gw.metric("crossover_backend_ejections_total", pool="speculative", backend=stopped.url, source="probe") == 0
+
+
+def test_with_nothing_serving_at_start_up_the_gateway_brings_the_initial_mode_up(agent_box, restart_gateway):
+    box = agent_box()
+    headers = {"authorization": f"Bearer {AGENT_TOKEN}"}
+    assert httpx.post(f"{box.agent_url}/servers/speculative/stop", headers=headers, timeout=10).status_code == 202
+    wait_until(lambda: box.status("speculative")["state"] == "stopped", what="speculative stopped")
+    gw = restart_gateway(box)
+    state = wait_phase(gw, "active", "speculative", timeout=60)
+    assert (state["last_switch"]["reason"], state["last_switch"]["outcome"]) == ("startup", "ok"), state
+    assert box.status("speculative")["state"] == "ready" and box.status("plain")["state"] == "stopped"
