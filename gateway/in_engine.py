@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
 
 import httpx
 from prometheus_client.core import GaugeMetricFamily
@@ -29,72 +28,9 @@ from crossover.gateway.config import PLAIN
 from crossover.gateway.headers import bearer
 from crossover.gateway.pools import Backend, Pools
 from crossover.gateway.routing import Routing
+from crossover.gateway.sglang import Gate, GateRejected, NotPatched, read_gate, write_gate
 
 logger = logging.getLogger("crossover.in_engine")
-
-PATCH_NAME = "patches/sglang-0.5.23 (the run-time speculation gate)"
-PATCH_HINT = f"apply {PATCH_NAME} with `crossover patches apply` on the GPU host and restart it"
-
-
-class NotPatched(RuntimeError):
-    """A backend has no /speculative/adaptive (an unpatched SGLang, or one without --speculative-adaptive)."""
-
-
-class GateRejected(RuntimeError):
-    """The backend answered, but refused the gate (its message says why) or read back another value."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass
-class Gate:
-    """What one backend's engine says about its gate, as last read back."""
-
-    zero_steps_above_bs: int | None
-    generation: int
-    active_steps: int | None = None
-
-
-# --- SGLang's /speculative/adaptive (patches/sglang-0.5.23): every call to it is here, to move into the
-# --- SGLang runtime adapter module when the gateway has one.
-GATE_PATH = "/speculative/adaptive"
-
-
-async def read_gate(client: httpx.AsyncClient, backend: Backend, timeout_s: float) -> Gate:
-    response = await client.get(backend.url + GATE_PATH, headers=bearer(backend.api_key), timeout=timeout_s)
-    return _gate(backend, response)
-
-
-async def write_gate(client: httpx.AsyncClient, backend: Backend, gate: int | None, timeout_s: float) -> Gate:
-    response = await client.post(
-        backend.url + GATE_PATH,
-        json={"zero_steps_above_bs": gate},
-        headers=bearer(backend.api_key),
-        timeout=timeout_s,
-    )
-    return _gate(backend, response)
-
-
-def _gate(backend: Backend, response: httpx.Response) -> Gate:
-    if response.status_code in (404, 405):
-        raise NotPatched(f"{backend.url} has no {GATE_PATH} (HTTP {response.status_code}): {PATCH_HINT}")
-    try:
-        body = response.json()
-    except ValueError:
-        body = {}
-    if response.status_code != 200 or not isinstance(body, dict) or not body.get("success"):
-        message = body.get("message") if isinstance(body, dict) else None
-        raise GateRejected(
-            f"{backend.url} {GATE_PATH}: HTTP {response.status_code}: {message or response.text[:200]}",
-            response.status_code,
-        )
-    state = body.get("state") or {}
-    return Gate(state.get("zero_steps_above_bs"), int(state.get("generation", 0)), state.get("active_steps"))
-
-
-# --- end of the SGLang calls
 
 
 class GateSync:
@@ -131,7 +67,11 @@ class GateSync:
         for backend in self.pools.speculative:
             backend.gate_pending = True
         results = await asyncio.gather(
-            *(read_gate(client, b, self.timeout_s) for b in self.pools.speculative), return_exceptions=True
+            *(
+                read_gate(client, b.url, headers=bearer(b.api_key), timeout=self.timeout_s)
+                for b in self.pools.speculative
+            ),
+            return_exceptions=True,
         )
         # 400 to a read: patched, but no gate to move (not started with --speculative-adaptive, PP, ...).
         missing = [
@@ -166,12 +106,16 @@ class GateSync:
         if backend.healthy is False:
             backend.gate_pending = True  # it may come back restarted, with its start-up gate: write it again
         try:
-            gate = await read_gate(self._client, backend, self.timeout_s)
+            gate = await read_gate(self._client, backend.url, headers=bearer(backend.api_key), timeout=self.timeout_s)
             if force or backend.gate_pending or backend.healthy is False or gate.zero_steps_above_bs != wanted:
                 if gate.zero_steps_above_bs != wanted:
                     logger.info("gate of %s: %s -> %s", backend.url, gate.zero_steps_above_bs, wanted)
-                await write_gate(self._client, backend, wanted, self.timeout_s)
-                gate = await read_gate(self._client, backend, self.timeout_s)
+                await write_gate(
+                    self._client, backend.url, wanted, headers=bearer(backend.api_key), timeout=self.timeout_s
+                )
+                gate = await read_gate(
+                    self._client, backend.url, headers=bearer(backend.api_key), timeout=self.timeout_s
+                )
             if gate.zero_steps_above_bs != wanted:
                 raise GateRejected(f"{backend.url} read back zero_steps_above_bs={gate.zero_steps_above_bs}")
         except (httpx.HTTPError, NotPatched, GateRejected, ValueError) as exc:

@@ -3,6 +3,7 @@
     load = load_from_loads((await client.get(url + LOADS_PATH)).json())  # running + waiting, over ranks
     await control(client, url, RELEASE, headers=headers, timeout=30)     # release / resume / pause / continue
     problem = await generate_once(client, url, headers=headers, timeout=30)  # None: it generated a token
+    gate = await write_gate(client, url, 32, headers=headers, timeout=5)  # patched servers: the speculation gate
 
 Checked against SGLang 0.5.23 (`../shared/reference/sglang.md`). The next release that moves an endpoint or
 changes a body touches this file only.
@@ -144,3 +145,59 @@ async def generate_once(
         return f"a 1-token generation on {url} failed: {exc!r}"
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         return f"{url} answered something that is not an OpenAI response: {exc!r}"
+
+
+# The run-time speculation gate of a server patched with patches/sglang-0.5.23 (`/speculative/adaptive`).
+PATCH_NAME = "patches/sglang-0.5.23 (the run-time speculation gate)"
+PATCH_HINT = f"apply {PATCH_NAME} with `crossover patches apply` on the GPU host and restart it"
+GATE_PATH = "/speculative/adaptive"
+
+
+class NotPatched(SGLangError):
+    """A server has no /speculative/adaptive (an unpatched SGLang, or one without --speculative-adaptive)."""
+
+
+class GateRejected(SGLangError):
+    """The server answered, but refused the gate (its message says why) or read back another value."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """What one server's engine says about its gate, as last read back."""
+
+    zero_steps_above_bs: int | None
+    generation: int
+    active_steps: int | None = None
+
+
+async def read_gate(client: httpx.AsyncClient, url: str, *, headers: dict[str, str] | None, timeout: float) -> Gate:
+    """The gate as the engine holds it now; NotPatched or GateRejected if it cannot say."""
+    return _gate(url, await client.get(url + GATE_PATH, headers=headers, timeout=timeout))
+
+
+async def write_gate(
+    client: httpx.AsyncClient, url: str, gate: int | None, *, headers: dict[str, str] | None, timeout: float
+) -> Gate:
+    """Zero draft steps for batches of more than `gate` requests (None: no gate; 0: never speculate)."""
+    response = await client.post(url + GATE_PATH, json={"zero_steps_above_bs": gate}, headers=headers, timeout=timeout)
+    return _gate(url, response)
+
+
+def _gate(url: str, response: httpx.Response) -> Gate:
+    if response.status_code in (404, 405):
+        raise NotPatched(f"{url} has no {GATE_PATH} (HTTP {response.status_code}): {PATCH_HINT}")
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    if response.status_code != 200 or not isinstance(body, dict) or not body.get("success"):
+        message = body.get("message") if isinstance(body, dict) else None
+        raise GateRejected(
+            f"{url} {GATE_PATH}: HTTP {response.status_code}: {message or response.text[:200]}", response.status_code
+        )
+    state = body.get("state") or {}
+    return Gate(state.get("zero_steps_above_bs"), int(state.get("generation", 0)), state.get("active_steps"))

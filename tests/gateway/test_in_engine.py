@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from crossover.gateway.app import create_app
 from crossover.gateway.config import Settings
-from crossover.gateway.in_engine import PATCH_NAME, NotPatched
+from crossover.gateway.sglang import PATCH_NAME, NotPatched
 from tests.gateway.gateway_helpers import SIM_SCALE, hold, sim_running, wait_until
 
 TOKEN = "admin-secret"
