@@ -53,6 +53,7 @@ from crossover.gateway.headers import request_headers
 from crossover.gateway.health import Breaker
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.pools import Backend, Lease, Pools
+from crossover.gateway.sglang import is_queue_full
 from crossover.gateway.sse import error_in, first_event
 from crossover.gateway.transport import ProxySender
 
@@ -60,7 +61,6 @@ log = logging.getLogger("crossover.failover")
 
 # Errors of the gateway's own making when it opens a connection: no backend is to blame.
 LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL})
-QUEUE_FULL_STATUS = 503
 BUSY_STATUSES = frozenset({429, 503})
 FAILOVER_STATUSES = frozenset({502, 504}) | BUSY_STATUSES
 
@@ -145,7 +145,7 @@ def classify_response(
     event = error_in(head) if head.startswith(b"data:") else None
     if event is None:
         return None
-    if event.status == QUEUE_FULL_STATUS:
+    if is_queue_full(event.status):
         return Failure(Fault.BACKEND, BackendBusy(event.message, pool=pool), failover=labels.QUEUE_FULL, busy=True)
     if not stream:  # an error event as a non-streaming body: not a success, whatever its status line said
         return Failure(Fault.REQUEST, BackendAnswered(event.status or 500, event.message, pool=pool))
