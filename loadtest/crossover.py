@@ -10,9 +10,10 @@ level the crossover is reported *at* that level (it may lie lower); if it never 
 **How sure.** Measured curves carry noise (uncertainty.py): at each level plain and speculative are told apart
 only when they differ by more than a margin (their combined 95% intervals, and at least the resolution). Levels
 inside the margin are ties. A crossover is named only between a level where speculative is clearly ahead and
-the next one, where plain clearly is; its interval is where d +- margin, linear in log C, cross zero. Ties in
-between (or at the top of the sweep) give status `within_noise`: "no clear crossover between C=a and C=b",
-with no number and no switch threshold.
+the next one, where plain clearly is; its interval is those two levels (the interpolated point between them
+rests on the curves' shape there, which nothing measured; add levels to narrow it). Ties in between (or at the
+top of the sweep) give status `within_noise`: "no clear crossover between C=a and C=b", with no number and no
+switch threshold.
 
 **switch** (time-shared pools: all traffic goes to one configuration). The gateway sends a new request to
 the speculative pool while the total in-flight count it sees is below the threshold T. In a closed loop at
@@ -60,7 +61,7 @@ def common_levels(speculative: Curve, plain: Curve) -> list[int]:
 
 def _log_crossing(lo: int, hi: int, d_lo: float, d_hi: float) -> float:
     """Where d, linear in log C from d_lo < 0 at lo to d_hi >= 0 at hi, is 0."""
-    fraction = -d_lo / (d_hi - d_lo)
+    fraction = -d_lo / (d_hi - d_lo)  # 0 < fraction <= 1
     return math.exp(math.log(lo) + fraction * (math.log(hi) - math.log(lo)))
 
 
@@ -102,14 +103,12 @@ def find_crossover(speculative: Curve, plain: Curve, margins: Mapping[int, float
         return Found(status="not_reached", evidence=evidence)
     c = levels[first_plain]
     if first_plain == 0:
-        return Found(float(c), (c, c), "at_or_below_lowest_level", evidence, interval=(float(c), float(c)))
+        return Found(float(c), (c, c), "at_or_below_lowest_level", evidence, interval=(1.0, float(c)))
     lo = levels[first_plain - 1]
-    d_lo, d_hi = plain[lo] - speculative[lo], plain[c] - speculative[c]
-    crossing = _log_crossing(lo, c, d_lo, d_hi)
-    # The earliest and latest crossings the margins allow: d + margin and d - margin, each linear in log C.
-    earliest = _log_crossing(lo, c, d_lo + margin[lo], d_hi + margin[c]) if margin[lo] or margin[c] else crossing
-    latest = _log_crossing(lo, c, d_lo - margin[lo], d_hi - margin[c]) if margin[lo] or margin[c] else crossing
-    return Found(crossing, (lo, c), "crossed", evidence, interval=(min(earliest, crossing), max(latest, crossing)))
+    crossing = _log_crossing(lo, c, plain[lo] - speculative[lo], plain[c] - speculative[c])
+    # What the measurements establish is the bracket: speculative clearly ahead at lo, plain clearly at c. The
+    # point inside it is an interpolation whose error (the curves' shape between levels) no margin measures.
+    return Found(crossing, (lo, c), "crossed", evidence, interval=(float(lo), float(c)))
 
 
 def switch_threshold(crossover: float | None, levels: list[int]) -> int:

@@ -52,6 +52,12 @@ class LevelSchedule(Schedule):
     """The schedule block as read right after one level of this target."""
 
     concurrency: int
+    level_speed_ratio: float | None = Field(
+        None,
+        description="Simulated seconds the stand-in advanced during the whole level / (wall seconds x "
+        "time_scale), from its clock read right before and right after the level; below 0.9 the level counts "
+        "as lagging. Null when the stand-in does not report its clock.",
+    )
 
 
 class Simulation(_Model):
@@ -261,8 +267,9 @@ class Crossover(_Model):
     )
     interval: tuple[float, float] | None = Field(
         None,
-        description="95% interval of the crossover concurrency: where plain - speculative +- each level's margin "
-        "crosses zero, linear in log C. Null unless status is crossed or at_or_below_lowest_level.",
+        description="Where the crossover lies for sure: from the last level where speculative is clearly ahead "
+        "(beyond the margin) to the first where plain is (at_or_below_lowest_level: from 1). Null unless status "
+        "is crossed or at_or_below_lowest_level.",
     )
     spillover_worst_case_efficiency: float | None = Field(
         None,
