@@ -1,0 +1,111 @@
+"""`crossover bench` says how sure it is: live stand-ins replaying measured curves, the real CLI, the real gateway.
+
+- two stand-ins whose curves are within 1% of each other over a range: "no clear crossover" there, no switch
+  threshold;
+- a sharp pair: a crossover whose interval contains the one the profiles' own virtual curves put it at;
+- `--apply` against a switch-policy gateway writes the switch recommendation (not the spillover one).
+
+The stand-ins run at time scale 1 with steps of milliseconds to tens of milliseconds, so a busy machine costs
+them little; what it does cost (late resends from a slow load generator) hits both targets alike, and the
+differences that decide these checks are either under 1% (a tie, whatever the noise adds: the resolution is 2%)
+or a factor of two.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from crossover.gateway.app import create_app
+from crossover.gateway.config import Settings
+from crossover.loadtest.crossover import find_crossover
+from tests.loadtest.test_bench import ADMIN_TOKEN, INITIAL_THRESHOLD, bench, virtual_curve
+
+GRID = [1, 2, 4, 8, 16]
+INPUT_LEN, OUTPUT_LEN = 16, 32
+LEVEL_S = 2.0
+# In lock-step, as the virtual curves run: out of step, a level's load dips below C between requests, and the
+# dips sample the curves below C (where this flat pair is not flat).
+TIMING = ("--duration-per-level", str(LEVEL_S), "--warmup-rounds", "1", "--lockstep")
+
+
+def measured_profile(path, points: dict[int, float]) -> str:
+    """A stand-in profile that replays per-request tok/s at the given concurrencies."""
+    rows = ",".join(
+        f"{{concurrency = {c}, per_request_throughput = {v}, ttft_s = 0.005}}" for c, v in sorted(points.items())
+    )
+    path.write_text(f'kind = "measured"\nmodel_name = "m"\npoints = [{rows}]\n')
+    return str(path)
+
+
+# Per-request tok/s; x C for the level's throughput. Speculative wins clearly at C = 1 and plain at C = 16.
+SHARP = (
+    {1: 200.0, 16: 20.0},  # 200 tok/s at C = 1, 320 at C = 16
+    {1: 100.0, 16: 40.0},  # 100 tok/s at C = 1, 640 at C = 16
+)
+FLAT = (
+    {1: 200.0, 2: 150.0, 4: 100.0, 8: 60.0, 16: 20.0},
+    {1: 100.0, 2: 149.4, 4: 100.4, 8: 60.3, 16: 40.0},  # within 0.5% at C = 2, 4, 8
+)
+
+
+def stand_in_pair(sim, tmp_path, pair):
+    speculative, plain = (
+        sim(measured_profile(tmp_path / f"{name}.toml", points), "--time-scale", "1", "--log-level", "warning")
+        for name, points in zip(("speculative", "plain"), pair, strict=True)
+    )
+    return {"speculative": speculative.url, "plain": plain.url}
+
+
+def test_curves_within_one_percent_over_a_range_give_no_clear_crossover_there(sim, tmp_path):
+    run = bench(tmp_path / "run", stand_in_pair(sim, tmp_path, FLAT), GRID, OUTPUT_LEN, INPUT_LEN, *TIMING)
+    crossover = run["crossover"]
+    verdicts = {row["concurrency"]: row["verdict"] for row in crossover["evidence"]}
+    assert (verdicts[1], verdicts[16]) == ("speculative", "plain"), crossover["evidence"]
+    assert {verdicts[c] for c in (2, 4, 8)} == {"tie"}, crossover["evidence"]
+    assert (crossover["status"], crossover["concurrency"], crossover["bracket"]) == ("within_noise", None, [1, 16])
+    assert crossover["reason"].startswith("no clear crossover between C=1 and C=16")
+    assert crossover["recommended_threshold"]["switch"] is None
+    for level in run["levels"]:
+        low, high = level["output_throughput_interval"]
+        assert low <= level["output_throughput"] <= high
+
+
+def test_a_sharp_pair_has_a_crossover_whose_interval_holds_the_virtual_one_and_apply_writes_the_switch_value(
+    sim, serve, tmp_path
+):
+    targets = stand_in_pair(sim, tmp_path, SHARP)
+    gateway = serve(
+        create_app(
+            Settings(
+                policy="switch",
+                threshold=INITIAL_THRESHOLD,
+                hysteresis=0,
+                admin_token=ADMIN_TOKEN,
+                log_level="warning",
+                pools={
+                    "speculative": {"backends": [targets["speculative"]]},
+                    "plain": {"backends": [targets["plain"]]},
+                },
+            )
+        )
+    )
+    apply = ("--apply", gateway.url, "--admin-token", ADMIN_TOKEN)
+    run = bench(tmp_path / "run", targets, GRID, OUTPUT_LEN, INPUT_LEN, *TIMING, *apply)
+
+    fine = list(range(1, GRID[-1] + 1))
+    profiles = [str(tmp_path / "speculative.toml"), str(tmp_path / "plain.toml")]
+    virtual = find_crossover(*(virtual_curve(p, fine, OUTPUT_LEN, INPUT_LEN) for p in profiles)).concurrency
+    crossover = run["crossover"]
+    print(json.dumps({k: crossover[k] for k in ("status", "concurrency", "interval")}), "virtual", virtual)
+    assert crossover["status"] == "crossed" and virtual is not None
+    low, high = crossover["interval"]
+    assert low <= virtual <= high and low <= crossover["concurrency"] <= high
+
+    recommended = crossover["recommended_threshold"]
+    assert recommended["switch"] != recommended["spillover"]  # so the check below tells them apart
+    state = httpx.get(
+        f"{gateway.url}/admin/state", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10
+    ).json()
+    assert (state["policy"], state["threshold"]) == ("switch", recommended["switch"])
