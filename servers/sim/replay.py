@@ -15,9 +15,15 @@ loop (each sends its next request the moment its last one ends). Only one mode s
   mode, and the switch itself takes the profiles' cost: restart = stop + the new server's `startup_s`;
   sleep = the old server's `release_s` + the new one's `resume_s`. The measured duration (decision to
   serving again) feeds the running switch-cost estimate, as in the live controller.
-- `oracle`: knows the trace, picks the faster mode for each phase (the same curves the policy weighs) and
-  switches for free at the phase boundary: requests in flight move to the new mode with what they have
-  generated (a prefill of their context there) and nothing waits.
+- `oracle`: an upper bound on every other mechanism, by construction. It knows the trace, so it can follow
+  any schedule for free; it takes the best of two kinds: the *free-switch* schedule (the faster mode for each
+  phase by the curves the policy weighs, switched at no cost at the phase boundary - requests in flight move
+  with what they have generated, a prefill of their context there, and nothing waits) and each other
+  mechanism's own schedule (a policy that drains instead of moving requests can beat free switching, so the
+  free-switch schedule alone is no bound: a 24 h k25 trace had `sleep` at 100.1% of it). `follows` says which.
+
+Restart's cost is the new server's weight loading (`[memory] startup_s`). A profile that does not give it would
+make a restart look free, so `restart` is refused unless both profiles give it or `--startup-s` does.
 
 The policy's rate model is both profiles' closed-loop curves (curve.py) at the trace's concurrencies and
 powers of two; its threshold, unless given, is their crossover.
@@ -75,6 +81,8 @@ DEFAULT_DRAIN_TIMEOUT_S = 120.0
 DEFAULT_STOP_S = 5.0
 # Hysteresis as a share of the threshold, when not given.
 DEFAULT_HYSTERESIS_SHARE = 0.25
+# Shipped example traces (`--trace k25-bursts` or a path).
+TRACES_DIR = Path(__file__).with_name("traces")
 
 
 class TraceError(ValueError):
@@ -92,8 +100,11 @@ _TRACE = TypeAdapter(list[TracePhase])
 
 
 def load_trace(path: str | Path) -> list[TracePhase]:
-    """A CSV with the header `duration_s,concurrency`, or a JSON list of {"duration_s", "concurrency"}."""
+    """A CSV with the header `duration_s,concurrency`, or a JSON list of {"duration_s", "concurrency"}; a bare
+    name is a shipped trace (servers/sim/traces/NAME.csv) when no such file exists."""
     path = Path(path)
+    if not path.exists() and (shipped := TRACES_DIR / f"{path}.csv").exists():
+        path = shipped
     try:
         text = path.read_text()
     except OSError as exc:
@@ -141,6 +152,8 @@ class SwitchTimes:
     startup_s: dict[Mode, float] = field(default_factory=dict)  # weight loading of each mode's server
     release_s: dict[Mode, float] = field(default_factory=dict)
     resume_s: dict[Mode, float] = field(default_factory=dict)
+    # Profiles (by name) that give no startup_s, when none was given for both: a restart cannot be costed.
+    no_startup: tuple[str, ...] = ()
 
     @classmethod
     def from_profiles(
@@ -161,7 +174,19 @@ class SwitchTimes:
                 return dict.fromkeys(profiles, override)
             return {mode: float(getattr(p.memory, name, 0.0) or 0.0) for mode, p in profiles.items()}
 
-        return cls(stop_s, read("startup_s", startup_s), read("release_s", release_s), read("resume_s", resume_s))
+        startups = read("startup_s", startup_s)
+        # 0 is what an absent [memory] startup_s reads as; no real server loads its weights in no time.
+        no_startup = tuple(profiles[mode].name for mode in profiles if startup_s is None and not startups[mode])
+        return cls(stop_s, startups, read("release_s", release_s), read("resume_s", resume_s), no_startup)
+
+    def check(self, mechanism: str) -> None:
+        """ValueError if `mechanism` cannot be costed from these times."""
+        if mechanism == RESTART and self.no_startup:
+            raise ValueError(
+                f"restart needs each server's weight-loading time, and {' and '.join(self.no_startup)} gives no "
+                "[memory] startup_s: a restart would look free. Give --startup-s SECONDS (or add startup_s to the "
+                "profile), or leave restart out of --mechanism."
+            )
 
     def seconds(self, mechanism: str, old: Mode, new: Mode) -> float:
         if mechanism == RESTART:
@@ -240,6 +265,9 @@ class ReplaySetup:
         )
 
 
+FREE_SWITCH = "free-switch"  # the oracle's own schedule: the faster mode per phase, switched for free
+
+
 @dataclass(frozen=True)
 class ReplayResult:
     mechanism: str
@@ -250,12 +278,18 @@ class ReplayResult:
     ttft_p50_s: float | None
     ttft_p99_s: float | None
     requests_cut: int = 0  # in flight at a drain deadline
+    follows: str | None = None  # the oracle: whose schedule gave its figures (FREE_SWITCH or a mechanism)
 
-    def as_json(self) -> dict[str, object]:
+    def as_json(self, best_output_tokens: int | None = None) -> dict[str, object]:
+        """Every column of the table; `vs_best_percent` against `best_output_tokens` (default: its own)."""
+        best = best_output_tokens or self.output_tokens or 1
         return {
             "mechanism": self.mechanism,
+            "follows": self.follows,
             "output_tokens": self.output_tokens,
+            "vs_best_percent": round(100 * self.output_tokens / best, 2),
             "requests_completed": self.requests_completed,
+            "requests_cut": self.requests_cut,
             "switches": self.switches,
             "switching_s": round(self.switching_s, 3),
             "ttft_p50_s": None if self.ttft_p50_s is None else round(self.ttft_p50_s, 4),
@@ -497,12 +531,43 @@ class _Replay:
         return SPECULATIVE if spec > plain else PLAIN
 
 
-def replay(setup: ReplaySetup, trace: list[TracePhase], mechanism: str) -> ReplayResult:
+def replay(
+    setup: ReplaySetup, trace: list[TracePhase], mechanism: str, known: dict[str, ReplayResult] | None = None
+) -> ReplayResult:
+    """One mechanism over the trace. `known`: results already replayed on this setup and trace (the oracle
+    reuses them, and adds what it replays)."""
     if mechanism not in MECHANISMS:
         raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
     if not trace:
         raise ValueError("the trace has no phases")
-    return _Replay(setup, trace, mechanism).run()
+    setup.times.check(mechanism)
+    known = {} if known is None else known
+    if mechanism not in known:
+        known[mechanism] = (
+            _oracle(setup, trace, known) if mechanism == ORACLE else _Replay(setup, trace, mechanism).run()
+        )
+    return known[mechanism]
+
+
+def replay_all(setup: ReplaySetup, trace: list[TracePhase], mechanisms: Iterable[str]) -> list[ReplayResult]:
+    """Each mechanism over the trace, each replayed once (the oracle's bound reuses the others)."""
+    known: dict[str, ReplayResult] = {}
+    return [replay(setup, trace, mechanism, known) for mechanism in mechanisms]
+
+
+def _oracle(setup: ReplaySetup, trace: list[TracePhase], known: dict[str, ReplayResult]) -> ReplayResult:
+    """The best schedule of all: free switching, or any other mechanism's where it did better."""
+    candidates = [replace(_Replay(setup, trace, ORACLE).run(), follows=FREE_SWITCH)]
+    for mechanism in MECHANISMS:
+        if mechanism == ORACLE:
+            continue
+        try:
+            setup.times.check(mechanism)
+        except ValueError:
+            continue  # a mechanism that cannot be costed is not replayed, so there is nothing to bound
+        candidates.append(replace(replay(setup, trace, mechanism, known), follows=mechanism))
+    best = max(candidates, key=lambda result: result.output_tokens)  # the first of equals: free switching
+    return replace(best, mechanism=ORACLE)
 
 
 def _closed_loop(profile: Profile) -> Profile:
@@ -567,12 +632,13 @@ def run_command(args) -> int:
             seed=args.seed,
             drain_timeout_s=_given(args.drain_timeout_s, DEFAULT_DRAIN_TIMEOUT_S),
         )
-        results = [replay(setup, trace, mechanism) for mechanism in mechanisms]
+        results = replay_all(setup, trace, mechanisms)
     except (ProfileError, TraceError, ValueError) as exc:
         print(f"crossover sim replay: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps([r.as_json() for r in results], indent=2))
+        best = max(r.output_tokens for r in results)
+        print(json.dumps([r.as_json(best) for r in results], indent=2))
         return 0
     print(describe(setup, trace))
     print(format_table(results))
@@ -612,8 +678,9 @@ def format_table(results: list[ReplayResult]) -> str:
         f"{'switching s':>12} {'TTFT p50 s':>11} {'TTFT p99 s':>11}"
     ]
     for r in results:
+        name = r.mechanism if r.follows in (None, FREE_SWITCH) else f"{r.mechanism} (= {r.follows})"
         lines.append(
-            f"{r.mechanism:<20} {r.output_tokens:>14} {100 * r.output_tokens / best:>7.1f}% "
+            f"{name:<20} {r.output_tokens:>14} {100 * r.output_tokens / best:>7.1f}% "
             f"{r.requests_completed:>10} {r.requests_cut:>5} {r.switches:>9} {r.switching_s:>12.1f} "
             f"{seconds(r.ttft_p50_s):>11} {seconds(r.ttft_p99_s):>11}"
         )
