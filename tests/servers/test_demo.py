@@ -1,12 +1,16 @@
-"""`crossover demo` as a user runs it: it starts, serves the OpenAI SDK, and leaves no process behind."""
+"""`crossover demo` as a user runs it: it starts, serves the OpenAI SDK, and leaves no process behind; the
+time-shared demo switches to plain under a load step and back when it ends."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 import httpx
 import openai
@@ -16,6 +20,11 @@ from crossover.servers.process import free_port
 from tests.gateway.gateway_helpers import MODEL, wait_until
 
 STARTUP_S = 60.0
+# Generous bounds, not timings: the shipped config switches within ~5 s of a load step (window 4 s, dwell 5 s,
+# a stand-in sleep/wake or restart of seconds); a busy machine may take several times that.
+SWITCH_WAIT_S = 120.0
+STEP_STREAMS = 48  # clients, above the time-shared config's threshold of 32
+ADMIN = {"authorization": "Bearer demo-token"}
 
 
 def children_of(pid: int) -> list[int]:
@@ -119,3 +128,62 @@ def test_a_random_admin_token_is_printed(demo):
     assert proc.returncode == 0
     token = out.split("admin token: ", 1)[1].split()[0]
     assert len(token) >= 20
+
+
+def mode_view(url: str) -> dict:
+    return httpx.get(url + "/admin/mode", headers=ADMIN, timeout=10, trust_env=False).json()
+
+
+class LoadStep:
+    """STEP_STREAMS closed-loop clients through the gateway, in a thread of their own, until stopped."""
+
+    def __init__(self, url: str):
+        self.url, self.stop, self.completed = url, threading.Event(), 0
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        # Long answers, not streamed: the load generator shares the machine, and must keep STEP_STREAMS in flight
+        # at little CPU (short streamed answers kept only ~10 in flight on two busy cores).
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1024}
+        limits = httpx.Limits(max_connections=STEP_STREAMS)
+        async with httpx.AsyncClient(timeout=120, limits=limits, trust_env=False) as client:
+
+            async def worker() -> None:
+                while not self.stop.is_set():
+                    with contextlib.suppress(httpx.HTTPError):
+                        response = await client.post(self.url + "/v1/chat/completions", json=body)
+                        self.completed += response.status_code == 200
+
+            await asyncio.gather(*(worker() for _ in range(STEP_STREAMS)))
+
+    def __enter__(self) -> LoadStep:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=130)
+
+
+@pytest.mark.parametrize("mechanism", ["sleep", "restart"])
+def test_the_time_shared_demo_switches_to_plain_under_a_load_step_and_back_after_it(demo, mechanism):
+    proc, url = demo("--topology", "time-shared", "--mechanism", mechanism, "--admin-token", "demo-token")
+    assert (mode_view(url)["mode"], mode_view(url)["switches"]) == ("speculative", 0)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert reply.usage.completion_tokens == 4  # the README's SDK call, with the demo's model name
+
+    with LoadStep(url) as step:
+        wait_until(lambda: mode_view(url)["mode"] == "plain", timeout=SWITCH_WAIT_S, what="the switch to plain")
+        # Served in the new mode too, not just switched to it.
+        served = step.completed
+        wait_until(lambda: step.completed > served, timeout=SWITCH_WAIT_S, what="requests served in plain mode")
+    wait_until(lambda: mode_view(url)["mode"] == "speculative", timeout=SWITCH_WAIT_S, what="the switch back")
+    view = mode_view(url)
+    assert view["switches"] == 2, view
+    assert (view["last_switch"]["from"], view["last_switch"]["outcome"]) == ("plain", "ok"), view
+
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "load step:" in out and "switching speculative -> plain" in err
