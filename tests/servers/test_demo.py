@@ -187,3 +187,18 @@ def test_the_time_shared_demo_switches_to_plain_under_a_load_step_and_back_after
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "load step:" in out and "switching speculative -> plain" in err
+
+
+@pytest.mark.parametrize("profile", ["standin-partitioned", "standin-time-shared"])
+def test_each_stand_in_profile_has_a_gateway_config_that_points_at_its_servers(profile, monkeypatch):
+    from crossover.gateway.config import load_settings
+    from crossover.servers.demo import gateway_config_path
+    from crossover.servers.profile import load_profile
+
+    monkeypatch.setenv("CROSSOVER_AGENT_TOKEN", "t")  # restart's agent token: never in a shipped file
+    settings = load_settings(gateway_config_path(profile))
+    servers = {server.role: server for server in load_profile(profile).servers}
+    assert settings.topology == load_profile(profile).topology
+    for role, server in servers.items():
+        assert getattr(settings.pools, role).backends == [f"http://{server.host}:{server.port}"]
+        assert server.served_model_name == MODEL  # the README's snippet's model
