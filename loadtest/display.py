@@ -164,7 +164,6 @@ def print_crossover(console: Console, crossover: Crossover, queueing: list[Queue
     console.print(table)
     c, status = crossover.concurrency, crossover.status
     if status == "crossed":
-        interval = crossover.interval
         console.print(
             f"crossover: C = {c:.2f}, interpolated in log C; for sure between C={bracket[0]} (speculative clearly "
             f"ahead) and C={bracket[1]} (plain clearly ahead) - add levels in between to narrow it"

@@ -87,7 +87,8 @@ def test_time_shared_up_starts_the_initial_mode(standin_profile, state_dir, mech
         # Both started; the second one holds no GPU memory and refuses to generate until resumed.
         assert status["plain"]["state"] == "released"
         refused = httpx.post(
-            f"{status['plain']['url']}/v1/completions", json={"model": "moonshotai/Kimi-K2.5", "prompt": "hi", "max_tokens": 1}
+            f"{status['plain']['url']}/v1/completions",
+            json={"model": "moonshotai/Kimi-K2.5", "prompt": "hi", "max_tokens": 1},
         )
         assert refused.status_code == 503
     assert_down(profile, state_dir, recorded_groups(state_dir))
