@@ -116,6 +116,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="any of always-speculative, always-plain, restart, sleep, oracle (default: all)",
     )
     replay.add_argument("--json", action="store_true", help="print JSON, one object per mechanism")
+    replay.add_argument(
+        "--exact",
+        action="store_true",
+        help="step every token of steady phases too (default: measure a steady stretch and repeat it; within ~1%%)",
+    )
     replay.add_argument("--accept-length", type=positive_float, help="override the speculative accept length")
     for name, what in (
         ("--startup-s", "weight loading of the new server in a restart"),

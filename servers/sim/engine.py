@@ -179,6 +179,17 @@ class Engine:
     def resume(self) -> None:
         self.paused = False
 
+    def shift_clock(self, delta: float) -> None:
+        """Move every time the engine holds `delta` later (the replay skipped a stretch it had measured)."""
+        for seq in (*self._waiting, *self._prefilling, *self._running):
+            seq.arrival += delta
+            seq.ready_at += delta
+            if seq.admitted_at is not None:
+                seq.admitted_at += delta
+            if seq.first_token_at is not None:
+                seq.first_token_at += delta
+        self._due = [(t + delta, tie, seq) for t, tie, seq in self._due]  # the same order: a valid heap still
+
     # --- steps ----------------------------------------------------------------------------------------
 
     def next_step(self, now: float) -> Step | None:

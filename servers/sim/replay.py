@@ -81,6 +81,17 @@ DEFAULT_DRAIN_TIMEOUT_S = 120.0
 DEFAULT_STOP_S = 5.0
 # Hysteresis as a share of the threshold, when not given.
 DEFAULT_HYSTERESIS_SHARE = 0.25
+# Steady phases are fast-forwarded (virtual seconds): once a phase has served the same clients in one mode for
+# STEADY_WARMUP_S and STEADY_WARMUP_ROUNDS x clients requests, the replay measures a stretch of at least
+# STEADY_SAMPLE_S and STEADY_SAMPLE_ROUNDS x clients requests (whole rounds of the closed loop, so its first
+# tokens are a fair sample) and then repeats that stretch's output, tick by tick, asking the policy every
+# sampling period as usual, until the policy switches or the phase is within STEADY_SAMPLE_S of its end. A day
+# at C = 500 then replays in seconds instead of an hour of per-token steps (tests/servers/sim/test_replay.py
+# bounds the difference from stepping every token).
+STEADY_WARMUP_S = 60.0
+STEADY_WARMUP_ROUNDS = 10
+STEADY_SAMPLE_S = 60.0
+STEADY_SAMPLE_ROUNDS = 10
 # Shipped example traces (`--trace k25-bursts` or a path).
 TRACES_DIR = Path(__file__).with_name("traces")
 
@@ -213,6 +224,7 @@ class ReplaySetup:
     seed: int = 0
     sample_period_s: float = DEFAULT_SAMPLE_PERIOD_S
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    fast_forward: bool = True  # repeat measured steady stretches instead of stepping them (STEADY_*)
 
     @classmethod
     def from_profiles(
@@ -332,6 +344,35 @@ class _Request:
 SERVING, DRAINING, SWITCHING = "serving", "draining", "switching"
 
 
+@dataclass(slots=True)
+class _Steady:
+    """What fast-forwarded stretches added (STEADY_*), and the stretch being measured."""
+
+    since: float = 0.0  # when the current steady stretch began (a phase, a switch, a change of load)
+    since_completed: int | None = None  # requests completed then (set at the first steady tick)
+    sample: tuple[float, int, int, int] | None = None  # (t, tokens, completed, TTFTs seen) at its start
+    tokens: float = 0.0
+    completed: float = 0.0
+    ttft_copies: list[tuple[list[float], float]] = field(default_factory=list)
+
+    def reset(self, now: float) -> None:
+        self.since, self.since_completed, self.sample = now, None, None
+
+    def add(self, tokens: float, completed: float, ttfts: list[float], copies: float) -> None:
+        self.tokens += tokens
+        self.completed += completed
+        if ttfts and copies:
+            self.ttft_copies.append((ttfts, copies))
+
+    def settle(self, replay: _Replay) -> None:
+        """Count the repeated stretches' first tokens with the others (whole copies; the rest by sampling)."""
+        for ttfts, copies in self.ttft_copies:
+            whole, part = divmod(copies, 1.0)
+            replay.ttfts.extend(ttfts * int(whole))
+            replay.ttfts.extend(ttfts[: round(part * len(ttfts))])
+        self.ttft_copies.clear()
+
+
 class _Replay:
     """One mechanism over one trace. Times are virtual (profile) seconds."""
 
@@ -368,6 +409,7 @@ class _Replay:
         self.ttfts: list[float] = []
         self.completed = self.cut = self.switches = 0
         self.switching_s = 0.0
+        self.steady = _Steady()
 
     @property
     def engine(self) -> Engine:
@@ -407,13 +449,16 @@ class _Replay:
             if now >= next_tick:
                 self._tick(now)
                 next_tick += setup.sample_period_s
+                if setup.fast_forward:
+                    now, next_tick = self._fast_forward(now, next_tick, ends[phase])
         if self.state != SERVING:
             self.switching_s += end - self.switch_started
-        tokens = sum(engine.generated_total for engine in self.engines.values())
+        self.steady.settle(self)
+        tokens = sum(engine.generated_total for engine in self.engines.values()) + round(self.steady.tokens)
         return ReplayResult(
             mechanism=self.mechanism,
             output_tokens=tokens,
-            requests_completed=self.completed,
+            requests_completed=self.completed + round(self.steady.completed),
             switches=self.switches,
             switching_s=self.switching_s,
             ttft_p50_s=_quantile(self.ttfts, 0.50),
@@ -453,6 +498,7 @@ class _Replay:
             self._top_up(now)
 
     def _enter_phase(self, concurrency: int, now: float) -> None:
+        self.steady.reset(now)
         # Fewer clients: the extra ones simply send nothing after their current request ends.
         self.clients = concurrency
         if self.mechanism == ORACLE and concurrency > 0:
@@ -460,6 +506,60 @@ class _Replay:
             if best != self.mode:
                 self._migrate(best, now)
         self._top_up(now)
+
+    # --- steady phases (STEADY_*) -------------------------------------------------------------------
+
+    def _steady_now(self, now: float) -> bool:
+        """Serving the phase's clients, every one in flight, nothing held: a stretch that repeats."""
+        return self.state == SERVING and not self.held and self.clients > 0 and self.outstanding == self.clients
+
+    def _fast_forward(self, now: float, next_tick: float, phase_end: float) -> tuple[float, float]:
+        """At a tick: measure a steady stretch, then repeat it tick by tick while the policy stays put."""
+        steady, period = self.steady, self.setup.sample_period_s
+        if not self._steady_now(now):
+            steady.reset(now)
+            return now, next_tick
+        if steady.since_completed is None:
+            steady.since_completed = self.completed
+        rounds = (self.completed - steady.since_completed) / self.clients
+        if now - steady.since < STEADY_WARMUP_S or rounds < STEADY_WARMUP_ROUNDS:
+            return now, next_tick
+        if steady.sample is None:
+            steady.sample = (now, self._tokens(), self.completed, len(self.ttfts))
+            return now, next_tick
+        t0, tokens0, completed0, ttfts0 = steady.sample
+        if now - t0 < STEADY_SAMPLE_S or self.completed - completed0 < STEADY_SAMPLE_ROUNDS * self.clients:
+            return now, next_tick
+        span = now - t0
+        tokens_rate = (self._tokens() - tokens0) / span
+        # Every request ends with output_len tokens: completions follow the tokens (they come in lumps).
+        completed_rate = tokens_rate / self.setup.output_len
+        ttfts, skipped = self.ttfts[ttfts0:], 0.0
+        # Repeat the stretch while the phase has room and each tick (the real policy, same constant load) stays.
+        while next_tick + STEADY_SAMPLE_S <= phase_end and self.state == SERVING:
+            now, next_tick = next_tick, next_tick + period
+            skipped += period
+            self._tick(now)
+        steady.add(skipped * tokens_rate, skipped * completed_rate, ttfts, skipped / span)
+        self._shift(skipped)
+        steady.reset(now)
+        return now, next_tick
+
+    def _tokens(self) -> int:
+        return sum(engine.generated_total for engine in self.engines.values())
+
+    def _shift(self, delta: float) -> None:
+        """Move everything in flight `delta` later: the skipped stretch ended where the measured one did."""
+        if not delta:
+            return
+        for engine in self.engines.values():
+            engine.shift_clock(delta)
+        for request in self.owner.values():
+            request.arrival += delta
+            if request.first_token_at is not None:
+                request.first_token_at += delta
+        if self.step is not None:
+            self.step_end += delta
 
     # --- switching ------------------------------------------------------------------------------------
 
@@ -504,6 +604,7 @@ class _Replay:
         self.switch_done = now + self.setup.times.seconds(self.mechanism, self.mode, self.target)
 
     def _finish_switch(self, now: float) -> None:
+        self.steady.reset(now)
         duration = now - self.switch_started
         self.switching_s += duration
         self.cost = self.cost.observe(duration)
@@ -632,6 +733,7 @@ def run_command(args) -> int:
             seed=args.seed,
             drain_timeout_s=_given(args.drain_timeout_s, DEFAULT_DRAIN_TIMEOUT_S),
         )
+        setup = replace(setup, fast_forward=not getattr(args, "exact", False))
         results = replay_all(setup, trace, mechanisms)
     except (ProfileError, TraceError, ValueError) as exc:
         print(f"crossover sim replay: error: {exc}", file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -329,3 +330,15 @@ def test_a_profile_without_startup_s_is_refused_for_restart(pair, tmp_path, caps
     assert "--startup-s" in capsys.readouterr().err
     assert main([*argv, "--startup-s", "30"]) == 0
     assert main([*argv, "--mechanism", "sleep,oracle"]) == 0
+
+
+def test_fast_forwarded_steady_phases_agree_with_stepping_every_token(pair):
+    # Long phases, so most of each is repeated from a measured stretch rather than stepped.
+    trace = alternating(900)
+    setup = setup_for(pair, trace)
+    exact = replace(setup, fast_forward=False)
+    for mechanism in (ALWAYS_SPECULATIVE, ALWAYS_PLAIN, SLEEP):
+        fast, stepped = replay(setup, trace, mechanism), replay(exact, trace, mechanism)
+        assert fast.switches == stepped.switches, mechanism
+        assert fast.output_tokens == pytest.approx(stepped.output_tokens, rel=0.01), mechanism
+        assert fast.requests_completed == pytest.approx(stepped.requests_completed, rel=0.01), mechanism
