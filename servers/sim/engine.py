@@ -272,6 +272,9 @@ class Engine:
 
     def _decode(self, seqs: list[Sequence], now: float, touched: list[Sequence], finished: list[Sequence]) -> None:
         acceptance, rng, running = self.acceptance, self._rng, State.RUNNING
+        if acceptance is None:
+            self._decode_one_each(seqs, now, touched, finished)
+            return
         produced = verified = accepted = 0
         for seq in seqs:
             if seq.state is not running:
@@ -292,6 +295,23 @@ class Engine:
         if acceptance is not None:
             self.spec_accepted_total += accepted
             self.spec_verify_total += verified
+
+    def _decode_one_each(
+        self, seqs: list[Sequence], now: float, touched: list[Sequence], finished: list[Sequence]
+    ) -> None:
+        """A plain decode step: one token for every running sequence (the hot loop of a virtual replay)."""
+        running, produced = State.RUNNING, 0
+        for seq in seqs:
+            if seq.state is not running:
+                continue
+            seq.generated += 1
+            produced += 1
+            touched.append(seq)
+            if seq.generated >= seq.max_new_tokens:
+                self._finish(seq, now)
+                finished.append(seq)
+        self._used += produced
+        self.generated_total += produced
 
     def _finish(self, seq: Sequence, now: float) -> None:
         del self._running[seq]

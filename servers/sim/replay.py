@@ -92,6 +92,8 @@ STEADY_WARMUP_S = 60.0
 STEADY_WARMUP_ROUNDS = 10
 STEADY_SAMPLE_S = 60.0
 STEADY_SAMPLE_ROUNDS = 10
+# After a small change of load (a share f of the clients new) both scale by f; a sample is never shorter than:
+STEADY_MIN_SAMPLE_ROUNDS = 3
 # Shipped example traces (`--trace k25-bursts` or a path).
 TRACES_DIR = Path(__file__).with_name("traces")
 
@@ -350,13 +352,20 @@ class _Steady:
 
     since: float = 0.0  # when the current steady stretch began (a phase, a switch, a change of load)
     since_completed: int | None = None  # requests completed then (set at the first steady tick)
+    change: float = 1.0  # how much of the load is new (0-1): scales the rounds of warm-up and sample
     sample: tuple[float, int, int, int] | None = None  # (t, tokens, completed, TTFTs seen) at its start
     tokens: float = 0.0
     completed: float = 0.0
     ttft_copies: list[tuple[list[float], float]] = field(default_factory=list)
 
-    def reset(self, now: float) -> None:
-        self.since, self.since_completed, self.sample = now, None, None
+    def reset(self, now: float, change: float = 1.0) -> None:
+        if self.sample is None and self.since_completed is not None:
+            change = max(change, self.change)  # still settling from the last change
+        self.since, self.since_completed, self.sample, self.change = now, None, None, min(change, 1.0)
+
+    def rounds(self, full: int) -> float:
+        """Rounds of the closed loop to wait (or measure) after this change: `full` for a new load."""
+        return max(full * self.change, 1.0)
 
     def add(self, tokens: float, completed: float, ttfts: list[float], copies: float) -> None:
         self.tokens += tokens
@@ -483,22 +492,22 @@ class _Replay:
         self.owner[seq] = request
 
     def _finish_step(self, step, now: float) -> None:
-        touched, finished = self.engine.finish_step(step, now)
-        for seq in touched:
-            request = self.owner[seq]
-            if request.first_token_at is None and seq.generated > 0:
-                request.first_token_at = now
+        # The engine stamps each sequence's first token; reading it at the finish keeps this loop off the
+        # batch (per step it would cost as much as the step itself at C = 500).
+        _, finished = self.engine.finish_step(step, now)
         for seq in finished:
             request = self.owner.pop(seq)
             self.completed += 1
             self.outstanding -= 1
-            if request.first_token_at is not None:
-                self.ttfts.append(request.first_token_at - request.arrival)
+            first = request.first_token_at if request.first_token_at is not None else seq.first_token_at
+            if first is not None:
+                self.ttfts.append(first - request.arrival)
         if finished:
             self._top_up(now)
 
     def _enter_phase(self, concurrency: int, now: float) -> None:
-        self.steady.reset(now)
+        # A small change of load settles sooner: only the clients that joined (or left) are out of place.
+        self.steady.reset(now, abs(concurrency - self.clients) / max(concurrency, self.clients, 1))
         # Fewer clients: the extra ones simply send nothing after their current request ends.
         self.clients = concurrency
         if self.mechanism == ORACLE and concurrency > 0:
@@ -522,13 +531,14 @@ class _Replay:
         if steady.since_completed is None:
             steady.since_completed = self.completed
         rounds = (self.completed - steady.since_completed) / self.clients
-        if now - steady.since < STEADY_WARMUP_S or rounds < STEADY_WARMUP_ROUNDS:
+        if now - steady.since < STEADY_WARMUP_S or rounds < steady.rounds(STEADY_WARMUP_ROUNDS):
             return now, next_tick
         if steady.sample is None:
             steady.sample = (now, self._tokens(), self.completed, len(self.ttfts))
             return now, next_tick
         t0, tokens0, completed0, ttfts0 = steady.sample
-        if now - t0 < STEADY_SAMPLE_S or self.completed - completed0 < STEADY_SAMPLE_ROUNDS * self.clients:
+        sample_rounds = max(steady.rounds(STEADY_SAMPLE_ROUNDS), STEADY_MIN_SAMPLE_ROUNDS)
+        if now - t0 < STEADY_SAMPLE_S or self.completed - completed0 < sample_rounds * self.clients:
             return now, next_tick
         span = now - t0
         tokens_rate = (self._tokens() - tokens0) / span
@@ -621,6 +631,8 @@ class _Replay:
         self.mode, self.mode_since = best, now
         self.switches += 1
         for seq, request in moving:
+            if request.first_token_at is None:
+                request.first_token_at = seq.first_token_at  # its first token came from the old mode
             old.abort(seq)
             self._submit(request, seq.input_tokens + seq.generated, seq.max_new_tokens - seq.generated, now)
 
