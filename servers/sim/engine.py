@@ -276,10 +276,8 @@ class Engine:
             self._decode_one_each(seqs, now, touched, finished)
             return
         produced = verified = accepted = 0
-        for seq in seqs:
-            if seq.state is not running:
-                continue
-            n = acceptance.draw(rng) if acceptance is not None else 1
+        live = [seq for seq in seqs if seq.state is running]
+        for seq, n in zip(live, acceptance.draw_many(rng, len(live)), strict=True):
             accepted += n
             verified += 1
             remaining = seq.max_new_tokens - seq.generated
@@ -292,9 +290,8 @@ class Engine:
                 self._finish(seq, now)
                 finished.append(seq)
         self.generated_total += produced
-        if acceptance is not None:
-            self.spec_accepted_total += accepted
-            self.spec_verify_total += verified
+        self.spec_accepted_total += accepted
+        self.spec_verify_total += verified
 
     def _decode_one_each(
         self, seqs: list[Sequence], now: float, touched: list[Sequence], finished: list[Sequence]

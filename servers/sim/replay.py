@@ -88,9 +88,9 @@ DEFAULT_HYSTERESIS_SHARE = 0.25
 # sampling period as usual, until the policy switches or the phase is within STEADY_SAMPLE_S of its end. A day
 # at C = 500 then replays in seconds instead of an hour of per-token steps (tests/servers/sim/test_replay.py
 # bounds the difference from stepping every token).
-STEADY_WARMUP_S = 60.0
+STEADY_WARMUP_S = 20.0
 STEADY_WARMUP_ROUNDS = 10
-STEADY_SAMPLE_S = 60.0
+STEADY_SAMPLE_S = 20.0
 STEADY_SAMPLE_ROUNDS = 10
 # After a small change of load (a share f of the clients new) both scale by f; a sample is never shorter than:
 STEADY_MIN_SAMPLE_ROUNDS = 3
