@@ -259,6 +259,8 @@ def run(
     topology: str = "partitioned",
     mechanism: str = "sleep",
 ) -> int:
+    import httpx
+
     from crossover.gateway.config import DEFAULT_THRESHOLD, Settings, SettingsError
     from crossover.servers import process
 
@@ -298,7 +300,7 @@ def run(
                 runner.run(_serve(settings, banner(url, token, lines)))
         except KeyboardInterrupt:
             pass
-        except process.NotReady as exc:
+        except (process.NotReady, httpx.HTTPError) as exc:
             print(f"crossover demo: {exc}", file=sys.stderr)
             return 1
         finally:
