@@ -1,14 +1,14 @@
 """`crossover bench` says how sure it is: live stand-ins replaying measured curves, the real CLI, the real gateway.
 
-- two stand-ins whose curves are within 1% of each other over a range: "no clear crossover" there, no switch
-  threshold;
+- two stand-ins whose curves are within 1% of each other over a range (C = 1-8): "no clear crossover" there,
+  no switch threshold;
 - a sharp pair: a crossover whose interval contains the one the profiles' own virtual curves put it at;
 - `--apply` against a switch-policy gateway writes the switch recommendation (not the spillover one).
 
 The stand-ins run at time scale 1 with steps of milliseconds to tens of milliseconds, so a busy machine costs
 them little; what it does cost (late resends from a slow load generator) hits both targets alike, and the
 differences that decide these checks are either under 1% (a tie, whatever the noise adds: the resolution is 2%)
-or a factor of two.
+or over 50%.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ LEVEL_S = 3.0
 # In lock-step, as the virtual curves run: out of step, a level's load dips below C between requests, and the
 # dips sample the curves below C (where this flat pair is not flat).
 TIMING = ("--duration-per-level", str(LEVEL_S), "--warmup-rounds", "1", "--lockstep")
+# The sharp pair needs its levels told apart, so fewer and longer ones: narrower intervals on a busy machine.
+SHARP_GRID = [1, 8, 16]
+SHARP_TIMING = ("--duration-per-level", "6", "--warmup-rounds", "1", "--lockstep")
 
 
 def measured_profile(path, points: dict[int, float]) -> str:
@@ -39,7 +42,7 @@ def measured_profile(path, points: dict[int, float]) -> str:
     return str(path)
 
 
-# Per-request tok/s; x C for the level's throughput. Speculative wins clearly at C = 1 and plain at C = 16.
+# Per-request tok/s; x C for the level's throughput.
 # Sharp: the curves cross near C = 11.6, and are >= 50% apart at every level of the grid (8: 520 vs 340 tok/s),
 # so that even the wide intervals of short levels on a loaded machine (measured: +-25% at C = 8 beside two CPU
 # burners) tell them apart.
@@ -47,10 +50,13 @@ SHARP = (
     {1: 200.0, 16: 20.0},  # 200 tok/s at C = 1, 320 at C = 16
     {1: 50.0, 16: 40.0},  # 50 tok/s at C = 1, 640 at C = 16
 )
+# Flat: within 0.5% from C = 1 to 8 (a loaded load generator lets a level's load dip below C, so the curves
+# must agree below each flat level too), plain clearly ahead at C = 16.
 FLAT = (
     {1: 200.0, 2: 150.0, 4: 100.0, 8: 60.0, 16: 20.0},
-    {1: 100.0, 2: 149.4, 4: 100.4, 8: 60.3, 16: 40.0},  # within 0.5% at C = 2, 4, 8
+    {1: 199.2, 2: 149.4, 4: 100.4, 8: 60.3, 16: 40.0},
 )
+FLAT_LEVELS = (1, 2, 4, 8)
 
 
 def stand_in_pair(sim, tmp_path, pair):
@@ -65,10 +71,14 @@ def test_curves_within_one_percent_over_a_range_give_no_clear_crossover_there(si
     run = bench(tmp_path / "run", stand_in_pair(sim, tmp_path, FLAT), GRID, OUTPUT_LEN, INPUT_LEN, *TIMING)
     crossover = run["crossover"]
     verdicts = {row["concurrency"]: row["verdict"] for row in crossover["evidence"]}
-    assert (verdicts[1], verdicts[16]) == ("speculative", "plain"), crossover["evidence"]
-    assert {verdicts[c] for c in (2, 4, 8)} == {"tie"}, crossover["evidence"]
-    assert (crossover["status"], crossover["concurrency"], crossover["bracket"]) == ("within_noise", None, [1, 16])
-    assert crossover["reason"].startswith("no clear crossover between C=1 and C=16")
+    # Within 1%: ties, whatever the machine adds (noise only widens a margin). Whether C = 16 is told apart
+    # depends on it (beside two CPU burners its +-40% once made a tie of 314 vs 577 tok/s), so the range is
+    # only required to cover the flat levels.
+    assert {verdicts[c] for c in FLAT_LEVELS} == {"tie"}, crossover["evidence"]
+    assert (crossover["status"], crossover["concurrency"]) == ("within_noise", None), crossover["evidence"]
+    low, high = crossover["bracket"]
+    assert low <= FLAT_LEVELS[0] and high >= FLAT_LEVELS[-1]
+    assert crossover["reason"].startswith(f"no clear crossover between C={low} and C={high}")
     assert crossover["recommended_threshold"]["switch"] is None
     for level in run["levels"]:
         low, high = level["output_throughput_interval"]
@@ -95,9 +105,9 @@ def test_a_sharp_pair_has_a_crossover_whose_interval_holds_the_virtual_one_and_a
         )
     )
     apply = ("--apply", gateway.url, "--admin-token", ADMIN_TOKEN)
-    run = bench(tmp_path / "run", targets, GRID, OUTPUT_LEN, INPUT_LEN, *TIMING, *apply)
+    run = bench(tmp_path / "run", targets, SHARP_GRID, OUTPUT_LEN, INPUT_LEN, *SHARP_TIMING, *apply)
 
-    fine = list(range(1, GRID[-1] + 1))
+    fine = list(range(1, SHARP_GRID[-1] + 1))
     profiles = [str(tmp_path / "speculative.toml"), str(tmp_path / "plain.toml")]
     virtual = find_crossover(*(virtual_curve(p, fine, OUTPUT_LEN, INPUT_LEN) for p in profiles)).concurrency
     crossover = run["crossover"]
