@@ -1,4 +1,5 @@
-"""`crossover serve` and `crossover demo`. Heavy imports wait until a command runs."""
+"""`crossover serve`. Heavy imports wait until a command runs. (`crossover demo` starts stand-ins, so it is
+the servers package's: servers/demo.py.)"""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from crossover.gateway.cli import non_negative_int, port, positive_float
+from crossover.gateway.cli import port
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,19 +22,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=port, help="listen port (default: the settings' port)")
     serve.set_defaults(run=run_serve)
 
-    demo = subparsers.add_parser(
-        "demo",
-        help="two simulated SGLang pools and the gateway on 127.0.0.1",
-        description="Start a k25-eagle3 and a k25-plain stand-in and the gateway in front of them; "
-        "Ctrl-C or SIGTERM stops all of it.",
-    )
-    demo.add_argument("--port", type=port, default=8000, help="gateway port (default 8000)")
-    demo.add_argument("--admin-token", help="admin API token (default: a random one, printed)")
-    demo.add_argument("--policy", choices=["switch", "spillover"], default="spillover")
-    demo.add_argument("--threshold", type=non_negative_int, default=None, help="routing threshold (default 32)")
-    demo.add_argument("--time-scale", type=positive_float, default=1.0, help="run the stand-ins F times faster")
-    demo.set_defaults(run=run_demo)
-
 
 def run_serve(args: argparse.Namespace) -> int:
     from crossover.gateway.config import SettingsError, load_settings
@@ -47,15 +35,3 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     server.run()
     return 130 if server.interrupted else 0  # 128 + SIGINT, as a shell reports Ctrl-C
-
-
-def run_demo(args: argparse.Namespace) -> int:
-    from crossover.gateway.demo import run
-
-    return run(
-        port=args.port,
-        admin_token=args.admin_token,
-        policy=args.policy,
-        threshold=args.threshold,
-        time_scale=args.time_scale,
-    )

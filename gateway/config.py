@@ -407,13 +407,29 @@ def load_settings(path: Path | None = None) -> Settings:
     try:
         return Settings(**data)
     except ValidationError as exc:
-        raise SettingsError(describe(exc, source=str(path) if path else "settings")) from exc
+        raise SettingsError(describe(exc, source=str(path) if path else "settings", environ=os.environ)) from exc
 
 
-def describe(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid settings in {source}:"]
+# What an unknown key most likely is; the stand-in's profile loader says the same (servers/sim/profile_file.py).
+UNKNOWN_KEY_HINT = "misspelt, or in the wrong section?"
+
+
+def describe(exc: ValidationError, source: str, environ: dict[str, str] | None = None) -> str:
+    """One line per problem, each blamed where it came from: the file, or a CROSSOVER_* variable that
+    overrides it (`environ`: the environment the settings were read from)."""
+    upper = {name.upper() for name in environ or {}}
+    lines = []
+    from_env = False
     for error in exc.errors():
-        field = ".".join(str(part) for part in error["loc"]) or "(top level)"
-        message = error["msg"].removeprefix("Value error, ")
+        loc = [str(part) for part in error["loc"]]
+        field = ".".join(loc) or "(top level)"
+        variable = "CROSSOVER_" + "__".join(loc).upper()
+        if loc and variable in upper:
+            field, from_env = f"{field} (from ${variable})", True
+        if error["type"] == "extra_forbidden":
+            message = f"unknown key ({UNKNOWN_KEY_HINT})"
+        else:
+            message = error["msg"].removeprefix("Value error, ")
         lines.append(f"  {field}: {message}")
-    return "\n".join(lines)
+    where = f"{source} or the environment" if from_env else source
+    return "\n".join([f"invalid settings in {where}:", *lines])

@@ -1,7 +1,13 @@
 """`--apply`: send the recommended threshold for the gateway's current policy to its admin API.
 
-    GET /admin/threshold  -> {"policy": "switch", "threshold": 32, "hysteresis": 4, ...}
+    GET /admin/state      -> {"topology": "partitioned", "policy": "switch", "threshold": 32, "hysteresis": 4, ...}
     PUT /admin/threshold     {"threshold": 7}   (Authorization: Bearer TOKEN)
+
+A bench run recommends one threshold per policy, and they differ (switch sends everything to one pool, so it
+is the crossover; spillover caps the speculative pool, so it is usually far lower). Which one applies is the
+gateway's to say: a time-shared gateway switches its whole GPU set, so it takes the switch value whatever its
+routing policy reads; a partitioned one takes its policy's. A gateway that names neither is refused, with both
+values, rather than guessed at.
 
 The gateway keeps its hysteresis band below the threshold; if the new threshold would leave no room for the
 current band, the band is narrowed to threshold - 1 (and said so) rather than the change being refused.
@@ -38,25 +44,39 @@ def _check(response: httpx.Response, what: str) -> dict:
         raise ApplyError(f"{what}: answer is not JSON: {response.text[:300]}") from None
 
 
+def policy_of(state: dict, recommended: dict[str, int | None]) -> str:
+    """Which recommendation fits the gateway whose /admin/state is `state`; ApplyError if it cannot be told."""
+    policy = "switch" if state.get("topology") == "time-shared" else state.get("policy")
+    offered = ", ".join(f"{name} = {value}" for name, value in sorted(recommended.items()))
+    if policy not in recommended:
+        raise ApplyError(
+            f"cannot tell which threshold fits the gateway (topology {state.get('topology')!r}, policy "
+            f"{state.get('policy')!r}); recommended: {offered}. Set one with PUT /admin/threshold."
+        )
+    if recommended[policy] is None:
+        raise ApplyError(f"the gateway uses the {policy} policy, and no {policy} threshold was recommended ({offered})")
+    return policy
+
+
 def apply_threshold(
-    gateway_url: str, token: str, recommended: dict[str, int], timeout: float = DEFAULT_ADMIN_TIMEOUT_S
+    gateway_url: str, token: str, recommended: dict[str, int | None], timeout: float = DEFAULT_ADMIN_TIMEOUT_S
 ) -> Applied:
-    url = gateway_url.rstrip("/").removesuffix("/v1") + "/admin/threshold"
+    base = gateway_url.rstrip("/").removesuffix("/v1")
+    url = base + "/admin/threshold"
     headers = {"Authorization": f"Bearer {token}"}
     try:
         with httpx.Client(timeout=timeout) as client:
-            state = _check(client.get(url, headers=headers), f"GET {url}")
-            policy = state.get("policy")
-            if policy not in recommended:
-                raise ApplyError(f"gateway policy {policy!r} has no recommendation (have {sorted(recommended)})")
+            state = _check(client.get(base + "/admin/state", headers=headers), f"GET {base}/admin/state")
+            policy = policy_of(state, recommended)
             threshold = recommended[policy]
+            assert threshold is not None  # policy_of refuses a missing value
             hysteresis = state.get("hysteresis")
             change: dict[str, int] = {"threshold": threshold}
             if hysteresis and hysteresis >= threshold:
                 change["hysteresis"] = max(threshold - 1, 0)
             new_state = _check(client.put(url, headers=headers, json=change), f"PUT {url}")
     except httpx.HTTPError as exc:
-        raise ApplyError(f"cannot reach the gateway at {url}: {exc}") from None
+        raise ApplyError(f"cannot reach the gateway at {base}: {exc}") from None
     if new_state.get("threshold") != threshold:
         raise ApplyError(f"gateway answered threshold {new_state.get('threshold')!r}, expected {threshold}")
     return Applied(

@@ -12,6 +12,7 @@ import contextlib
 import os
 import platform
 import sys
+import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -156,14 +157,20 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> Results:
             raise BenchError(f"probe request to {target.name} ({target.chat_url}) failed: {check.error}")
     levels: list[Level] = []
     by_name = {t.name: t for t in plan.targets}
+    level_start: dict[str, tuple[dict | None, float]] = {}
+
+    async def level_begins(target: Target) -> None:
+        if simulations[target.name] is not None:
+            level_start[target.name] = (await server_info(target, headers), time.monotonic())
 
     async def level_done(level: Level) -> None:
         levels.append(level)
         schedule = None
         if (simulation := simulations[level.target]) is not None:
-            # Right after the level, so the stand-in's recent window is this level's.
+            # Right after the level; with the read right before it, the stand-in's speed over the whole level.
             info = await server_info(by_name[level.target], headers)
-            schedule = record_level(simulation, level.concurrency, info)
+            before, began = level_start.pop(level.target, (None, time.monotonic()))
+            schedule = record_level(simulation, level.concurrency, info, before, time.monotonic() - began)
         display.level_done(level, schedule)
         # Rewritten after every level, so an interrupted sweep keeps what it measured.
         meta = metadata(plan, workload, infos, simulations, started)
@@ -175,6 +182,7 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> Results:
         workload,
         plan.load,
         on_level_start=display.level_started,
+        on_level_begin=level_begins,
         on_level_done=level_done,
     )
     meta = metadata(plan, workload, infos, simulations, started)
@@ -227,8 +235,11 @@ def apply_recommendation(console: Console, crossover: Crossover, url: str | None
     except ApplyError as exc:
         print(f"crossover bench: --apply: {exc}", file=sys.stderr)
         return 1
+    other = {name: value for name, value in recommended.model_dump().items() if name != applied.policy}
     console.print(
-        f"applied to {url}: policy {applied.policy}, threshold {applied.old_threshold} -> {applied.new_threshold}"
+        f"applied the {applied.policy} recommendation to {url} (the gateway's policy; not "
+        + ", ".join(f"{name} = {value}" for name, value in other.items())
+        + f"): threshold {applied.old_threshold} -> {applied.new_threshold}"
         + (
             f", hysteresis {applied.old_hysteresis} -> {applied.new_hysteresis}"
             if applied.new_hysteresis != applied.old_hysteresis

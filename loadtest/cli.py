@@ -61,8 +61,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="C,C,...",
         help=f"levels, run in ascending order (default {','.join(map(str, DEFAULT_CONCURRENCY))})",
     )
-    bench.add_argument("--output-len", type=positive_int, default=DEFAULT_OUTPUT_LEN, help="max_tokens per request")
-    bench.add_argument("--input-len", type=positive_int, default=DEFAULT_INPUT_LEN, help="approximate prompt tokens")
+    bench.add_argument(
+        "--output-len",
+        type=positive_int,
+        default=DEFAULT_OUTPUT_LEN,
+        help="max_tokens per request (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--input-len",
+        type=positive_int,
+        default=DEFAULT_INPUT_LEN,
+        help="approximate prompt tokens (default: %(default)s)",
+    )
     amount = bench.add_mutually_exclusive_group()
     amount.add_argument(
         "--requests-per-level",
@@ -90,13 +100,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(bench_serving's and the stand-in's virtual curves' closed loop); default: out of step",
     )
     bench.add_argument("--model", help="model name to request (default: the first of the first target's /v1/models)")
-    bench.add_argument("--speculative", default="speculative", metavar="NAME", help="the speculative target")
-    bench.add_argument("--plain", default="plain", metavar="NAME", help="the plain target")
+    bench.add_argument(
+        "--speculative", default="speculative", metavar="NAME", help="the speculative target (default: %(default)s)"
+    )
+    bench.add_argument("--plain", default="plain", metavar="NAME", help="the plain target (default: %(default)s)")
     bench.add_argument("--out", type=Path, help="output directory (default ./crossover-bench-<time>)")
     bench.add_argument("--apply", metavar="GATEWAY_URL", help="PUT the recommended threshold to this gateway")
     bench.add_argument("--admin-token", help="gateway admin token (default $CROSSOVER_ADMIN_TOKEN)")
     bench.add_argument("--api-key", help="bearer token for the targets (default $OPENAI_API_KEY)")
-    bench.add_argument("--extra-body", default="{}", metavar="JSON", help="fields merged into every request")
+    bench.add_argument(
+        "--extra-body", default="{}", metavar="JSON", help="fields merged into every request (default: none)"
+    )
     bench.add_argument(
         "--no-ignore-eos",
         dest="ignore_eos",
@@ -108,9 +122,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=positive_float,
         default=DEFAULT_REQUEST_TIMEOUT_S,
         metavar="S",
-        help="limit on one whole request",
+        help="limit on one whole request (default: %(default)g)",
     )
-    bench.add_argument("--seed", type=int, default=0, help="seed for prompt generation")
+    bench.add_argument("--seed", type=int, default=0, help="seed for prompt generation (default: %(default)s)")
     bench.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNGs")
     bench.set_defaults(run=run_bench)
 

@@ -7,6 +7,14 @@ the first grid level where d >= 0, refined by interpolating d linearly in log C 
 one before (sweeps are log-spaced, 1, 2, 5, 10, 30, ...). If plain already meets speculative at the lowest
 level the crossover is reported *at* that level (it may lie lower); if it never does, it is null.
 
+**How sure.** Measured curves carry noise (uncertainty.py): at each level plain and speculative are told apart
+only when they differ by more than a margin (their combined 95% intervals, and at least the resolution). Levels
+inside the margin are ties. A crossover is named only between a level where speculative is clearly ahead and
+the next one, where plain clearly is; its interval is those two levels (the interpolated point between them
+rests on the curves' shape there, which nothing measured; add levels to narrow it). Ties in between (or at the
+top of the sweep) give status `within_noise`: "no clear crossover between C=a and C=b", with no number and no
+switch threshold.
+
 **switch** (time-shared pools: all traffic goes to one configuration). The gateway sends a new request to
 the speculative pool while the total in-flight count it sees is below the threshold T. In a closed loop at
 level C a new request sees the C - 1 others, so level C is speculative iff C - 1 < T, i.e. C <= T. Speculation
@@ -30,50 +38,77 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from crossover.loadtest.models import Crossover, CrossoverStatus, Evidence, Level, RecommendedThreshold
+from crossover.loadtest.uncertainty import DEFAULT_RESOLUTION, Verdict, margin, verdict
 
 Curve = Mapping[int, float]
 
 
 @dataclass
 class Found:
-    """Where two curves cross: the concurrency (None if they do not), its bracketing levels, the evidence."""
+    """Where two curves cross: the concurrency (None if they do not or cannot be told to), its bracketing
+    levels, a 95% interval for it, and the per-level evidence."""
 
     concurrency: float | None = None
     bracket: tuple[int, int] | None = None
     status: CrossoverStatus = "no_common_levels"
     evidence: list[Evidence] = field(default_factory=list)
+    interval: tuple[float, float] | None = None
 
 
 def common_levels(speculative: Curve, plain: Curve) -> list[int]:
     return sorted(set(speculative) & set(plain))
 
 
-def find_crossover(speculative: Curve, plain: Curve) -> Found:
-    """Crossover concurrency (or None), its bracketing grid levels and the per-level evidence."""
+def _log_crossing(lo: int, hi: int, d_lo: float, d_hi: float) -> float:
+    """Where d, linear in log C from d_lo < 0 at lo to d_hi >= 0 at hi, is 0."""
+    fraction = -d_lo / (d_hi - d_lo)  # 0 < fraction <= 1
+    return math.exp(math.log(lo) + fraction * (math.log(hi) - math.log(lo)))
+
+
+def find_crossover(speculative: Curve, plain: Curve, margins: Mapping[int, float] | None = None) -> Found:
+    """Crossover concurrency (or None), its bracketing grid levels, its interval and the per-level evidence.
+
+    `margins[C]`: how far apart the curves must be at C to tell them apart (uncertainty.py); without them the
+    curves are exact (virtual-time curves) and plain meeting speculative counts as crossing.
+    """
     levels = common_levels(speculative, plain)
+    margin = {c: (margins or {}).get(c, 0.0) for c in levels}
+    verdicts: dict[int, Verdict] = {}
+    for c in levels:
+        judged = verdict(speculative[c], plain[c], margin[c])
+        verdicts[c] = "plain" if margins is None and judged == "tie" else judged
     evidence = [
         Evidence(
             concurrency=c,
             speculative_output_throughput=speculative[c],
             plain_output_throughput=plain[c],
             plain_over_speculative=plain[c] / speculative[c] if speculative[c] > 0 else None,
+            margin=margin[c] if margins is not None else None,
+            verdict=verdicts[c],
         )
         for c in levels
     ]
     if not levels:
         return Found(evidence=evidence)
-    for i, c in enumerate(levels):
-        d_hi = plain[c] - speculative[c]
-        if d_hi < 0:
-            continue
-        if i == 0:
-            return Found(float(c), (c, c), "at_or_below_lowest_level", evidence)
-        lo = levels[i - 1]
-        d_lo = plain[lo] - speculative[lo]
-        fraction = -d_lo / (d_hi - d_lo)  # d_lo < 0 <= d_hi, so 0 < fraction <= 1
-        crossing = math.exp(math.log(lo) + fraction * (math.log(c) - math.log(lo)))
-        return Found(crossing, (lo, c), "crossed", evidence)
-    return Found(status="not_reached", evidence=evidence)
+    first_plain = next((i for i, c in enumerate(levels) if verdicts[levels[i]] == "plain"), None)
+    end = len(levels) if first_plain is None else first_plain
+    last_speculative = next((i for i in range(end - 1, -1, -1) if verdicts[levels[i]] == "speculative"), None)
+    ties_before = end - (0 if last_speculative is None else last_speculative + 1)
+    if ties_before:
+        # Within noise over a range: where inside it plain overtakes cannot be told from these measurements.
+        low = levels[0 if last_speculative is None else last_speculative]
+        high = levels[-1] if first_plain is None else levels[first_plain]
+        return Found(bracket=(low, high), status="within_noise", evidence=evidence)
+    if first_plain is None:
+        return Found(status="not_reached", evidence=evidence)
+    c = levels[first_plain]
+    if first_plain == 0:
+        return Found(float(c), (c, c), "at_or_below_lowest_level", evidence, interval=(1.0, float(c)))
+    lo = levels[first_plain - 1]
+    crossing = _log_crossing(lo, c, plain[lo] - speculative[lo], plain[c] - speculative[c])
+    # What the measurements establish is the bracket: speculative clearly ahead at lo, plain clearly at c. The
+    # point inside it is an interpolation whose error (the curves' shape between levels) no margin measures.
+    return Found(crossing, (lo, c), "crossed", evidence, interval=(float(lo), float(c)))
 
 
 def switch_threshold(crossover: float | None, levels: list[int]) -> int:
@@ -119,28 +154,49 @@ def spillover_threshold(speculative: Curve, plain: Curve) -> tuple[int, float | 
     return ranked, efficiency(ranked)[0]
 
 
-def analyse(levels: Sequence[Level], speculative: str, plain: str) -> Crossover:
+def analyse(levels: Sequence[Level], speculative: str, plain: str, resolution: float = DEFAULT_RESOLUTION) -> Crossover:
     """The `crossover` object of results.json from the `levels` entries of two named targets."""
+    by = {(lv.target, lv.concurrency): lv for lv in levels}
     curves = {
         name: {lv.concurrency: lv.output_throughput for lv in levels if lv.target == name}
         for name in (speculative, plain)
     }
-    found = find_crossover(curves[speculative], curves[plain])
+    margins = {
+        c: margin(
+            by[speculative, c].output_throughput,
+            by[plain, c].output_throughput,
+            by[speculative, c].output_throughput_interval,
+            by[plain, c].output_throughput_interval,
+            resolution,
+        )
+        for c in common_levels(curves[speculative], curves[plain])
+    }
+    found = find_crossover(curves[speculative], curves[plain], margins)
     spill, efficiency = spillover_threshold(curves[speculative], curves[plain])
     measured = common_levels(curves[speculative], curves[plain])
-    failed = {(lv.target, lv.concurrency): lv.failed for lv in levels}
     for row in found.evidence:
-        row.speculative_failed = failed[speculative, row.concurrency]
-        row.plain_failed = failed[plain, row.concurrency]
+        row.speculative_failed = by[speculative, row.concurrency].failed
+        row.plain_failed = by[plain, row.concurrency].failed
+    # Too close to call: any switch threshold inside the range serves about as well, so none is named.
+    switch = None if found.status == "within_noise" else switch_threshold(found.concurrency, measured)
     return Crossover(
         concurrency=found.concurrency,
-        recommended_threshold=RecommendedThreshold(
-            switch=switch_threshold(found.concurrency, measured), spillover=spill
-        ),
+        interval=found.interval,
+        recommended_threshold=RecommendedThreshold(switch=switch, spillover=spill),
         speculative=speculative,
         plain=plain,
         status=found.status,
         bracket=found.bracket,
         spillover_worst_case_efficiency=efficiency,
         evidence=found.evidence,
+        reason=_within_noise_reason(found) if found.status == "within_noise" else None,
+    )
+
+
+def _within_noise_reason(found: Found) -> str:
+    assert found.bracket is not None
+    ties = [row.concurrency for row in found.evidence if row.verdict == "tie"]
+    return (
+        f"no clear crossover between C={found.bracket[0]} and C={found.bracket[1]}: the curves are within noise "
+        f"at C = {', '.join(map(str, ties))} (see each level's margin)"
     )

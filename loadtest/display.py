@@ -94,7 +94,7 @@ class SweepDisplay:
     def simulated(self, name: str, simulation: Simulation) -> None:
         scale = "an unknown time scale" if simulation.time_scale is None else f"time scale {simulation.time_scale:g}"
         check = (
-            "its schedule lag is read after every level"
+            "its clock is read before and after every level"
             if simulation.schedule is not None
             else "it reports no schedule, so whether it keeps up is unknown"
         )
@@ -144,7 +144,7 @@ def print_crossover(console: Console, crossover: Crossover, queueing: list[Queue
     table = require("rich.table", "the crossover table").Table(
         title=f"crossover evidence: {crossover.plain} vs {crossover.speculative}"
     )
-    for header in ("C", f"{crossover.speculative} tok/s", f"{crossover.plain} tok/s", "plain/spec", ""):
+    for header in ("C", f"{crossover.speculative} tok/s", f"{crossover.plain} tok/s", "plain/spec", "+-", "ahead", ""):
         table.add_column(header, justify="right")
     bracket = crossover.bracket or ()
     for row in crossover.evidence:
@@ -157,12 +157,19 @@ def print_crossover(console: Console, crossover: Crossover, queueing: list[Queue
             _fmt(row.speculative_output_throughput),
             _fmt(row.plain_output_throughput),
             _fmt(row.plain_over_speculative, 3),
+            _fmt(row.margin),
+            row.verdict or "",
             note,
         )
     console.print(table)
     c, status = crossover.concurrency, crossover.status
     if status == "crossed":
-        console.print(f"crossover: C = {c:.2f} (between levels {bracket[0]} and {bracket[1]}, interpolated in log C)")
+        console.print(
+            f"crossover: C = {c:.2f}, interpolated in log C; for sure between C={bracket[0]} (speculative clearly "
+            f"ahead) and C={bracket[1]} (plain clearly ahead) - add levels in between to narrow it"
+        )
+    elif status == "within_noise":
+        console.print(f"crossover: {crossover.reason}")
     elif status == "at_or_below_lowest_level":
         console.print(f"crossover: at or below the lowest level, C = {c:g}: plain already meets speculative there")
     elif status == "refused":
@@ -173,8 +180,13 @@ def print_crossover(console: Console, crossover: Crossover, queueing: list[Queue
     if rec is None:
         return
     efficiency = crossover.spillover_worst_case_efficiency
+    switch = (
+        "none (too close to call: any threshold in the range serves about as well)"
+        if rec.switch is None
+        else f"{rec.switch} (speculative while total in-flight < {rec.switch})"
+    )
     console.print(
-        f"recommended threshold: switch = {rec.switch} (speculative while total in-flight < {rec.switch}); "
+        f"recommended threshold: switch = {switch}; "
         f"spillover = {rec.spillover} (speculative pool holds up to {rec.spillover}; predicted worst-case "
         f"{_fmt(None if efficiency is None else 100 * efficiency)}% of the best split)"
     )

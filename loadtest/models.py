@@ -21,7 +21,13 @@ SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_FILE = Path(__file__).with_name("results.schema.json")
 
 CrossoverStatus = Literal[
-    "crossed", "at_or_below_lowest_level", "not_reached", "no_common_levels", "not_computed", "refused"
+    "crossed",
+    "at_or_below_lowest_level",
+    "within_noise",
+    "not_reached",
+    "no_common_levels",
+    "not_computed",
+    "refused",
 ]
 
 
@@ -46,6 +52,12 @@ class LevelSchedule(Schedule):
     """The schedule block as read right after one level of this target."""
 
     concurrency: int
+    level_speed_ratio: float | None = Field(
+        None,
+        description="Simulated seconds the stand-in advanced during the whole level / (wall seconds x "
+        "time_scale), from its clock read right before and right after the level; below 0.9 the level counts "
+        "as lagging. Null when the stand-in does not report its clock.",
+    )
 
 
 class Simulation(_Model):
@@ -158,6 +170,11 @@ class Level(_Model):
         description="Output tokens that arrived inside the window (per-chunk usage; requests still running count "
         "their part) / duration_s (tok/s): the curve the crossover is found on.",
     )
+    output_throughput_interval: tuple[float, float] | None = Field(
+        None,
+        description="95% interval of output_throughput (tok/s): batch means over equal sub-windows of the "
+        "measurement window (loadtest/uncertainty.py); null in files written before it was measured.",
+    )
     total_input_tokens: int = Field(ge=0, description="Sum of usage.prompt_tokens over the successful requests.")
     total_output_tokens: int = Field(ge=0, description="Output tokens that arrived inside the window.")
     measured_concurrency: float = Field(
@@ -203,6 +220,14 @@ class Evidence(_Model):
     speculative_output_throughput: float
     plain_output_throughput: float
     plain_over_speculative: float | None = None
+    margin: float | None = Field(
+        None,
+        description="tok/s: plain - speculative must exceed this (either way) to tell them apart here "
+        "(combined 95% intervals, at least the resolution); null for exact curves.",
+    )
+    verdict: Literal["speculative", "plain", "tie"] | None = Field(
+        None, description="Which target is clearly ahead at this level; tie: within the margin."
+    )
     speculative_failed: int = 0
     plain_failed: int = 0
 
@@ -210,8 +235,10 @@ class Evidence(_Model):
 class RecommendedThreshold(_Model):
     """Threshold for each gateway policy (PUT /admin/threshold)."""
 
-    switch: int = Field(
-        ge=0, description="For the switch policy: speculative while total in-flight < threshold; ceil(crossover) - 1."
+    switch: int | None = Field(
+        ge=0,
+        description="For the switch policy: speculative while total in-flight < threshold; ceil(crossover) - 1. "
+        "Null when the curves are within noise around the crossover (status within_noise).",
     )
     spillover: int = Field(
         ge=0,
@@ -235,7 +262,15 @@ class Crossover(_Model):
     speculative: str | None = Field(description="Target treated as the speculative pool.")
     plain: str | None = Field(description="Target treated as the plain pool.")
     status: CrossoverStatus
-    bracket: tuple[int, int] | None = Field(None, description="Grid levels the crossover lies between.")
+    bracket: tuple[int, int] | None = Field(
+        None, description="Grid levels the crossover lies between (within_noise: the range too close to call)."
+    )
+    interval: tuple[float, float] | None = Field(
+        None,
+        description="Where the crossover lies for sure: from the last level where speculative is clearly ahead "
+        "(beyond the margin) to the first where plain is (at_or_below_lowest_level: from 1). Null unless status "
+        "is crossed or at_or_below_lowest_level.",
+    )
     spillover_worst_case_efficiency: float | None = Field(
         None,
         description="Lowest predicted routed/best-split throughput over the measured levels at the spillover "
@@ -244,8 +279,8 @@ class Crossover(_Model):
     evidence: list[Evidence]
     reason: str | None = Field(
         None,
-        description="Status refused: why no crossover is named although both curves were measured (a stand-in "
-        "fell behind its schedule during a level of the pair).",
+        description="Why no crossover is named although both curves were measured: refused (a stand-in fell "
+        "behind its schedule during a level of the pair) or within_noise (the curves are too close to call).",
     )
 
 

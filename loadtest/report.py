@@ -98,7 +98,7 @@ def _compare(console: Console, labels: list[str], runs: list[Results]) -> None:
             meta.model,
             f"{meta.input_len}/{meta.output_len}",
             "-" if c is None else f"{c:.2f}",
-            "-" if rec is None else str(rec.switch),
+            "-" if rec is None or rec.switch is None else str(rec.switch),
             "-" if rec is None else str(rec.spillover),
             ", ".join(f"{name} {peak:,.0f}" for name, peak in peaks.items()),
         )

@@ -32,6 +32,8 @@ CSV_FIELDS = [
     "request_throughput",
     "input_throughput",
     "output_throughput",
+    "output_throughput_low",
+    "output_throughput_high",
     "total_input_tokens",
     "total_output_tokens",
     "measured_concurrency",
@@ -99,7 +101,9 @@ def write_results(out_dir: Path, results: Results) -> list[Path]:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
         for level in results.levels:
-            writer.writerow({**level.model_dump(), "errors": json.dumps(level.errors)})
+            low, high = level.output_throughput_interval or (None, None)
+            row = {**level.model_dump(), "output_throughput_low": low, "output_throughput_high": high}
+            writer.writerow({**row, "errors": json.dumps(level.errors)})
     return [json_path, csv_path]
 
 

@@ -184,12 +184,14 @@ async def run_sweep(
     load: LoadSettings,
     on_level_start: Callable[[Target, int, int | None], ProgressHook | None] | None = None,
     on_level_done: Callable[[Level], Awaitable[None]] | None = None,
+    on_level_begin: Callable[[Target], Awaitable[None]] | None = None,
 ) -> list[Level]:
     """Every target at every level, interleaved by level; returns the `levels[]` entries in run order.
 
     `on_level_start(target, C, requests)` - `requests` counts warm-up and measured requests, None for a
     timed window - may return a per-request hook (for a progress display). `on_level_done(level)` is awaited
-    before the next level starts (bench reads a stand-in's schedule lag there).
+    before the next level starts, and `on_level_begin(target)` right before the level's first request (bench
+    reads a stand-in's clock at both, so its lag check covers the whole level).
     """
     levels: list[Level] = []
     for concurrency in concurrencies:
@@ -197,6 +199,8 @@ async def run_sweep(
             planned = load.planned(concurrency)
             total = None if planned is None else planned + load.warmup_rounds * concurrency
             hook = on_level_start(target, concurrency, total) if on_level_start else None
+            if on_level_begin is not None:
+                await on_level_begin(target)
             level = await run_level(target, concurrency, workload, load, hook)
             levels.append(level)
             if on_level_done is not None:

@@ -7,8 +7,11 @@ throughput): enough to move or hide a crossover. The stand-in says so in `/serve
     {"simulated": true, "simulator": {"time_scale": 100.0, ...},
      "schedule": {"time_scale": 100.0, "lag_s": 2.3, "max_lag_s": 4.1, "speed_ratio": 0.55, "lagging": true}}
 
-`crossover bench` reads it before the sweep and right after each level of a simulated target, records it in
-results.json (`metadata.targets[NAME].simulation`) and names no crossover from a pair that lagged. Read
+`crossover bench` reads it before the sweep, and right before and right after each level of a simulated target:
+the stand-in's own clock (`clock_s`, profile seconds) against the wall time between the two reads gives the
+speed over the *whole* level - a stand-in that fell behind in the middle of a level and caught up by its end
+still counts as lagging there. It records that in results.json (`metadata.targets[NAME].simulation`) and names
+no crossover from a pair that lagged. Read
 tolerantly: a field that is absent or not of its type is unknown (null), never guessed; unknown is not lagging.
 """
 
@@ -19,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from crossover.loadtest.models import LevelSchedule, Schedule, Simulation, TargetInfo
+from crossover.servers.sim.schedule import LAGGING_SPEED_RATIO
 
 
 def _number(value: Any) -> float | None:
@@ -53,21 +57,43 @@ def read_simulation(info: Any) -> Simulation | None:
     return Simulation(time_scale=time_scale, schedule=schedule)
 
 
-def record_level(simulation: Simulation, concurrency: int, info: Any) -> LevelSchedule:
-    """Add what /server_info said right after a level (None: it did not answer) to `simulation`."""
+def _clock(info: Any) -> float | None:
+    schedule = info.get("schedule") if isinstance(info, dict) else None
+    return _number(schedule.get("clock_s")) if isinstance(schedule, dict) else None
+
+
+def level_speed_ratio(before: Any, after: Any, wall_s: float, time_scale: float | None) -> float | None:
+    """Profile seconds the stand-in advanced between two /server_info reads / (wall seconds x time scale)."""
+    start, end = _clock(before), _clock(after)
+    if start is None or end is None or time_scale is None or wall_s <= 0:
+        return None
+    return (end - start) / (wall_s * time_scale)
+
+
+def record_level(
+    simulation: Simulation, concurrency: int, info: Any, before: Any = None, wall_s: float = 0.0
+) -> LevelSchedule:
+    """Add what /server_info said right after a level (None: it did not answer) to `simulation`; with the read
+    from right before it (`before`, `wall_s` apart) the level's own speed ratio decides whether it lagged."""
     schedule = read_schedule(info.get("schedule")) if isinstance(info, dict) else None
     entry = LevelSchedule(concurrency=concurrency, **(schedule.model_dump() if schedule else {}))
-    simulation.levels.append(entry)
     if schedule is not None:
         simulation.schedule = schedule
         if schedule.time_scale is not None:
             simulation.time_scale = schedule.time_scale
+    ratio = level_speed_ratio(before, info, wall_s, simulation.time_scale)
+    if ratio is not None:
+        entry.level_speed_ratio = round(ratio, 4)
+        entry.lagging = bool(entry.lagging) or ratio < LAGGING_SPEED_RATIO
+    simulation.levels.append(entry)
     return entry
 
 
 def describe_lag(entry: Schedule) -> str:
     """`lag 2.3 s, speed 0.55 x` from what is known."""
     parts = []
+    if isinstance(entry, LevelSchedule) and entry.level_speed_ratio is not None:
+        parts.append(f"speed {entry.level_speed_ratio:.2f} x its time scale over the level")
     if entry.lag_s is not None:
         parts.append(f"lag {entry.lag_s:.2f} s")
     if entry.speed_ratio is not None:

@@ -17,6 +17,7 @@ under-read a speculative server by ~10%).
 - `itl_ms` = gaps between text chunks (bench_serving's ITL); `token_itl_ms` spreads each gap over the tokens
   that chunk carried, one sample per token - a speculative server sends several tokens per chunk, so its
   chunk ITL overstates the time per token and its token ITL does not
+- `output_throughput_interval` = a 95% interval for it, from batch means over sub-windows (uncertainty.py)
 - `measured_concurrency` = time requests spent in flight within the window / `duration_s`
 - percentiles (median, p90, p99) interpolate linearly between closest ranks, as numpy does (percentile.py)
 """
@@ -30,6 +31,7 @@ from collections.abc import Sequence
 from crossover.loadtest.client import RequestResult
 from crossover.loadtest.models import Level
 from crossover.loadtest.percentile import percentiles
+from crossover.loadtest.uncertainty import BATCHES, batch_means_interval
 
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "token_itl_ms", "e2e_latency_ms")
 MAX_ERROR_KINDS = 10  # distinct failure reasons kept per level
@@ -90,14 +92,17 @@ def summarize(
     output_tokens = 0.0
     in_flight = 0.0
     window_chunks = 0.0
+    batches = [0.0] * BATCHES  # output tokens per sub-window, for the interval (uncertainty.py)
     for r in results:
         in_flight += max(0.0, min(r.end, t1) - max(r.start, t0))
         weight = 1.0 if r.success else unfinished_weight if r.cancelled else 0.0
         if not weight:
             continue
         counts = chunk_token_counts(r, level_per_chunk)
-        arrived = [k for t, k in zip(r.chunk_times, counts, strict=False) if t0 < t <= t1]
-        output_tokens += weight * sum(arrived)
+        arrived = [(t, k) for t, k in zip(r.chunk_times, counts, strict=False) if t0 < t <= t1]
+        for t, k in arrived:
+            batches[min(int((t - t0) / duration * BATCHES), BATCHES - 1)] += weight * k
+        output_tokens += weight * sum(k for _, k in arrived)
         window_chunks += weight * len(arrived)
     input_tokens = sum(r.prompt_tokens for r in ok)
 
@@ -120,6 +125,7 @@ def summarize(
         "request_throughput": len(ok) / duration,
         "input_throughput": input_tokens / duration,
         "output_throughput": output_tokens / duration,
+        "output_throughput_interval": batch_means_interval([b * BATCHES / duration for b in batches]),
         "total_input_tokens": input_tokens,
         "total_output_tokens": round(output_tokens),
         "measured_concurrency": in_flight / duration,

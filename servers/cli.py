@@ -103,7 +103,8 @@ def _state_arg(parser: argparse.ArgumentParser) -> None:
         "--state-dir",
         type=Path,
         metavar="DIR",
-        help="where pids and logs live (default: $XDG_STATE_HOME or ~/.local/state, /crossover/PROFILE)",
+        help="where pids and logs live "
+        "(default: $XDG_STATE_HOME/crossover/PROFILE, or ~/.local/state/crossover/PROFILE)",
     )
 
 

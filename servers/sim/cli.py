@@ -22,6 +22,8 @@ from crossover.gateway.cli import (
     positive_int,
     positive_int_list,
 )
+from crossover.gateway.switch_policy import DEFAULT_MIN_DWELL_S, DEFAULT_WINDOW_S
+from crossover.servers.sim.replay import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_STOP_S
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_INPUT_LEN = 256
@@ -107,7 +109,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     replay.add_argument("--speculative", required=True, metavar="PROFILE", help="the speculative server's profile")
     replay.add_argument("--plain", required=True, metavar="PROFILE", help="the plain server's profile")
     replay.add_argument(
-        "--trace", required=True, metavar="FILE", help="CSV 'duration_s,concurrency' or a JSON list of phases"
+        "--trace",
+        required=True,
+        metavar="FILE",
+        help="CSV 'duration_s,concurrency', a JSON list of phases, or a shipped trace's name (k25-bursts)",
     )
     replay.add_argument(
         "--mechanism",
@@ -116,6 +121,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="any of always-speculative, always-plain, restart, sleep, oracle (default: all)",
     )
     replay.add_argument("--json", action="store_true", help="print JSON, one object per mechanism")
+    replay.add_argument(
+        "--exact",
+        action="store_true",
+        help="step every token of steady phases too (default: measure a steady stretch and repeat it; within ~1%%)",
+    )
     replay.add_argument("--accept-length", type=positive_float, help="override the speculative accept length")
     for name, what in (
         ("--startup-s", "weight loading of the new server in a restart"),
@@ -123,17 +133,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("--resume-s", "/resume_memory_occupation in a sleep switch"),
     ):
         replay.add_argument(name, type=non_negative_float, metavar="S", help=f"{what} (default: the profiles')")
-    # Defaults for these live in replay.py (DEFAULT_*), applied when a flag is absent.
-    replay.add_argument("--stop-s", type=non_negative_float, metavar="S", help="stopping a server in a restart")
-    replay.add_argument("--drain-timeout-s", type=non_negative_float, metavar="S", help="in-flight requests' drain")
+    replay.add_argument(
+        "--stop-s",
+        type=non_negative_float,
+        metavar="S",
+        help=f"stopping a server in a restart (default: {DEFAULT_STOP_S:g})",
+    )
+    replay.add_argument(
+        "--drain-timeout-s",
+        type=non_negative_float,
+        metavar="S",
+        help=f"in-flight requests' drain (default: {DEFAULT_DRAIN_TIMEOUT_S:g})",
+    )
     replay.add_argument("--threshold", type=non_negative_float, help="default: the profiles' crossover")
     replay.add_argument("--hysteresis", type=non_negative_float, help="default: a quarter of the threshold")
-    replay.add_argument("--min-dwell-s", type=non_negative_float, metavar="S")
-    replay.add_argument("--window-s", type=positive_float, metavar="S", help="the load window (its median)")
+    replay.add_argument(
+        "--min-dwell-s",
+        type=non_negative_float,
+        metavar="S",
+        help=f"the policy's minimum dwell (default: {DEFAULT_MIN_DWELL_S:g})",
+    )
+    replay.add_argument(
+        "--window-s",
+        type=positive_float,
+        metavar="S",
+        help=f"the load window (its median; default: {DEFAULT_WINDOW_S:g})",
+    )
     replay.add_argument("--expected-phase-s", type=positive_float, metavar="S", help="default: learned")
-    replay.add_argument("--input-len", type=positive_int, default=DEFAULT_INPUT_LEN)
-    replay.add_argument("--output-len", type=positive_int, default=DEFAULT_OUTPUT_LEN)
-    replay.add_argument("--seed", type=int, default=0)
+    replay.add_argument("--input-len", type=positive_int, default=DEFAULT_INPUT_LEN, help="(default: %(default)s)")
+    replay.add_argument("--output-len", type=positive_int, default=DEFAULT_OUTPUT_LEN, help="(default: %(default)s)")
+    replay.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     replay.set_defaults(run=_replay)
 
 

@@ -72,9 +72,14 @@ class Acceptance:
         probs = [self.q ** (k - 1) * (1 - self.q) for k in range(1, num_steps + 1)] + [self.q**num_steps]
         self._cumulative = list(_running_sum(probs))
         self._cumulative[-1] = 1.0
+        self._tokens = range(1, num_steps + 2)
 
     def draw(self, rng: random.Random) -> int:
         return bisect.bisect_right(self._cumulative, rng.random()) + 1
+
+    def draw_many(self, rng: random.Random, k: int) -> list[int]:
+        """`k` draws at once: the same numbers, from the same stream, as `k` calls of draw()."""
+        return rng.choices(self._tokens, cum_weights=self._cumulative, k=k)
 
 
 def solve_chain_probability(num_steps: int, mean: float) -> float:

@@ -187,6 +187,17 @@ class Engine:
     def resume(self) -> None:
         self.paused = False
 
+    def shift_clock(self, delta: float) -> None:
+        """Move every time the engine holds `delta` later (the replay skipped a stretch it had measured)."""
+        for seq in (*self._waiting, *self._prefilling, *self._running):
+            seq.arrival += delta
+            seq.ready_at += delta
+            if seq.admitted_at is not None:
+                seq.admitted_at += delta
+            if seq.first_token_at is not None:
+                seq.first_token_at += delta
+        self._due = [(t + delta, tie, seq) for t, tie, seq in self._due]  # the same order: a valid heap still
+
     # --- steps ----------------------------------------------------------------------------------------
 
     def next_step(self, now: float) -> Step | None:
@@ -284,11 +295,12 @@ class Engine:
         self.decode_batches_total += 1
         if zero_step:
             self.zero_step_batches_total += 1
+        if acceptance is None:
+            self._decode_one_each(seqs, now, touched, finished)
+            return
         produced = verified = accepted = 0
-        for seq in seqs:
-            if seq.state is not running:
-                continue
-            n = acceptance.draw(rng) if acceptance is not None else 1
+        live = [seq for seq in seqs if seq.state is running]
+        for seq, n in zip(live, acceptance.draw_many(rng, len(live)), strict=True):
             accepted += n
             verified += 1
             remaining = seq.max_new_tokens - seq.generated
@@ -301,9 +313,25 @@ class Engine:
                 self._finish(seq, now)
                 finished.append(seq)
         self.generated_total += produced
-        if acceptance is not None:
-            self.spec_accepted_total += accepted
-            self.spec_verify_total += verified
+        self.spec_accepted_total += accepted
+        self.spec_verify_total += verified
+
+    def _decode_one_each(
+        self, seqs: list[Sequence], now: float, touched: list[Sequence], finished: list[Sequence]
+    ) -> None:
+        """A plain decode step: one token for every running sequence (the hot loop of a virtual replay)."""
+        running, produced = State.RUNNING, 0
+        for seq in seqs:
+            if seq.state is not running:
+                continue
+            seq.generated += 1
+            produced += 1
+            touched.append(seq)
+            if seq.generated >= seq.max_new_tokens:
+                self._finish(seq, now)
+                finished.append(seq)
+        self._used += produced
+        self.generated_total += produced
 
     def _finish(self, seq: Sequence, now: float) -> None:
         del self._running[seq]

@@ -281,7 +281,14 @@ class LiveEngine:
     def schedule_report(self) -> dict:
         """`/server_info` "schedule": whether this stand-in keeps up with its profile at its time scale."""
         assert self.schedule is not None, "start() first"
-        return self.schedule.report(asyncio.get_running_loop().time(), self.now())
+        clock = self.now()
+        # The engine's own clock and output count let a reader judge throughput in profile time, which no
+        # load on the machine can skew (tests/servers/sim/test_live.py does).
+        return {
+            **self.schedule.report(asyncio.get_running_loop().time(), clock),
+            "clock_s": round(clock, 6),
+            "generated_tokens": self.engine.generated_total,
+        }
 
     def schedule_lag_s(self) -> float:
         return self.schedule.lag_s(asyncio.get_running_loop().time()) if self.schedule is not None else 0.0

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from crossover.gateway.config import UNKNOWN_KEY_HINT
+
 KINDS = ("parametric", "steptable", "measured")
 # Keys whose value is a table: a missing one is reported as a missing section, not a missing key.
 SECTIONS = frozenset({"limits", "speculative", "decode", "draft", "prefill", "memory"})
@@ -230,7 +232,7 @@ def _describe(error: Any) -> str:
             return f"missing [{key}] section"
         return f"missing key {key!r}{inside}"
     if kind == "extra_forbidden":
-        return f"unknown key {path!r} (misspelt, or in the wrong section?)"
+        return f"unknown key {path!r} ({UNKNOWN_KEY_HINT})"
     if kind == "value_error":
         message = str(ctx.get("error", error["msg"]))
         return f"{path}: {message}" if path else message

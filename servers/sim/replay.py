@@ -21,9 +21,15 @@ loop (each sends its next request the moment its last one ends). Only one mode s
   and running cap. Nothing switches, nothing waits. The gate is where a zero-step step out-yields a
   speculative one *in the same server* (`zero_step_gate`), not the crossover against the plain server: what
   the plain server wins by its larger pool and cap, the gate cannot win back.
-- `oracle`: knows the trace, picks the faster mode for each phase (the same curves the policy weighs) and
-  switches for free at the phase boundary: requests in flight move to the new mode with what they have
-  generated (a prefill of their context there) and nothing waits.
+- `oracle`: an upper bound on every other mechanism, by construction. It knows the trace, so it can follow
+  any schedule for free; it takes the best of two kinds: the *free-switch* schedule (the faster mode for each
+  phase by the curves the policy weighs, switched at no cost at the phase boundary - requests in flight move
+  with what they have generated, a prefill of their context there, and nothing waits) and each other
+  mechanism's own schedule (a policy that drains instead of moving requests can beat free switching, so the
+  free-switch schedule alone is no bound: a 24 h k25 trace had `sleep` at 100.1% of it). `follows` says which.
+
+Restart's cost is the new server's weight loading (`[memory] startup_s`). A profile that does not give it would
+make a restart look free, so `restart` is refused unless both profiles give it or `--startup-s` does.
 
 The policy's rate model is both profiles' closed-loop curves (curve.py) at the trace's concurrencies and
 powers of two; its threshold, unless given, is their crossover.
@@ -80,6 +86,21 @@ DEFAULT_DRAIN_TIMEOUT_S = 120.0
 DEFAULT_STOP_S = 5.0
 # Hysteresis as a share of the threshold, when not given.
 DEFAULT_HYSTERESIS_SHARE = 0.25
+# Steady phases are fast-forwarded (virtual seconds): once a phase has served the same clients in one mode for
+# STEADY_WARMUP_S and STEADY_WARMUP_ROUNDS x clients requests, the replay measures a stretch of at least
+# STEADY_SAMPLE_S and STEADY_SAMPLE_ROUNDS x clients requests (whole rounds of the closed loop, so its first
+# tokens are a fair sample) and then repeats that stretch's output, tick by tick, asking the policy every
+# sampling period as usual, until the policy switches or the phase is within STEADY_SAMPLE_S of its end. A day
+# at C = 500 then replays in seconds instead of an hour of per-token steps (tests/servers/sim/test_replay.py
+# bounds the difference from stepping every token).
+STEADY_WARMUP_S = 20.0
+STEADY_WARMUP_ROUNDS = 10
+STEADY_SAMPLE_S = 20.0
+STEADY_SAMPLE_ROUNDS = 10
+# After a small change of load (a share f of the clients new) both scale by f; a sample is never shorter than:
+STEADY_MIN_SAMPLE_ROUNDS = 3
+# Shipped example traces (`--trace k25-bursts` or a path).
+TRACES_DIR = Path(__file__).with_name("traces")
 
 
 class TraceError(ValueError):
@@ -97,8 +118,11 @@ _TRACE = TypeAdapter(list[TracePhase])
 
 
 def load_trace(path: str | Path) -> list[TracePhase]:
-    """A CSV with the header `duration_s,concurrency`, or a JSON list of {"duration_s", "concurrency"}."""
+    """A CSV with the header `duration_s,concurrency`, or a JSON list of {"duration_s", "concurrency"}; a bare
+    name is a shipped trace (servers/sim/traces/NAME.csv) when no such file exists."""
     path = Path(path)
+    if not path.exists() and (shipped := TRACES_DIR / f"{path}.csv").exists():
+        path = shipped
     try:
         text = path.read_text()
     except OSError as exc:
@@ -146,6 +170,8 @@ class SwitchTimes:
     startup_s: dict[Mode, float] = field(default_factory=dict)  # weight loading of each mode's server
     release_s: dict[Mode, float] = field(default_factory=dict)
     resume_s: dict[Mode, float] = field(default_factory=dict)
+    # Profiles (by name) that give no startup_s, when none was given for both: a restart cannot be costed.
+    no_startup: tuple[str, ...] = ()
 
     @classmethod
     def from_profiles(
@@ -166,7 +192,19 @@ class SwitchTimes:
                 return dict.fromkeys(profiles, override)
             return {mode: float(getattr(p.memory, name, 0.0) or 0.0) for mode, p in profiles.items()}
 
-        return cls(stop_s, read("startup_s", startup_s), read("release_s", release_s), read("resume_s", resume_s))
+        startups = read("startup_s", startup_s)
+        # 0 is what an absent [memory] startup_s reads as; no real server loads its weights in no time.
+        no_startup = tuple(profiles[mode].name for mode in profiles if startup_s is None and not startups[mode])
+        return cls(stop_s, startups, read("release_s", release_s), read("resume_s", resume_s), no_startup)
+
+    def check(self, mechanism: str) -> None:
+        """ValueError if `mechanism` cannot be costed from these times."""
+        if mechanism == RESTART and self.no_startup:
+            raise ValueError(
+                f"restart needs each server's weight-loading time, and {' and '.join(self.no_startup)} gives no "
+                "[memory] startup_s: a restart would look free. Give --startup-s SECONDS (or add startup_s to the "
+                "profile), or leave restart out of --mechanism."
+            )
 
     def seconds(self, mechanism: str, old: Mode, new: Mode) -> float:
         if mechanism == RESTART:
@@ -193,6 +231,7 @@ class ReplaySetup:
     seed: int = 0
     sample_period_s: float = DEFAULT_SAMPLE_PERIOD_S
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    fast_forward: bool = True  # repeat measured steady stretches instead of stepping them (STEADY_*)
 
     @classmethod
     def from_profiles(
@@ -245,6 +284,9 @@ class ReplaySetup:
         )
 
 
+FREE_SWITCH = "free-switch"  # the oracle's own schedule: the faster mode per phase, switched for free
+
+
 @dataclass(frozen=True)
 class ReplayResult:
     mechanism: str
@@ -255,12 +297,18 @@ class ReplayResult:
     ttft_p50_s: float | None
     ttft_p99_s: float | None
     requests_cut: int = 0  # in flight at a drain deadline
+    follows: str | None = None  # the oracle: whose schedule gave its figures (FREE_SWITCH or a mechanism)
 
-    def as_json(self) -> dict[str, object]:
+    def as_json(self, best_output_tokens: int | None = None) -> dict[str, object]:
+        """Every column of the table; `vs_best_percent` against `best_output_tokens` (default: its own)."""
+        best = best_output_tokens or self.output_tokens or 1
         return {
             "mechanism": self.mechanism,
+            "follows": self.follows,
             "output_tokens": self.output_tokens,
+            "vs_best_percent": round(100 * self.output_tokens / best, 2),
             "requests_completed": self.requests_completed,
+            "requests_cut": self.requests_cut,
             "switches": self.switches,
             "switching_s": round(self.switching_s, 3),
             "ttft_p50_s": None if self.ttft_p50_s is None else round(self.ttft_p50_s, 4),
@@ -303,6 +351,42 @@ class _Request:
 SERVING, DRAINING, SWITCHING = "serving", "draining", "switching"
 
 
+@dataclass(slots=True)
+class _Steady:
+    """What fast-forwarded stretches added (STEADY_*), and the stretch being measured."""
+
+    since: float = 0.0  # when the current steady stretch began (a phase, a switch, a change of load)
+    since_completed: int | None = None  # requests completed then (set at the first steady tick)
+    change: float = 1.0  # how much of the load is new (0-1): scales the rounds of warm-up and sample
+    sample: tuple[float, int, int, int] | None = None  # (t, tokens, completed, TTFTs seen) at its start
+    tokens: float = 0.0
+    completed: float = 0.0
+    ttft_copies: list[tuple[list[float], float]] = field(default_factory=list)
+
+    def reset(self, now: float, change: float = 1.0) -> None:
+        if self.sample is None and self.since_completed is not None:
+            change = max(change, self.change)  # still settling from the last change
+        self.since, self.since_completed, self.sample, self.change = now, None, None, min(change, 1.0)
+
+    def rounds(self, full: int) -> float:
+        """Rounds of the closed loop to wait (or measure) after this change: `full` for a new load."""
+        return max(full * self.change, 1.0)
+
+    def add(self, tokens: float, completed: float, ttfts: list[float], copies: float) -> None:
+        self.tokens += tokens
+        self.completed += completed
+        if ttfts and copies:
+            self.ttft_copies.append((ttfts, copies))
+
+    def settle(self, replay: _Replay) -> None:
+        """Count the repeated stretches' first tokens with the others (whole copies; the rest by sampling)."""
+        for ttfts, copies in self.ttft_copies:
+            whole, part = divmod(copies, 1.0)
+            replay.ttfts.extend(ttfts * int(whole))
+            replay.ttfts.extend(ttfts[: round(part * len(ttfts))])
+        self.ttft_copies.clear()
+
+
 class _Replay:
     """One mechanism over one trace. Times are virtual (profile) seconds."""
 
@@ -341,6 +425,7 @@ class _Replay:
         self.ttfts: list[float] = []
         self.completed = self.cut = self.switches = 0
         self.switching_s = 0.0
+        self.steady = _Steady()
 
     @property
     def engine(self) -> Engine:
@@ -380,13 +465,16 @@ class _Replay:
             if now >= next_tick:
                 self._tick(now)
                 next_tick += setup.sample_period_s
+                if setup.fast_forward:
+                    now, next_tick = self._fast_forward(now, next_tick, ends[phase])
         if self.state != SERVING:
             self.switching_s += end - self.switch_started
-        tokens = sum(engine.generated_total for engine in self.engines.values())
+        self.steady.settle(self)
+        tokens = sum(engine.generated_total for engine in self.engines.values()) + round(self.steady.tokens)
         return ReplayResult(
             mechanism=self.mechanism,
             output_tokens=tokens,
-            requests_completed=self.completed,
+            requests_completed=self.completed + round(self.steady.completed),
             switches=self.switches,
             switching_s=self.switching_s,
             ttft_p50_s=_quantile(self.ttfts, 0.50),
@@ -411,21 +499,22 @@ class _Replay:
         self.owner[seq] = request
 
     def _finish_step(self, step, now: float) -> None:
-        touched, finished = self.engine.finish_step(step, now)
-        for seq in touched:
-            request = self.owner[seq]
-            if request.first_token_at is None and seq.generated > 0:
-                request.first_token_at = now
+        # The engine stamps each sequence's first token; reading it at the finish keeps this loop off the
+        # batch (per step it would cost as much as the step itself at C = 500).
+        _, finished = self.engine.finish_step(step, now)
         for seq in finished:
             request = self.owner.pop(seq)
             self.completed += 1
             self.outstanding -= 1
-            if request.first_token_at is not None:
-                self.ttfts.append(request.first_token_at - request.arrival)
+            first = request.first_token_at if request.first_token_at is not None else seq.first_token_at
+            if first is not None:
+                self.ttfts.append(first - request.arrival)
         if finished:
             self._top_up(now)
 
     def _enter_phase(self, concurrency: int, now: float) -> None:
+        # A small change of load settles sooner: only the clients that joined (or left) are out of place.
+        self.steady.reset(now, abs(concurrency - self.clients) / max(concurrency, self.clients, 1))
         # Fewer clients: the extra ones simply send nothing after their current request ends.
         self.clients = concurrency
         if self.mechanism == ORACLE and concurrency > 0:
@@ -433,6 +522,61 @@ class _Replay:
             if best != self.mode:
                 self._migrate(best, now)
         self._top_up(now)
+
+    # --- steady phases (STEADY_*) -------------------------------------------------------------------
+
+    def _steady_now(self, now: float) -> bool:
+        """Serving the phase's clients, every one in flight, nothing held: a stretch that repeats."""
+        return self.state == SERVING and not self.held and self.clients > 0 and self.outstanding == self.clients
+
+    def _fast_forward(self, now: float, next_tick: float, phase_end: float) -> tuple[float, float]:
+        """At a tick: measure a steady stretch, then repeat it tick by tick while the policy stays put."""
+        steady, period = self.steady, self.setup.sample_period_s
+        if not self._steady_now(now):
+            steady.reset(now)
+            return now, next_tick
+        if steady.since_completed is None:
+            steady.since_completed = self.completed
+        rounds = (self.completed - steady.since_completed) / self.clients
+        if now - steady.since < STEADY_WARMUP_S or rounds < steady.rounds(STEADY_WARMUP_ROUNDS):
+            return now, next_tick
+        if steady.sample is None:
+            steady.sample = (now, self._tokens(), self.completed, len(self.ttfts))
+            return now, next_tick
+        t0, tokens0, completed0, ttfts0 = steady.sample
+        sample_rounds = max(steady.rounds(STEADY_SAMPLE_ROUNDS), STEADY_MIN_SAMPLE_ROUNDS)
+        if now - t0 < STEADY_SAMPLE_S or self.completed - completed0 < sample_rounds * self.clients:
+            return now, next_tick
+        span = now - t0
+        tokens_rate = (self._tokens() - tokens0) / span
+        # Every request ends with output_len tokens: completions follow the tokens (they come in lumps).
+        completed_rate = tokens_rate / self.setup.output_len
+        ttfts, skipped = self.ttfts[ttfts0:], 0.0
+        # Repeat the stretch while the phase has room and each tick (the real policy, same constant load) stays.
+        while next_tick + STEADY_SAMPLE_S <= phase_end and self.state == SERVING:
+            now, next_tick = next_tick, next_tick + period
+            skipped += period
+            self._tick(now)
+        steady.add(skipped * tokens_rate, skipped * completed_rate, ttfts, skipped / span)
+        self._shift(skipped)
+        steady.reset(now)
+        return now, next_tick
+
+    def _tokens(self) -> int:
+        return sum(engine.generated_total for engine in self.engines.values())
+
+    def _shift(self, delta: float) -> None:
+        """Move everything in flight `delta` later: the skipped stretch ended where the measured one did."""
+        if not delta:
+            return
+        for engine in self.engines.values():
+            engine.shift_clock(delta)
+        for request in self.owner.values():
+            request.arrival += delta
+            if request.first_token_at is not None:
+                request.first_token_at += delta
+        if self.step is not None:
+            self.step_end += delta
 
     # --- switching ------------------------------------------------------------------------------------
 
@@ -466,6 +610,7 @@ class _Replay:
         self.switch_done = now + self.setup.times.seconds(self.mechanism, self.mode, self.target)
 
     def _finish_switch(self, now: float) -> None:
+        self.steady.reset(now)
         duration = now - self.switch_started
         self.switching_s += duration
         self.switcher.switched(duration)
@@ -482,6 +627,8 @@ class _Replay:
         self.mode, self.mode_since = best, now
         self.switches += 1
         for seq, request in moving:
+            if request.first_token_at is None:
+                request.first_token_at = seq.first_token_at  # its first token came from the old mode
             old.abort(seq)
             self._submit(request, seq.input_tokens + seq.generated, seq.max_new_tokens - seq.generated, now)
 
@@ -506,12 +653,43 @@ def zero_step_gate(profile: Profile, context_tokens: int) -> int | None:
     return None
 
 
-def replay(setup: ReplaySetup, trace: list[TracePhase], mechanism: str) -> ReplayResult:
+def replay(
+    setup: ReplaySetup, trace: list[TracePhase], mechanism: str, known: dict[str, ReplayResult] | None = None
+) -> ReplayResult:
+    """One mechanism over the trace. `known`: results already replayed on this setup and trace (the oracle
+    reuses them, and adds what it replays)."""
     if mechanism not in MECHANISMS:
         raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
     if not trace:
         raise ValueError("the trace has no phases")
-    return _Replay(setup, trace, mechanism).run()
+    setup.times.check(mechanism)
+    known = {} if known is None else known
+    if mechanism not in known:
+        known[mechanism] = (
+            _oracle(setup, trace, known) if mechanism == ORACLE else _Replay(setup, trace, mechanism).run()
+        )
+    return known[mechanism]
+
+
+def replay_all(setup: ReplaySetup, trace: list[TracePhase], mechanisms: Iterable[str]) -> list[ReplayResult]:
+    """Each mechanism over the trace, each replayed once (the oracle's bound reuses the others)."""
+    known: dict[str, ReplayResult] = {}
+    return [replay(setup, trace, mechanism, known) for mechanism in mechanisms]
+
+
+def _oracle(setup: ReplaySetup, trace: list[TracePhase], known: dict[str, ReplayResult]) -> ReplayResult:
+    """The best schedule of all: free switching, or any other mechanism's where it did better."""
+    candidates = [replace(_Replay(setup, trace, ORACLE).run(), follows=FREE_SWITCH)]
+    for mechanism in MECHANISMS:
+        if mechanism == ORACLE:
+            continue
+        try:
+            setup.times.check(mechanism)
+        except ValueError:
+            continue  # a mechanism that cannot be costed is not replayed, so there is nothing to bound
+        candidates.append(replace(replay(setup, trace, mechanism, known), follows=mechanism))
+    best = max(candidates, key=lambda result: result.output_tokens)  # the first of equals: free switching
+    return replace(best, mechanism=ORACLE)
 
 
 def _closed_loop(profile: Profile) -> Profile:
@@ -576,12 +754,14 @@ def run_command(args) -> int:
             seed=args.seed,
             drain_timeout_s=_given(args.drain_timeout_s, DEFAULT_DRAIN_TIMEOUT_S),
         )
-        results = [replay(setup, trace, mechanism) for mechanism in mechanisms]
+        setup = replace(setup, fast_forward=not getattr(args, "exact", False))
+        results = replay_all(setup, trace, mechanisms)
     except (ProfileError, TraceError, ValueError) as exc:
         print(f"crossover sim replay: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps([r.as_json() for r in results], indent=2))
+        best = max(r.output_tokens for r in results)
+        print(json.dumps([r.as_json(best) for r in results], indent=2))
         return 0
     print(describe(setup, trace))
     print(format_table(results))
@@ -621,8 +801,9 @@ def format_table(results: list[ReplayResult]) -> str:
         f"{'switching s':>12} {'TTFT p50 s':>11} {'TTFT p99 s':>11}"
     ]
     for r in results:
+        name = r.mechanism if r.follows in (None, FREE_SWITCH) else f"{r.mechanism} (= {r.follows})"
         lines.append(
-            f"{r.mechanism:<20} {r.output_tokens:>14} {100 * r.output_tokens / best:>7.1f}% "
+            f"{name:<20} {r.output_tokens:>14} {100 * r.output_tokens / best:>7.1f}% "
             f"{r.requests_completed:>10} {r.requests_cut:>5} {r.switches:>9} {r.switching_s:>12.1f} "
             f"{seconds(r.ttft_p50_s):>11} {seconds(r.ttft_p99_s):>11}"
         )

@@ -52,7 +52,9 @@ def test_environment_overrides_the_file(sims, gateway_process, tmp_path):
     config = tmp_path / "ok.toml"
     config.write_text(pools)
     result = refused_serve(config, env={**os.environ, "CROSSOVER_TIMEOUTS__CONNECT": "-1"})
-    assert result.returncode == 2 and "  timeouts.connect: " in result.stderr, result.stderr
+    assert result.returncode == 2 and "  timeouts.connect (from $CROSSOVER_TIMEOUTS__CONNECT): " in result.stderr, (
+        result.stderr
+    )
 
 
 def test_command_line_shapes():

@@ -60,7 +60,7 @@ def test_environment_overrides_the_file_with_nesting(tmp_path, monkeypatch):
         ("[timeouts]\nconnect = 0\n" + POOLS, "timeouts.connect", "greater than 0"),
         ("[limits]\nmax_inflight = 'many'\n" + POOLS, "limits.max_inflight", "valid integer"),
         ("[health]\ninterval = -1\n" + POOLS, "health.interval", "greater than 0"),
-        ("thresold = 3\n" + POOLS, "thresold", "Extra inputs are not permitted"),
+        ("thresold = 3\n" + POOLS, "thresold", "unknown key (misspelt, or in the wrong section?)"),
         ("", "pools", "Field required"),
         (
             '[pools.speculative]\nbackends = ["localhost:30001"]\n[pools.plain]\nbackends = ["http://a:1"]\n',
@@ -108,6 +108,15 @@ def test_invalid_settings_name_the_field(tmp_path, text, field, words):
     message = str(caught.value)
     assert f"  {field}: " in message, message
     assert words in message, message
+
+
+def test_a_bad_environment_variable_is_blamed_on_itself_not_the_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("CROSSOVER_THRESHOLD", "lots")
+    with pytest.raises(SettingsError) as caught:
+        load_settings(write(tmp_path, "threshold = 10\n" + POOLS))
+    message = str(caught.value)
+    assert message.startswith(f"invalid settings in {tmp_path / 'crossover.toml'} or the environment:"), message
+    assert "  threshold (from $CROSSOVER_THRESHOLD): " in message, message
 
 
 def test_a_small_threshold_narrows_the_default_hysteresis(tmp_path):

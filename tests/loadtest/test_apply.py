@@ -7,7 +7,7 @@ import pytest
 
 from crossover.gateway.app import create_app
 from crossover.gateway.config import Settings
-from crossover.loadtest.apply import ApplyError, apply_threshold
+from crossover.loadtest.apply import ApplyError, apply_threshold, policy_of
 
 TOKEN = "apply-test-token"
 RECOMMENDED = {"switch": 7, "spillover": 3}
@@ -51,3 +51,26 @@ def test_a_wrong_token_is_reported_and_changes_nothing(serve, backend):
 def test_an_unreachable_gateway_is_reported():
     with pytest.raises(ApplyError, match="cannot reach the gateway"):
         apply_threshold(UNUSED, TOKEN, RECOMMENDED, timeout=2)
+
+
+def test_a_time_shared_gateway_takes_the_switch_value_whatever_its_routing_policy(serve, backend):
+    # Time-shared: the whole GPU set switches, so the spillover cap means nothing there.
+    url = gateway(
+        serve, backend, policy="spillover", threshold=32, topology="time-shared", switching={"mechanism": "manual"}
+    )
+    applied = apply_threshold(url, TOKEN, RECOMMENDED)
+    assert (applied.policy, state(url)["threshold"]) == ("switch", RECOMMENDED["switch"])
+
+
+def test_a_gateway_that_names_no_known_policy_is_refused_with_both_values():
+    with pytest.raises(ApplyError, match="spillover = 3, switch = 7"):
+        policy_of({"topology": "partitioned", "policy": "least-loaded"}, RECOMMENDED)
+    with pytest.raises(ApplyError, match="cannot tell"):
+        policy_of({}, RECOMMENDED)
+
+
+def test_a_recommendation_too_close_to_call_is_not_applied(serve, backend):
+    url = gateway(serve, backend, policy="switch", threshold=32)
+    with pytest.raises(ApplyError, match="no switch threshold was recommended"):
+        apply_threshold(url, TOKEN, {"switch": None, "spillover": 3})
+    assert state(url)["threshold"] == 32

@@ -88,3 +88,41 @@ def test_analyse_reports_thresholds_and_failures_per_level():
     assert section.bracket == (2, 5)
     row = next(r for r in section.evidence if r.concurrency == 5)
     assert (row.speculative_failed, row.plain_failed) == (0, 1)
+
+
+def levels_of(speculative: dict[int, float], plain: dict[int, float], spread: float = 0.0) -> list:
+    """Both curves as measured levels, each with an interval of +- spread x its throughput."""
+    return [
+        make_level(name, c, v, output_throughput_interval=(v * (1 - spread), v * (1 + spread)))
+        for name, curve in (("speculative", speculative), ("plain", plain))
+        for c, v in curve.items()
+    ]
+
+
+def test_curves_within_noise_over_a_range_give_no_number_and_no_switch_threshold():
+    speculative = {1: 200.0, 2: 300.0, 4: 400.0, 8: 480.0, 16: 320.0}
+    plain = {1: 100.0, 2: 299.0, 4: 402.0, 8: 482.0, 16: 640.0}  # within 1% at C = 2, 4, 8
+    section = analyse(levels_of(speculative, plain), "speculative", "plain")
+    assert (section.status, section.concurrency, section.bracket) == ("within_noise", None, (1, 16))
+    assert section.reason.startswith("no clear crossover between C=1 and C=16")
+    assert [row.verdict for row in section.evidence] == ["speculative", "tie", "tie", "tie", "plain"]
+    assert section.recommended_threshold.switch is None and section.recommended_threshold.spillover is not None
+
+
+def test_a_wide_interval_makes_a_tie_of_a_difference_the_resolution_would_resolve():
+    speculative, plain = {1: 200.0, 4: 400.0}, {1: 100.0, 4: 440.0}  # 10% apart at C = 4
+    assert analyse(levels_of(speculative, plain, spread=0.01), "speculative", "plain").status == "crossed"
+    assert analyse(levels_of(speculative, plain, spread=0.10), "speculative", "plain").status == "within_noise"
+
+
+def test_a_sharp_crossing_is_named_with_the_levels_that_bound_it():
+    section = analyse(
+        levels_of({1: 200.0, 8: 520.0, 16: 320.0}, {1: 100.0, 8: 440.0, 16: 640.0}), "speculative", "plain"
+    )
+    assert (section.status, section.bracket, section.interval) == ("crossed", (8, 16), (8.0, 16.0))
+    assert 8 < section.concurrency < 16 and section.recommended_threshold.switch == math.ceil(section.concurrency) - 1
+
+
+def test_ties_at_the_top_of_the_sweep_are_too_close_to_call_not_speculative_everywhere():
+    section = analyse(levels_of({1: 200.0, 4: 400.0}, {1: 100.0, 4: 401.0}), "speculative", "plain")
+    assert (section.status, section.bracket) == ("within_noise", (1, 4))

@@ -26,7 +26,7 @@ METADATA = Metadata(
 
 
 def level(target: str, concurrency: int, tok_s: float, failures: int = 0) -> Level:
-    """`concurrency` requests of `tok_s` tokens in five chunks each, over a window of `concurrency` seconds."""
+    """`concurrency` requests of `tok_s` tokens each in five evenly spaced chunks, over a one-second window."""
     results = [
         RequestResult(
             start=0.0,
@@ -39,7 +39,7 @@ def level(target: str, concurrency: int, tok_s: float, failures: int = 0) -> Lev
         )
         for _ in range(concurrency)
     ] + [RequestResult(start=0.0, end=0.01, error="HTTP 503: busy") for _ in range(failures)]
-    return summarize(target, concurrency, results, results, t0=0.0, t1=float(concurrency))
+    return summarize(target, concurrency, results, results, t0=0.0, t1=1.0)
 
 
 @pytest.fixture

@@ -73,10 +73,10 @@ def test_only_a_lagging_level_of_the_pair_refuses_the_crossover():
 
 @pytest.fixture
 def stand_ins(serve):
-    """Two scripted backends playing stand-ins: speculative keeps up; plain lags from its 3rd read on (the
-    reads are: before the sweep, then after each of its levels - so from level C=2)."""
+    """Two scripted backends playing stand-ins: speculative keeps up; plain lags from its 5th read on (the
+    reads are: before the sweep, then before and after each of its levels - so from level C=2)."""
     speculative = serve(ScriptedBackend(lambda n: stand_in_info(KEEPING_UP))).url
-    plain = serve(ScriptedBackend(lambda n: stand_in_info(LAGGING if n >= 2 else KEEPING_UP))).url
+    plain = serve(ScriptedBackend(lambda n: stand_in_info(LAGGING if n >= 4 else KEEPING_UP))).url
     return speculative, plain
 
 
@@ -114,6 +114,20 @@ def test_a_lagging_stand_in_is_recorded_and_no_crossover_is_named(stand_ins, tmp
     )
     assert code == 1
     assert "no recommendation to apply (plain (a stand-in" in capsys.readouterr().err
+
+
+def test_a_stand_in_that_fell_behind_during_a_level_lags_there_though_it_caught_up_by_its_end(serve, tmp_path):
+    # Each read says "keeping up", but the clock advanced by only 1 profile second a read: over a level that
+    # took ~0.1 wall s at time scale 100 it should have advanced ~10.
+    def fell_behind(n: int) -> dict:
+        return stand_in_info({**KEEPING_UP, "clock_s": float(n), "generated_tokens": 0})
+
+    speculative = serve(ScriptedBackend(lambda n: stand_in_info(KEEPING_UP))).url
+    plain = serve(ScriptedBackend(fell_behind)).url
+    assert bench(tmp_path / "run", speculative, plain) == 1
+    levels = load_results(tmp_path / "run").metadata.targets["plain"].simulation.levels
+    assert all(lv.lagging and lv.level_speed_ratio < 0.9 for lv in levels), levels
+    assert "over the level" in load_results(tmp_path / "run").crossover.reason
 
 
 def test_stand_ins_that_keep_up_get_their_crossover(serve, tmp_path):

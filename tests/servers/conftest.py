@@ -56,7 +56,7 @@ def sglang_python() -> Path:
     """The interpreter of the CPU-only SGLang 0.5.23 venv (.ci/run builds it). A check that silently does
     not run proves nothing, so without the venv this fails in CI (CI=true) and skips elsewhere."""
     if not is_built(SGLANG_VENV):
-        message = f"no SGLang venv at {SGLANG_VENV}: run `python servers/sglang_check.py build {SGLANG_VENV}`"
+        message = f"no SGLang venv at {SGLANG_VENV}: run `python -m crossover.servers.sglang_check build {SGLANG_VENV}`"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message)
         pytest.skip(message)

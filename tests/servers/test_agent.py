@@ -127,7 +127,9 @@ def test_start_and_stop_a_standin_with_one_operation_per_gpu_set(standin_profile
     assert ready["state"] == "ready", ready
     assert ready["pid"] and ready["last_start_s"] >= 3.0
     completion = httpx.post(
-        f"{ready['url']}/v1/completions", json={"model": "kimi-k2.5", "prompt": "hi", "max_tokens": 1}, timeout=10
+        f"{ready['url']}/v1/completions",
+        json={"model": "moonshotai/Kimi-K2.5", "prompt": "hi", "max_tokens": 1},
+        timeout=10,
     )
     assert completion.status_code == 200
 
@@ -208,6 +210,8 @@ def test_sleep_a_start_of_the_released_mode_resumes_it(standin_profile, start_ag
     resumed = agent.wait_state("plain", "ready", "failed")
     assert resumed["state"] == "ready" and resumed["pid"] == plain["pid"], "resumed in place, not restarted"
     completion = httpx.post(
-        f"{resumed['url']}/v1/completions", json={"model": "kimi-k2.5", "prompt": "hi", "max_tokens": 1}, timeout=10
+        f"{resumed['url']}/v1/completions",
+        json={"model": "moonshotai/Kimi-K2.5", "prompt": "hi", "max_tokens": 1},
+        timeout=10,
     )
     assert completion.status_code == 200

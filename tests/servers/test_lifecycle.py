@@ -33,7 +33,7 @@ def statuses(profile, state_dir) -> dict[str, dict]:
 
 def generate(url: str) -> None:
     response = httpx.post(
-        f"{url}/v1/completions", json={"model": "kimi-k2.5", "prompt": "hi", "max_tokens": 1}, timeout=10
+        f"{url}/v1/completions", json={"model": "moonshotai/Kimi-K2.5", "prompt": "hi", "max_tokens": 1}, timeout=10
     )
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] == 1
@@ -87,7 +87,8 @@ def test_time_shared_up_starts_the_initial_mode(standin_profile, state_dir, mech
         # Both started; the second one holds no GPU memory and refuses to generate until resumed.
         assert status["plain"]["state"] == "released"
         refused = httpx.post(
-            f"{status['plain']['url']}/v1/completions", json={"model": "kimi-k2.5", "prompt": "hi", "max_tokens": 1}
+            f"{status['plain']['url']}/v1/completions",
+            json={"model": "moonshotai/Kimi-K2.5", "prompt": "hi", "max_tokens": 1},
         )
         assert refused.status_code == 503
     assert_down(profile, state_dir, recorded_groups(state_dir))
@@ -190,7 +191,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
-        body = b'{"object": "list", "data": [{"id": "kimi-k2.5"}]}' if self.path == "/v1/models" else b""
+        body = b'{"object": "list", "data": [{"id": "moonshotai/Kimi-K2.5"}]}' if self.path == "/v1/models" else b""
         self.send_response(200)
         self.send_header("content-length", str(len(body)))
         self.end_headers()

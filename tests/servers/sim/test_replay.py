@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -16,6 +17,7 @@ from crossover.servers.sim.replay import (
     ORACLE,
     RESTART,
     SLEEP,
+    TRACES_DIR,
     ReplaySetup,
     SwitchTimes,
     TraceError,
@@ -23,6 +25,7 @@ from crossover.servers.sim.replay import (
     load_trace,
     parse_trace,
     replay,
+    replay_all,
 )
 
 # A pair with a clear crossover (~C 16-32) and short requests, so a replay of a few phases takes a fraction
@@ -36,6 +39,7 @@ max_total_num_tokens = 1000000
 fixed_s = 0.01
 per_token_s = 0.00001
 [memory]
+startup_s = 10.0
 release_s = 1.0
 resume_s = 2.0
 """
@@ -78,7 +82,8 @@ def alternating(phase_s: float, phases: int = 4) -> list[TracePhase]:
 def setup_for(pair, trace, **kwargs) -> ReplaySetup:
     spec, plain = pair
     kwargs.setdefault("times", SwitchTimes.from_profiles(spec, plain, stop_s=1.0, startup_s=10.0))
-    return ReplaySetup.from_profiles(spec, plain, trace, min_dwell_s=30, window_s=10, **SHORT, **kwargs)
+    kwargs = {"min_dwell_s": 30, "window_s": 10, **SHORT, **kwargs}
+    return ReplaySetup.from_profiles(spec, plain, trace, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -218,8 +223,11 @@ def test_the_command_prints_one_json_object_per_mechanism(pair, tmp_path, capsys
     for entry in report:
         assert set(entry) == {
             "mechanism",
+            "follows",
             "output_tokens",
+            "vs_best_percent",
             "requests_completed",
+            "requests_cut",
             "switches",
             "switching_s",
             "ttft_p50_s",
@@ -276,3 +284,92 @@ def test_the_replay_and_the_live_controller_decide_the_same_at_the_same_times(pa
             replayed.mode, replayed.mode_since, replayed.state = replayed.target, float(t), SERVING
     assert ticking.switches == decisions
     assert [target for _, target, _ in decisions] == ["plain", "speculative", "plain"], decisions
+
+
+def test_json_carries_every_column_of_the_table(pair, tmp_path, capsys):
+    spec, plain = pair
+    trace = tmp_path / "trace.csv"
+    trace.write_text(f"duration_s,concurrency\n60,{LOW}\n")
+    argv = ["sim", "replay", "--speculative", spec.source, "--plain", plain.source, "--trace", str(trace)]
+    argv += ["--input-len", "32", "--output-len", "64"]
+    assert main(argv) == 0
+    header = capsys.readouterr().out.splitlines()[-len(MECHANISMS) - 1]
+    assert main([*argv, "--json"]) == 0
+    entry = json.loads(capsys.readouterr().out)[0]
+    columns = {"mechanism": "mechanism", "output tokens": "output_tokens", "vs best": "vs_best_percent"}
+    columns |= {"completed": "requests_completed", "cut": "requests_cut", "switches": "switches"}
+    columns |= {"switching s": "switching_s", "TTFT p50 s": "ttft_p50_s", "TTFT p99 s": "ttft_p99_s"}
+    assert [name for name in columns if name in header] == list(columns)
+    assert set(columns.values()) <= set(entry)
+
+
+# --- the oracle is a bound; restart needs a cost --------------------------------------------------------
+
+SHIPPED_TRACES = sorted(str(path) for path in TRACES_DIR.glob("*.csv"))
+
+
+def test_traces_are_shipped():
+    assert SHIPPED_TRACES
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "alternating-300",
+        "alternating-60",
+        "one-step",
+        "short-phases",
+        *(f"shipped:{path}" for path in SHIPPED_TRACES),
+    ],
+)
+def test_no_mechanism_beats_the_oracle(pair, case):
+    if case.startswith("shipped:"):
+        profiles = (load_profile("k25-eagle3"), load_profile("k25-plain"))
+        trace = load_trace(case.removeprefix("shipped:"))
+        setup = ReplaySetup.from_profiles(*profiles, trace, input_len=256, output_len=256)
+    else:
+        trace = {
+            "alternating-300": alternating(300),
+            "alternating-60": alternating(60),
+            "one-step": [TracePhase(duration_s=120, concurrency=LOW), TracePhase(duration_s=600, concurrency=HIGH)],
+            "short-phases": alternating(5, phases=40),
+        }[case]
+        setup = setup_for(pair, trace, min_dwell_s=0)
+    results = {r.mechanism: r for r in replay_all(setup, trace, MECHANISMS)}
+    bound = results[ORACLE].output_tokens
+    assert all(r.output_tokens <= bound for r in results.values()), {m: r.output_tokens for m, r in results.items()}
+    assert results[ORACLE].follows is not None
+
+
+def test_a_profile_without_startup_s_is_refused_for_restart(pair, tmp_path, capsys):
+    spec, _ = pair
+    bare = tmp_path / "bare.toml"
+    bare.write_text(PLAIN_TOML.replace("startup_s = 10.0\n", ""))
+    trace = [TracePhase(duration_s=60, concurrency=LOW)]
+    times = SwitchTimes.from_profiles(spec, load_profile(str(bare)))
+    setup = ReplaySetup.from_profiles(spec, load_profile(str(bare)), trace, times=times, **SHORT)
+    with pytest.raises(ValueError, match="bare gives no \\[memory\\] startup_s"):
+        replay(setup, trace, RESTART)
+    assert replay(setup, trace, SLEEP).output_tokens > 0  # the other mechanisms need no start-up time
+    assert replay(setup, trace, ORACLE).output_tokens > 0  # bounds what it can replay
+
+    trace_file = tmp_path / "trace.csv"
+    trace_file.write_text(f"duration_s,concurrency\n60,{LOW}\n")
+    argv = ["sim", "replay", "--speculative", spec.source, "--plain", str(bare), "--trace", str(trace_file)]
+    argv += ["--input-len", "32", "--output-len", "64"]
+    assert main(argv) == 2
+    assert "--startup-s" in capsys.readouterr().err
+    assert main([*argv, "--startup-s", "30"]) == 0
+    assert main([*argv, "--mechanism", "sleep,oracle"]) == 0
+
+
+def test_fast_forwarded_steady_phases_agree_with_stepping_every_token(pair):
+    # Long phases, so most of each is repeated from a measured stretch rather than stepped.
+    trace = alternating(900)
+    setup = setup_for(pair, trace)
+    exact = replace(setup, fast_forward=False)
+    for mechanism in (ALWAYS_SPECULATIVE, ALWAYS_PLAIN, SLEEP):
+        fast, stepped = replay(setup, trace, mechanism), replay(exact, trace, mechanism)
+        assert fast.switches == stepped.switches, mechanism
+        assert fast.output_tokens == pytest.approx(stepped.output_tokens, rel=0.01), mechanism
+        assert fast.requests_completed == pytest.approx(stepped.requests_completed, rel=0.01), mechanism

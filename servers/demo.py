@@ -1,0 +1,310 @@
+"""`crossover demo`: SGLang stand-ins and the gateway in front of them on 127.0.0.1, in one command.
+
+    crossover demo                                            # partitioned: both pools serve, spillover
+    crossover demo --topology time-shared                     # one GPU set; sleep/wake between the modes
+    crossover demo --topology time-shared --mechanism restart # ... restart through a local GPU-host agent
+
+Partitioned: a k25-eagle3 and a k25-plain stand-in, and the gateway. Time-shared: the stand-in set of
+servers/profiles/standin-time-shared.toml and the gateway of servers/gateway_configs/standin-time-shared.toml
+(its switch policy tuned to switch within seconds; the file says why), on ports of the demo's own:
+- sleep: both stand-ins start, the plain one's memory is released (as `servers up` leaves a sleep set), and
+  the gateway releases and resumes them through SGLang's endpoints;
+- restart: the GPU-host agent (`crossover servers agent`) starts the speculative server, and the gateway
+  stops one and starts the other through it.
+
+Processes the demo starts itself run in their own process group and ask the kernel to SIGTERM them if the demo
+dies (PR_SET_PDEATHSIG). Servers the agent starts outlive it, as on a GPU host; the demo stops them on its way
+out (`servers down`). Ctrl-C or SIGTERM stops the gateway, then everything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from crossover.gateway.cli import non_negative_int, port, positive_float
+
+HOST = "127.0.0.1"
+MODEL = "moonshotai/Kimi-K2.5"  # the stand-in profiles' served name, and k25-eagle3's / k25-plain's
+PROFILES = {"speculative": "k25-eagle3", "plain": "k25-plain"}
+TIME_SHARED_PROFILE = "standin-time-shared"
+TIME_SHARED_TIME_SCALE = 20.0  # the profile's: a k25 restart of minutes takes seconds
+STANDIN_READY_TIMEOUT_S = 60.0
+STANDIN_STOP_TIMEOUT_S = 10.0
+CONTROL_TIMEOUT_S = 10.0
+READY_POLL_S = 0.05
+LOAD_STEP_STREAMS = 60  # well above the shipped config's threshold of 32
+LOAD_STEP_S = 30
+
+
+def gateway_config_path(profile: str = TIME_SHARED_PROFILE) -> Path:
+    """The shipped gateway config for a stand-in profile (servers/gateway_configs/PROFILE.toml)."""
+    return Path(str(resources.files("crossover.servers").joinpath("gateway_configs", f"{profile}.toml")))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    demo = subparsers.add_parser(
+        "demo",
+        help="simulated SGLang pools and the gateway on 127.0.0.1",
+        description="Start SGLang stand-ins and the gateway in front of them; Ctrl-C or SIGTERM stops all of it. "
+        "Partitioned (default): a k25-eagle3 and a k25-plain stand-in, routed per request. Time-shared: one "
+        f"simulated GPU set ({TIME_SHARED_PROFILE}) switched between the modes by the load.",
+    )
+    demo.add_argument("--port", type=port, default=8000, help="gateway port (default: 8000)")
+    demo.add_argument(
+        "--topology",
+        choices=["partitioned", "time-shared"],
+        default="partitioned",
+        help="partitioned: both pools serve at once; time-shared: one at a time (default: partitioned)",
+    )
+    demo.add_argument(
+        "--mechanism",
+        choices=["sleep", "restart"],
+        default="sleep",
+        help="time-shared: how a switch happens - sleep/wake, or restart through a local agent (default: sleep)",
+    )
+    demo.add_argument("--admin-token", help="admin API token (default: a random one, printed)")
+    demo.add_argument(
+        "--policy",
+        choices=["switch", "spillover"],
+        default="spillover",
+        help="partitioned routing policy (default: spillover; time-shared always switches)",
+    )
+    demo.add_argument(
+        "--threshold",
+        type=non_negative_int,
+        default=None,
+        help="routing threshold (default: 32, the gateway's and the time-shared config's)",
+    )
+    demo.add_argument(
+        "--time-scale",
+        type=positive_float,
+        default=None,
+        help=f"run the stand-ins F times faster (default: 1 partitioned, {TIME_SHARED_TIME_SCALE:g} time-shared)",
+    )
+    demo.set_defaults(run=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    return run(
+        port=args.port,
+        admin_token=args.admin_token,
+        policy=args.policy,
+        threshold=args.threshold,
+        time_scale=args.time_scale,
+        topology=args.topology,
+        mechanism=args.mechanism,
+    )
+
+
+def _crossover(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "crossover.gateway.cli", *argv]
+
+
+def start_standin(profile: str, port: int, time_scale: float) -> subprocess.Popen:
+    from crossover.servers import process
+
+    argv = _crossover("sim", "serve", "--profile", profile, "--host", HOST, "--port", str(port))
+    # The demo shows routing, not the minutes of weight loading the k25 profiles model.
+    argv += ["--time-scale", str(time_scale), "--startup-delay", "0"]
+    # The demo starts its stand-ins before it runs any thread, so they can die with it.
+    return process.spawn(argv)
+
+
+def banner(url: str, token: str, lines: list[str]) -> str:
+    sdk = (
+        f"python -c \"from openai import OpenAI; c = OpenAI(base_url='{url}/v1', api_key='none'); "
+        f"print(c.chat.completions.create(model='{MODEL}', messages=[{{'role': 'user', 'content': 'Hi'}}])"
+        f'.choices[0].message.content)"'
+    )
+    return "\n".join(
+        [
+            *lines,
+            f"  admin token: {token}",
+            f"  try:         {sdk}",
+            f"  threshold:   curl -H 'Authorization: Bearer {token}' {url}/admin/threshold",
+            f"  metrics:     curl {url}/metrics",
+            "  Ctrl-C stops everything.",
+        ]
+    )
+
+
+def time_shared_lines(url: str, token: str, mechanism: str, threshold: int) -> list[str]:
+    step = (
+        f"crossover bench --target demo={url}/v1 --model {MODEL} --concurrency {LOAD_STEP_STREAMS} "
+        f"--duration-per-level {LOAD_STEP_S} --no-plots --out /tmp/crossover-load-step"
+    )
+    return [
+        f"crossover demo: gateway on {url} (one simulated GPU set, {TIME_SHARED_PROFILE}: speculative and plain "
+        f"in turn, switched by {mechanism})",
+        f"  load step:   {step}",
+        f"               ({LOAD_STEP_STREAMS} streams for {LOAD_STEP_S} s: above the threshold of {threshold}, so it "
+        "switches to plain within seconds, and back to speculative once the step ends)",
+        f"  watch:       watch -n1 \"curl -s -H 'Authorization: Bearer {token}' {url}/admin/mode\"   (and this log: "
+        "each switch and why)",
+    ]
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+async def _serve(settings, text: str) -> None:
+    from crossover.gateway.server import make_server
+
+    server = make_server(settings)
+    serving = asyncio.create_task(server.serve())
+    while not server.started and not serving.done():
+        await asyncio.sleep(READY_POLL_S)
+    if server.started:
+        print(text, flush=True)
+    await serving
+
+
+@dataclass
+class _Started:
+    """What the demo started, for the way out."""
+
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    down: list[list[str]] = field(default_factory=list)  # commands that stop what an agent started
+
+
+def _partitioned(started: _Started, policy: str, threshold: int, time_scale: float) -> tuple[dict, list[str]]:
+    from crossover.servers import process
+
+    urls = {}
+    for pool, profile in PROFILES.items():
+        standin_port = process.free_port(HOST)
+        started.procs.append(start_standin(profile, standin_port, time_scale))
+        urls[pool] = f"http://{HOST}:{standin_port}"
+    for proc, url in zip(started.procs, urls.values(), strict=False):
+        process.wait_ready(url + "/health", proc, STANDIN_READY_TIMEOUT_S)
+    settings = {"policy": policy, "threshold": threshold, "pools": {p: {"backends": [u]} for p, u in urls.items()}}
+    return settings, [f"two simulated SGLang pools: {', '.join(PROFILES.values())}"]
+
+
+def _time_shared_profile(ports: dict[str, int], time_scale: float, folder: Path) -> Path:
+    """The stand-in time-shared profile on the demo's own ports and time scale, as a file the agent reads."""
+    from crossover.servers.profile import load_profile
+
+    shipped = load_profile(TIME_SHARED_PROFILE)
+    text = resources.files("crossover.servers").joinpath("profiles", f"{TIME_SHARED_PROFILE}.toml").read_text()
+    for server in shipped.servers:
+        old = f"port = {server.port}"
+        assert text.count(old) == 1, f"{TIME_SHARED_PROFILE}: expected one '{old}'"
+        text = text.replace(old, f"port = {ports[server.name]}")
+    text = text.replace("time_scale = 20", f"time_scale = {time_scale:g}")
+    path = folder / f"{TIME_SHARED_PROFILE}.toml"
+    path.write_text(text)
+    return path
+
+
+def _time_shared(
+    started: _Started, mechanism: str, threshold: int | None, time_scale: float, folder: Path
+) -> tuple[dict, list[str]]:
+    import httpx
+
+    from crossover.servers import process
+
+    settings = tomllib.loads(gateway_config_path().read_text())
+    if threshold is not None:
+        settings["threshold"] = threshold
+    switching = settings["switching"]
+    switching["mechanism"] = mechanism
+    ports = {"speculative": process.free_port(HOST), "plain": process.free_port(HOST)}
+    urls = {mode: f"http://{HOST}:{p}" for mode, p in ports.items()}
+    settings["pools"] = {mode: {"backends": [url]} for mode, url in urls.items()}
+    if mechanism == "sleep":
+        for mode, profile in PROFILES.items():
+            started.procs.append(start_standin(profile, ports[mode], time_scale))
+        for proc, url in zip(started.procs, urls.values(), strict=False):
+            process.wait_ready(url + "/health", proc, STANDIN_READY_TIMEOUT_S)
+        # One GPU set: the mode not serving holds no GPU memory (the gateway resumes it when it switches).
+        httpx.post(f"{urls['plain']}/release_memory_occupation", json={}, timeout=CONTROL_TIMEOUT_S).raise_for_status()
+        switching["initial_cost"] = 1.5  # release + resume of the k25 stand-ins at time scale 20
+        for key in ("agent_url", "agent_token", "agent_servers"):
+            switching.pop(key, None)
+        return settings, []
+
+    profile = _time_shared_profile(ports, time_scale, folder)
+    agent_port, agent_token = process.free_port(HOST), secrets.token_urlsafe(18)
+    state_dir = folder / "state"
+    agent = _crossover("servers", "agent", str(profile), "--port", str(agent_port), "--token", agent_token)
+    started.procs.append(process.spawn([*agent, "--state-dir", str(state_dir)]))
+    started.down.append(_crossover("servers", "down", str(profile), "--state-dir", str(state_dir)))
+    agent_url = f"http://{HOST}:{agent_port}"
+    process.wait_ready(agent_url + "/health", started.procs[-1], STANDIN_READY_TIMEOUT_S)
+    headers = {"Authorization": f"Bearer {agent_token}"}
+    httpx.post(f"{agent_url}/servers/speculative/start", headers=headers, timeout=CONTROL_TIMEOUT_S).raise_for_status()
+    process.wait_ready(urls["speculative"] + "/health", None, STANDIN_READY_TIMEOUT_S)
+    switching.update(agent_url=agent_url, agent_token=agent_token)
+    return settings, [f"  agent:       {agent_url} (restarts the stand-ins; servers of {profile})"]
+
+
+def run(
+    port: int,
+    admin_token: str | None,
+    policy: str,
+    threshold: int | None,
+    time_scale: float | None,
+    topology: str = "partitioned",
+    mechanism: str = "sleep",
+) -> int:
+    import httpx
+
+    from crossover.gateway.config import DEFAULT_THRESHOLD, Settings, SettingsError
+    from crossover.servers import process
+
+    # SIGTERM behaves like Ctrl-C; while uvicorn serves it takes both, shuts down, then re-raises them here.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    token = admin_token or secrets.token_urlsafe(18)
+    url = f"http://{HOST}:{port}"
+    started = _Started()
+    with tempfile.TemporaryDirectory(prefix="crossover-demo-") as folder:
+        try:
+            if topology == "time-shared":
+                scale = TIME_SHARED_TIME_SCALE if time_scale is None else time_scale
+                values, extra = _time_shared(started, mechanism, threshold, scale, Path(folder))
+                lines = time_shared_lines(url, token, mechanism, values.get("threshold", DEFAULT_THRESHOLD)) + extra
+            else:
+                chosen = DEFAULT_THRESHOLD if threshold is None else threshold
+                values, described = _partitioned(started, policy, chosen, 1.0 if time_scale is None else time_scale)
+                lines = [f"crossover demo: gateway on {url} ({described[0]})"]
+            try:
+                settings = Settings(
+                    **{
+                        **values,
+                        "host": HOST,
+                        "port": port,
+                        "admin_token": token,
+                        # No load balancer in front of a demo to warn before it stops: Ctrl-C stops at once.
+                        "timeouts": {"shutdown_delay": 0},
+                    }
+                )
+            except (SettingsError, ValueError) as exc:
+                print(f"crossover demo: {exc}", file=sys.stderr)
+                return 2
+            import uvloop
+
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                runner.run(_serve(settings, banner(url, token, lines)))
+        except KeyboardInterrupt:
+            pass
+        except (process.NotReady, httpx.HTTPError) as exc:
+            print(f"crossover demo: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            for command in started.down:
+                subprocess.run(command, capture_output=True, timeout=STANDIN_STOP_TIMEOUT_S * 3, check=False)
+            process.stop(started.procs, STANDIN_STOP_TIMEOUT_S)
+    return 0

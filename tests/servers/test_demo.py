@@ -1,0 +1,204 @@
+"""`crossover demo` as a user runs it: it starts, serves the OpenAI SDK, and leaves no process behind; the
+time-shared demo switches to plain under a load step and back when it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+
+import httpx
+import openai
+import pytest
+
+from crossover.servers.process import free_port
+from tests.gateway.gateway_helpers import MODEL, wait_until
+
+STARTUP_S = 60.0
+# Generous bounds, not timings: the shipped config switches within ~5 s of a load step (window 4 s, dwell 5 s,
+# a stand-in sleep/wake or restart of seconds); a busy machine may take several times that.
+SWITCH_WAIT_S = 120.0
+STEP_STREAMS = 48  # clients, above the time-shared config's threshold of 32
+ADMIN = {"authorization": "Bearer demo-token"}
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture
+def demo():
+    """Start `crossover demo` on a free port: -> (process, url). Killed (group) if a test leaves it running."""
+    started: list[subprocess.Popen] = []
+
+    def start(*args: str) -> tuple[subprocess.Popen, str]:
+        port = str(free_port())
+        # The console script the README's `pip install -e . && crossover demo` installs, not a module path.
+        crossover = shutil.which("crossover", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+        assert crossover, "the `crossover` console script is not installed (pip install -e .)"
+        proc = subprocess.Popen(
+            [crossover, "demo", "--port", port, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        started.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: healthy(url) or proc.poll() is not None, timeout=STARTUP_S, what="the demo")
+        assert proc.poll() is None, proc.communicate(timeout=10)
+        return proc, url
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def test_demo_serves_the_sdk_and_sigterm_stops_everything(demo):
+    proc, url = demo("--admin-token", "demo-token", "--policy", "switch", "--threshold", "8", "--time-scale", "20")
+    standins = children_of(proc.pid)
+    assert len(standins) == 2 and all(alive(pid) for pid in standins)
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
+    assert reply.choices[0].message.content and reply.usage.completion_tokens == 8
+    threshold = httpx.put(
+        url + "/admin/threshold",
+        json={"threshold": 3},
+        headers={"authorization": "Bearer demo-token"},
+        timeout=10,
+        trust_env=False,
+    )
+    assert threshold.status_code == 200 and threshold.json()["policy"] == "switch"
+
+    proc.send_signal(signal.SIGTERM)  # the demo process alone, as a service manager or `kill` would
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert f"gateway on {url}" in out and "admin token: demo-token" in out
+    assert f"OpenAI(base_url='{url}/v1'" in out and f"model='{MODEL}'" in out
+    assert not any(alive(pid) for pid in standins)
+
+
+def test_a_killed_demo_takes_its_stand_ins_along(demo):
+    proc, _ = demo("--time-scale", "20")
+    standins = children_of(proc.pid)
+    assert len(standins) == 2
+    os.kill(proc.pid, signal.SIGKILL)  # no chance to clean up: the kernel's parent-death signal must do it
+    proc.wait(10)
+    wait_until(lambda: not any(alive(pid) for pid in standins), what="the stand-ins to exit")
+
+
+def test_a_random_admin_token_is_printed(demo):
+    proc, _ = demo("--time-scale", "20")
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    token = out.split("admin token: ", 1)[1].split()[0]
+    assert len(token) >= 20
+
+
+def mode_view(url: str) -> dict:
+    return httpx.get(url + "/admin/mode", headers=ADMIN, timeout=10, trust_env=False).json()
+
+
+class LoadStep:
+    """STEP_STREAMS closed-loop clients through the gateway, in a thread of their own, until stopped."""
+
+    def __init__(self, url: str):
+        self.url, self.stop, self.completed = url, threading.Event(), 0
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        # Long answers, not streamed: the load generator shares the machine, and must keep STEP_STREAMS in flight
+        # at little CPU (short streamed answers kept only ~10 in flight on two busy cores).
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1024}
+        limits = httpx.Limits(max_connections=STEP_STREAMS)
+        async with httpx.AsyncClient(timeout=120, limits=limits, trust_env=False) as client:
+
+            async def worker() -> None:
+                while not self.stop.is_set():
+                    with contextlib.suppress(httpx.HTTPError):
+                        response = await client.post(self.url + "/v1/chat/completions", json=body)
+                        self.completed += response.status_code == 200
+
+            await asyncio.gather(*(worker() for _ in range(STEP_STREAMS)))
+
+    def __enter__(self) -> LoadStep:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=130)
+
+
+@pytest.mark.parametrize("mechanism", ["sleep", "restart"])
+def test_the_time_shared_demo_switches_to_plain_under_a_load_step_and_back_after_it(demo, mechanism):
+    proc, url = demo("--topology", "time-shared", "--mechanism", mechanism, "--admin-token", "demo-token")
+    assert (mode_view(url)["mode"], mode_view(url)["switches"]) == ("speculative", 0)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert reply.usage.completion_tokens == 4  # the README's SDK call, with the demo's model name
+
+    with LoadStep(url) as step:
+        wait_until(lambda: mode_view(url)["mode"] == "plain", timeout=SWITCH_WAIT_S, what="the switch to plain")
+        # Served in the new mode too, not just switched to it.
+        served = step.completed
+        wait_until(lambda: step.completed > served, timeout=SWITCH_WAIT_S, what="requests served in plain mode")
+    wait_until(lambda: mode_view(url)["mode"] == "speculative", timeout=SWITCH_WAIT_S, what="the switch back")
+    view = mode_view(url)
+    assert view["switches"] == 2, view
+    assert (view["last_switch"]["from"], view["last_switch"]["outcome"]) == ("plain", "ok"), view
+
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "load step:" in out and "switching speculative -> plain" in err
+
+
+@pytest.mark.parametrize("profile", ["standin-partitioned", "standin-time-shared"])
+def test_each_stand_in_profile_has_a_gateway_config_that_points_at_its_servers(profile, monkeypatch):
+    from crossover.gateway.config import load_settings
+    from crossover.servers.demo import gateway_config_path
+    from crossover.servers.profile import load_profile
+
+    monkeypatch.setenv("CROSSOVER_AGENT_TOKEN", "t")  # restart's agent token: never in a shipped file
+    settings = load_settings(gateway_config_path(profile))
+    servers = {server.role: server for server in load_profile(profile).servers}
+    assert settings.topology == load_profile(profile).topology
+    for role, server in servers.items():
+        assert getattr(settings.pools, role).backends == [f"http://{server.host}:{server.port}"]
+        assert server.served_model_name == MODEL  # the README's snippet's model
