@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import signal
 import subprocess
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from crossover.gateway.agent_contract import TOKEN_ENV
 from crossover.gateway.cli import non_negative_int, port, positive_float
 
 HOST = "127.0.0.1"
@@ -238,8 +240,9 @@ def _time_shared(
     profile = _time_shared_profile(ports, time_scale, folder)
     agent_port, agent_token = process.free_port(HOST), secrets.token_urlsafe(18)
     state_dir = folder / "state"
-    agent = _crossover("servers", "agent", str(profile), "--port", str(agent_port), "--token", agent_token)
-    started.procs.append(process.spawn([*agent, "--state-dir", str(state_dir)]))
+    agent = _crossover("servers", "agent", str(profile), "--port", str(agent_port), "--state-dir", str(state_dir))
+    # The token through the environment, not argv (where `ps` shows it); the agent keeps it from its servers.
+    started.procs.append(process.spawn(agent, env={**os.environ, TOKEN_ENV: agent_token}))
     started.down.append(_crossover("servers", "down", str(profile), "--state-dir", str(state_dir)))
     agent_url = f"http://{HOST}:{agent_port}"
     process.wait_ready(agent_url + "/health", started.procs[-1], STANDIN_READY_TIMEOUT_S)

@@ -186,7 +186,7 @@ def test_the_time_shared_demo_switches_to_plain_under_a_load_step_and_back_after
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert "load step:" in out and "switching speculative -> plain" in err
+    assert "load step:" in out and "switch speculative -> plain" in err
 
 
 @pytest.mark.parametrize("profile", ["standin-partitioned", "standin-time-shared"])
