@@ -98,3 +98,15 @@ def serve():
     for server, thread in running:
         server.should_exit = True
         thread.join(30)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`pytest -n auto` hands out tests one by one; the real-SGLang tests share one engine (minutes to start,
+    tests/real_sglang/conftest.py) and are marked as one xdist group, so schedule by group: a group goes to
+    one worker, every other test is scheduled as before."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    return LoadGroupScheduling(config, log)
