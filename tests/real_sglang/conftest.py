@@ -49,8 +49,8 @@ UP_TIMEOUT_S = READY_TIMEOUT_S + 60
 # and a larger running cap, so a switch is visible in /v1/loads. KV pools of a few MB: SGLang on CPU
 # otherwise sizes its pool from host memory (15 GB of a 24 GB box).
 CONFIGS = {
-    "speculative": {"max_running_requests": 8, "max_total_tokens": 40000},
-    "plain": {"max_running_requests": 16, "max_total_tokens": 80000},
+    "speculative": {"max_running_requests": 8, "max_total_tokens": 160_000},
+    "plain": {"max_running_requests": 16, "max_total_tokens": 320_000},
 }
 
 SERVER = """
@@ -68,7 +68,7 @@ ready_timeout_s = {ready_timeout_s}
 stop_timeout_s = 30
 # SGLang's own warm-up is a generation the supervisor's readiness check makes anyway. float32 (the model's
 # dtype; SGLang's CPU default is half): greedy tokens that do not depend on the batch they ran in.
-extra_args = ["--max-total-tokens", "{max_total_tokens}", "--skip-server-warmup", "--dtype", "float32"]
+extra_args = ["--max-total-tokens", "{max_total_tokens:d}", "--skip-server-warmup", "--dtype", "float32"]
 env = {env}
 """
 
@@ -76,6 +76,9 @@ env = {env}
 def pytest_collection_modifyitems(items):
     here = Path(__file__).parent
     mine = [item for item in items if Path(item.path).parent == here]
+    for item in mine:
+        # The first test here also waits for the session's `up`, the restart test for two starts.
+        item.add_marker(pytest.mark.timeout(2 * UP_TIMEOUT_S))
     if mine and mine[0].config.pluginmanager.hasplugin("xdist"):
         for item in mine:
             item.add_marker(pytest.mark.xdist_group(GROUP))

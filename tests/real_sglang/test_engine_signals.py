@@ -16,8 +16,7 @@ from tests.deploy.test_metric_names import SGLANG_NAMES, exported, used
 from tests.real_sglang.tiny_model import CONTEXT_TOKENS
 from tests.waiting import wait_until
 
-# As long as the context allows, to stay in the engine until the test closes it (the tiny model decodes a few
-# hundred tokens a second); SGLang's `ignore_eos` keeps it from ending early.
+# As long as the context allows (a minute and more on two cores), and `ignore_eos` so it does not end early.
 LONG = {"max_tokens": CONTEXT_TOKENS - 64, "ignore_eos": True}
 WAIT_S = 60.0
 
@@ -47,19 +46,31 @@ def long_chat(model: str) -> dict:
 
 @contextlib.asynccontextmanager
 async def streams(url: str, model: str, n: int):
-    """n long streams open at `url`, each past its first event; closed (the client leaves) on exit."""
+    """n long streams open at `url`, each past its first event (so in SGLang's scheduler) and read on as a
+    client reads; on exit the client leaves. (Not SGLang's /pause_generation to hold them: /v1/loads is a
+    snapshot the scheduler publishes as it steps, so it stands still while paused.)"""
     async with httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0), trust_env=False) as client:
-        responses = []
+        responses, readers = [], []
         try:
             for _ in range(n):
                 request = client.build_request("POST", url + "/v1/chat/completions", json=long_chat(model))
                 response = await client.send(request, stream=True)
                 assert response.status_code == 200
                 responses.append(response)
-                await anext(response.aiter_raw())
+                chunks = response.aiter_raw()
+                await anext(chunks)
+                readers.append(asyncio.create_task(_read_all(chunks)))
             yield responses
         finally:
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
             await asyncio.gather(*(response.aclose() for response in responses))
+
+
+async def _read_all(chunks) -> None:
+    async for _ in chunks:
+        pass
 
 
 def test_a_client_that_leaves_mid_stream_is_aborted_inside_sglang(real_sglang, active_url, real_gateway):
@@ -68,7 +79,7 @@ def test_a_client_that_leaves_mid_stream_is_aborted_inside_sglang(real_sglang, a
 
     async def leave_mid_stream() -> None:
         async with streams(gw.url, real_sglang.model, 1):
-            assert running(active_url) == 1
+            await until(lambda: running(active_url) == 1, "SGLang to run the request")
 
     asyncio.run(leave_mid_stream())
     # SGLang's own books: its scheduler dropped the request, and counted it as aborted.
@@ -113,13 +124,21 @@ def test_max_load_is_the_larger_of_the_gateways_count_and_the_engines(real_sglan
     gw.settled()
 
 
-def test_every_sglang_metric_deploy_uses_is_in_the_real_metrics(active_url):
+def test_every_sglang_metric_deploy_uses_is_in_the_real_metrics(real_sglang, active_url):
+    # SGLang exports a labelled series only from its first event: a generation and an abort make them all.
+    async def leave_mid_stream() -> None:
+        async with streams(active_url, real_sglang.model, 1):
+            pass
+
+    asyncio.run(leave_mid_stream())
+    wait_until(
+        lambda: "sglang:num_aborted_requests_total" in exported(active_url), timeout=WAIT_S, what="the abort counted"
+    )
     names = exported(active_url)
     sglang_used = {name for name in used() if name.startswith("sglang:")}
     assert "sglang:num_queue_reqs" in sglang_used  # the extraction sees them, or this would pass vacuously
     assert sglang_used - names == set()
-    # Every SGLang name the deploy tests allow is a real one. (sglang:num_aborted_requests_total has no TYPE
-    # line until the first abort: the disconnect test before this one made it.)
+    # Every SGLang name the deploy tests allow is a real one.
     assert SGLANG_NAMES - names == set()
 
 
