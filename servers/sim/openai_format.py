@@ -203,11 +203,10 @@ def response_body(gen: Generation, rid: str, created: int, completion_tokens: in
         "choices": [choice],
         "usage": usage(gen.prompt_tokens, completion_tokens),
     }
-    if gen.endpoint == "chat":
-        body["metadata"] = {
-            "weight_version": WEIGHT_VERSION,
-            "weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": completion_tokens}],
-        }
+    body["metadata"] = {
+        "weight_version": WEIGHT_VERSION,
+        "weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": completion_tokens}],
+    }
     return body
 
 

@@ -127,6 +127,14 @@ def serve_venv() -> Path:
     return SERVE_VENV
 
 
+def alive(pid: int) -> bool:
+    """Running, not a zombie (an exited child its parent has not reaped yet still has a /proc entry)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def engine_processes(marker: str) -> list[int]:
     """Every live process whose environment carries `marker` - the server's own and any child, whatever
     process group it ended up in."""
@@ -137,10 +145,9 @@ def engine_processes(marker: str) -> list[int]:
             continue
         try:
             environ = Path(entry.path, "environ").read_bytes()
-            state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if needle in environ and state != "Z":
+        if needle in environ and alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 

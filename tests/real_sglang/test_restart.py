@@ -26,7 +26,7 @@ from tests.conftest import crossover_argv
 from tests.deploy.test_metric_names import exported
 from tests.gateway.gateway_helpers import sse_events
 from tests.gateway.test_switching import ClosedLoop
-from tests.real_sglang.conftest import CONFIGS, engine_processes
+from tests.real_sglang.conftest import CONFIGS, alive, engine_processes
 from tests.real_sglang.test_engine_signals import loads
 from tests.real_sglang.test_import_standins import assert_loaded_and_never_called, standin_lines
 
@@ -169,7 +169,8 @@ def test_a_load_step_restarts_between_two_real_servers_and_back_losing_nothing_a
 
     async def scenario() -> tuple[Load, HealthWatch]:
         async with httpx.AsyncClient(base_url=gw.url, timeout=httpx.Timeout(SWITCH_WAIT_S, connect=5.0)) as client:
-            load = Load(client, max_tokens=64, model=real_sglang.model)
+            # Requests of about a second each: the gateway's in-flight count then is the number of clients.
+            load = Load(client, max_tokens=2000, model=real_sglang.model)
             try:
                 await until(serving(gw, "speculative"), "the speculative mode serving", gw)
                 load.resize(1)
@@ -215,7 +216,7 @@ def test_a_load_step_restarts_between_two_real_servers_and_back_losing_nothing_a
     assert {"sglang::schedul", "sglang::detoken"} <= names, names  # comm is cut at 15 characters
     down = real_sglang.run("down", timeout=120)
     assert down.returncode == 0, down.stderr
-    assert [pid for pid in members if Path(f"/proc/{pid}").exists()] == []
+    assert [pid for pid in members if alive(pid)] == []
     assert engine_processes(marker) == []  # nor any process started with the server's environment
     assert "no process of its group is left" in down.stderr
     with contextlib.suppress(FileNotFoundError):
