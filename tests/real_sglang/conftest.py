@@ -4,8 +4,8 @@
   (`tiny_model.py`); `up` starts its initial mode and returns once it answered a 1-token generation.
 - `real_gateway`: the project's gateway (real uvicorn, in a thread) in front of the running mode.
 
-Every test here runs on one xdist worker, in the order of MODULE_ORDER (the restart switch last: it changes
-the server and ends with `down`); `tests/conftest.py` makes `-n auto` keep the group together. The server's
+Every test here runs on one xdist worker (`tests/conftest.py` schedules them as one unit), in the order of
+MODULE_ORDER (the restart switch last: it changes the server and ends with `down`). The server's
 venv is `.venv-sglang-serve` (`engine_env.py`, built by .ci/run): without it these tests skip, and in CI
 (CI=true) they fail - a contract that silently did not run proves nothing.
 """
@@ -33,7 +33,6 @@ from tests.real_sglang.engine_env import STANDINS, is_built
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVE_VENV = Path(os.environ.get("CROSSOVER_SGLANG_SERVE_VENV", ROOT / ".venv-sglang-serve"))
-GROUP = "real_sglang"
 MODULE_ORDER = (
     "test_contract",
     "test_engine_signals",
@@ -79,9 +78,6 @@ def pytest_collection_modifyitems(items):
     for item in mine:
         # The first test here also waits for the session's `up`, the restart test for two starts.
         item.add_marker(pytest.mark.timeout(2 * UP_TIMEOUT_S))
-    if mine and mine[0].config.pluginmanager.hasplugin("xdist"):
-        for item in mine:
-            item.add_marker(pytest.mark.xdist_group(GROUP))
     rank = {name: index for index, name in enumerate(MODULE_ORDER)}
     ordered = sorted(mine, key=lambda item: rank.get(Path(item.path).stem, len(rank)))
     slots = [index for index, item in enumerate(items) if Path(item.path).parent == here]
