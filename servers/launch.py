@@ -29,6 +29,11 @@ class LaunchCommand:
         return {"name": self.name, "role": self.role, "argv": self.argv, "env": self.env}
 
 
+# SGLang on CPU from the registry's wheel: its CPU attention backend (intel_amx) needs the CPU kernel build, so
+# the torch one (which also turns CUDA graphs off); SGLANG_USE_CPU_ENGINE keeps it off CUDA-only ops (sglang.md).
+CPU_ARGS = ["--device", "cpu", "--attention-backend", "torch_native"]
+
+
 def launch_commands(profile: Profile) -> list[LaunchCommand]:
     return [launch_command(profile, server) for server in profile.servers]
 
@@ -39,6 +44,8 @@ def launch_command(profile: Profile, server: Server) -> LaunchCommand:
     else:
         command, args = list(profile.sglang_command), sglang_args(profile, server)
     env = dict(server.env)
+    if server.device == "cpu":
+        env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     if server.gpus and server.engine == "sglang":
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in server.gpus))
     return LaunchCommand(
@@ -60,6 +67,8 @@ def sglang_args(profile: Profile, server: Server) -> list[str]:
     if server.served_model_name:
         args += ["--served-model-name", server.served_model_name]
     args += ["--host", server.host, "--port", str(server.port), "--tp-size", str(server.tp_size)]
+    if server.device == "cpu":
+        args += CPU_ARGS
     spec = server.speculative
     if spec is not None:
         args += [

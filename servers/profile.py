@@ -31,6 +31,8 @@ PROFILE_SUFFIX = ".toml"
 
 # A server's role is the mode it serves.
 Role = Mode
+# "cpu": SGLang's CPU engine as the registry's wheel runs it (tests, rehearsals on a box without GPUs; sglang.md).
+Device = Literal["cuda", "cpu"]
 
 
 class ProfileError(ValueError):
@@ -79,6 +81,7 @@ class Server(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=40)
     role: Role
     engine: Literal["sglang", "sim"] = "sglang"
+    device: Device = "cuda"
     model_path: str | None = None
     served_model_name: str | None = None
     speculative: Speculative | None = None
@@ -111,7 +114,9 @@ class Server(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> Server:
         where = f"server {self.name!r}"
-        if self.role == "speculative" and self.speculative is None:
+        # EAGLE on CPU needs the CPU kernel build, which is not on the registry: a CPU server in the speculative
+        # role may run plain (the two modes of a time-shared test profile are then two plain configurations).
+        if self.role == "speculative" and self.speculative is None and self.device != "cpu":
             raise ValueError(f"{where}: role 'speculative' needs a [servers.speculative] table (EAGLE-3 parameters)")
         if self.role == "plain" and self.speculative is not None:
             raise ValueError(f"{where}: role 'plain' must not have a [servers.speculative] table")
@@ -120,15 +125,21 @@ class Server(_Strict):
                 raise ValueError(f"{where}: engine 'sglang' needs model_path")
             if self.sim is not None:
                 raise ValueError(f"{where}: a [servers.sim] table belongs to engine = 'sim' only")
-            if not self.gpus:
+            if self.device == "cpu":
+                if self.gpus:
+                    raise ValueError(f"{where}: device 'cpu' takes no gpus, got {self.gpus}")
+            elif not self.gpus:
                 raise ValueError(f"{where}: engine 'sglang' needs gpus (the CUDA device ids it runs on)")
-            if len(self.gpus) != self.tp_size:
+            elif len(self.gpus) != self.tp_size:
                 raise ValueError(
                     f"{where}: tp_size {self.tp_size} needs exactly {self.tp_size} GPUs, got {len(self.gpus)} "
                     f"({self.gpus})"
                 )
-        elif self.sim is None:
-            raise ValueError(f"{where}: engine 'sim' needs a [servers.sim] table (its sim profile)")
+        else:
+            if self.sim is None:
+                raise ValueError(f"{where}: engine 'sim' needs a [servers.sim] table (its sim profile)")
+            if self.device != "cuda":
+                raise ValueError(f"{where}: device belongs to engine 'sglang'; a stand-in simulates its GPUs")
         return self
 
     @property
@@ -234,6 +245,8 @@ class Profile(_Strict):
                     f"server {server.name!r}: no max_running_requests - SGLang silently caps an EAGLE server at "
                     f"{SGLANG_EAGLE_DEFAULT_CAP} running requests and queues the rest; set it explicitly"
                 )
+            if server.role == "speculative" and server.speculative is None:
+                notes.append(f"server {server.name!r}: role 'speculative' on CPU without EAGLE-3: it runs plain")
         return notes
 
 

@@ -98,3 +98,23 @@ def serve():
     for server, thread in running:
         server.should_exit = True
         thread.join(30)
+
+
+# `pytest -n auto` hands out tests one by one (xdist's --dist load). The real-SGLang tests share one engine that
+# takes minutes to start (tests/real_sglang/conftest.py), so they go to one worker as one unit, in their order;
+# every other test is its own unit, handed out as before. (xdist's own --dist loadgroup cannot do it under
+# pytest 9.2: it renames items through `_nodeid`, which pytest no longer reads.)
+REAL_SGLANG_TESTS = "tests/real_sglang/"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RealSGLangTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return REAL_SGLANG_TESTS if nodeid.startswith(REAL_SGLANG_TESTS) else nodeid
+
+    return RealSGLangTogether(config, log)

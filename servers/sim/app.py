@@ -21,6 +21,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -107,6 +108,10 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
             await live.stop()
 
     app = FastAPI(title="crossover sim: a simulated SGLang server", lifespan=lifespan)
+    # As SGLang's HTTP server: every response then says `vary: Origin`.
+    app.add_middleware(
+        CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"], allow_headers=["*"]
+    )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:

@@ -47,7 +47,9 @@ class TooLarge(Exception):
 
 
 def json_response(content: Any, status: int = 200) -> Response:
-    return Response(json.dumps(content).encode(), status_code=status, media_type="application/json")
+    # Compact, as SGLang's orjson writes it.
+    body = json.dumps(content, separators=(",", ":")).encode()
+    return Response(body, status_code=status, media_type="application/json")
 
 
 def register(app: FastAPI, live: LiveEngine, metrics: SimMetrics, profile: Profile) -> None:
@@ -78,7 +80,7 @@ def register(app: FastAPI, live: LiveEngine, metrics: SimMetrics, profile: Profi
         refusal = live.refusal()
         if refusal is not None:
             return json_response(error_body(refusal, status=503, err_type="ServiceUnavailable"), 503)
-        rid = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        rid = uuid.uuid4().hex  # SGLang's request id, which it also uses as the response id
         created = int(time.time())
         if gen.stream:
             return StreamingResponse(

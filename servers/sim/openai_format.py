@@ -1,7 +1,7 @@
 """OpenAI-style bodies shaped as SGLang's /v1 endpoints shape them (srt/entrypoints/openai/...).
 
     gen = parse_generation("chat", body, context_length=262144)     # BadRequest names the bad field
-    enc = StreamEncoder(gen, rid="chatcmpl-...", created=1700000000)
+    enc = StreamEncoder(gen, rid=uuid.uuid4().hex, created=1700000000)
     enc.first(3) + enc.tokens(3, 2) + enc.finish("length") + enc.usage(7) + DONE
 
 The stand-in has no tokenizer: a prompt counts one token per whitespace-separated word, and at least one
@@ -158,7 +158,7 @@ def _completion_tokens(body: dict) -> int:
 # --- bodies -----------------------------------------------------------------------------------------------
 
 
-def error_body(message: str, *, status: int = 400, err_type: str = "BadRequest") -> dict:
+def error_body(message: str, *, status: int = 400, err_type: str = "BadRequestError") -> dict:
     """SGLang's top-level error body (ErrorResponse), used before a stream starts or when not streaming."""
     return {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
 
@@ -175,6 +175,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": None,
         "reasoning_tokens": 0,
+        "completion_tokens_details": None,
     }
 
 
@@ -188,7 +189,7 @@ def response_body(gen: Generation, rid: str, created: int, completion_tokens: in
     if gen.endpoint == "chat":
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None},
+            "message": {"role": "assistant", "content": text, "reasoning_content": None},
         }
         obj = "chat.completion"
     else:
@@ -202,9 +203,15 @@ def response_body(gen: Generation, rid: str, created: int, completion_tokens: in
         "choices": [choice],
         "usage": usage(gen.prompt_tokens, completion_tokens),
     }
-    if gen.endpoint == "chat":
-        body["metadata"] = {"weight_version": WEIGHT_VERSION}
+    body["metadata"] = {
+        "weight_version": WEIGHT_VERSION,
+        "weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": completion_tokens}],
+    }
     return body
+
+
+# SGLang 0.5.23 without a reasoning parser still names reasoning_content in every chat delta (null).
+_ROLE_DELTA = b'{"reasoning_content":null,"role":"assistant","content":""}'
 
 
 class StreamEncoder:
@@ -219,7 +226,9 @@ class StreamEncoder:
         ].encode()
         self._head = b"data: " + head
         self._open = self._head + (
-            b',"choices":[{"index":0,"delta":{"content":' if chat else b',"choices":[{"index":0,"text":'
+            b',"choices":[{"index":0,"delta":{"reasoning_content":null,"content":'
+            if chat
+            else b',"choices":[{"index":0,"text":'
         )
         self._tail = b'"logprobs":null,"finish_reason":null,"matched_stop":null}]'
         self._close = (b"}," if chat else b",") + self._tail
@@ -229,7 +238,7 @@ class StreamEncoder:
         chunk = self.tokens(0, n)
         if self._gen.endpoint != "chat":
             return chunk
-        role = self._head + b',"choices":[{"index":0,"delta":{"role":"assistant","content":""},' + self._tail + b"}\n\n"
+        role = self._head + b',"choices":[{"index":0,"delta":' + _ROLE_DELTA + b"," + self._tail + b"}\n\n"
         return role + chunk
 
     def tokens(self, start: int, n: int) -> bytes:
@@ -239,7 +248,7 @@ class StreamEncoder:
         return self._open + _filler_json(start % len(FILLER), n) + close + b"}\n\n"
 
     def finish(self, reason: str) -> bytes:
-        body = b'"delta":{},' if self._gen.endpoint == "chat" else b'"text":"",'
+        body = b'"delta":{"reasoning_content":null},' if self._gen.endpoint == "chat" else b'"text":"",'
         tail = self._tail.replace(b'"finish_reason":null', b'"finish_reason":' + _json(reason))
         return self._head + b',"choices":[{"index":0,' + body + tail + b"}\n\n"
 

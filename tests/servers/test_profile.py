@@ -174,3 +174,41 @@ def test_unknown_profile_names_the_shipped_ones():
         load_profile("no-such-profile")
     result = run_cli("plan", "no-such-profile")
     assert result.returncode == 2 and "not a shipped profile" in result.stderr
+
+
+def on_cpu(text: str) -> str:
+    """The reference profile on SGLang's CPU engine: no GPUs, the speculative server without EAGLE-3."""
+    text = re.sub(r"gpus = \[[\d, ]*\]", 'device = "cpu"', text)
+    return no_eagle(text.replace("tp_size = 4", "tp_size = 1"))
+
+
+def test_a_cpu_server_runs_sglangs_cpu_engine_and_a_speculative_one_runs_plain():
+    profile = parse_profile(on_cpu(good()), name="cpu", source="x")
+    for command in launch_commands(profile):
+        assert flag(command.argv, "--device") == "cpu"
+        assert flag(command.argv, "--attention-backend") == "torch_native"
+        assert command.env["SGLANG_USE_CPU_ENGINE"] == "1" and "CUDA_VISIBLE_DEVICES" not in command.env
+        assert "--speculative-algorithm" not in command.argv
+    assert any("'speculative' on CPU without EAGLE-3: it runs plain" in note for note in profile.warnings())
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda t: t.replace('device = "cpu"', 'device = "cpu"\ngpus = [0]', 1), "device 'cpu' takes no gpus"),
+        (lambda t: t.replace('device = "cpu"', 'device = "tpu"', 1), "device: Input should be 'cuda' or 'cpu'"),
+    ],
+)
+def test_a_wrong_cpu_server_is_refused(change, message):
+    with pytest.raises(ProfileError, match=re.escape(message)):
+        parse_profile(change(on_cpu(good())), name="bad", source="bad.toml")
+
+
+def test_a_stand_in_takes_no_device():
+    text = (
+        (SHIPPED / "standin-time-shared.toml")
+        .read_text()
+        .replace('engine = "sim"', 'engine = "sim"\ndevice = "cpu"', 1)
+    )
+    with pytest.raises(ProfileError, match="device belongs to engine 'sglang'"):
+        parse_profile(text, name="x", source="x")

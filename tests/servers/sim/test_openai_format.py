@@ -101,11 +101,13 @@ def test_chat_stream_chunks_assemble_into_the_response_text():
     enc = StreamEncoder(gen, "chatcmpl-1", 123)
     raw = enc.first(3) + enc.tokens(3, 4) + enc.tokens(7, 1) + enc.finish("length") + enc.usage(8)
     events = _events(raw)
-    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    # As real SGLang 0.5.23 sends them (tests/real_sglang/test_standin_agreement.py).
+    assert events[0]["choices"][0]["delta"] == {"reasoning_content": None, "role": "assistant", "content": ""}
     assert all(e["id"] == "chatcmpl-1" and e["object"] == "chat.completion.chunk" and e["model"] == "m" for e in events)
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
     assert text == filler_text(0, 8)
-    assert events[-2]["choices"][0]["finish_reason"] == "length" and events[-2]["choices"][0]["delta"] == {}
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+    assert events[-2]["choices"][0]["delta"] == {"reasoning_content": None}
     assert events[-1]["choices"] == [] and events[-1]["usage"]["total_tokens"] == 4 + 8
     whole = response_body(gen, "chatcmpl-1", 123, 8, "length")
     assert whole["choices"][0]["message"]["content"] == text and whole["usage"]["completion_tokens"] == 8
