@@ -27,6 +27,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from crossover.loadtest.crossover import find_crossover
+from crossover.loadtest.uncertainty import margin
 
 DEFAULT_STEPS = [1, 2, 3]
 # SGLang's own defaults for a slot (DEFAULT_ADAPTIVE_CONFIG in 0.5.23), written out so the file says them.
@@ -55,6 +56,7 @@ class _Level(_Loose):
     target: str
     concurrency: int = Field(ge=1)
     output_throughput: float
+    output_throughput_interval: tuple[float, float] | None = None
     failed: int = 0
 
 
@@ -103,9 +105,11 @@ def adaptive_config(
     speculative = speculative or results.crossover.speculative or "speculative"
     plain = plain or results.crossover.plain or "plain"
     curves: dict[str, dict[int, float]] = {speculative: {}, plain: {}}
+    intervals: dict[tuple[str, int], tuple[float, float] | None] = {}
     for level in results.levels:
         if level.target in curves and level.output_throughput > 0:
             curves[level.target][level.concurrency] = level.output_throughput
+            intervals[level.target, level.concurrency] = level.output_throughput_interval
     missing = [name for name, curve in curves.items() if not curve]
     if missing:
         found = sorted({lv.target for lv in results.levels})
@@ -113,7 +117,13 @@ def adaptive_config(
             f"no measured levels for target(s) {', '.join(missing)} (the run has {', '.join(found) or 'none'}); "
             "name the pair with --speculative and --plain"
         )
-    found = _plain(find_crossover(curves[speculative], curves[plain]))
+    # The same call on the curves as `crossover bench` made (crossover.analyse): told apart only beyond the
+    # levels' intervals, so the zero-step slot goes where the bench said, or nowhere when it was too close to call.
+    margins = {
+        c: margin(curves[speculative][c], curves[plain][c], intervals[speculative, c], intervals[plain, c])
+        for c in curves[speculative].keys() & curves[plain].keys()
+    }
+    found = _plain(find_crossover(curves[speculative], curves[plain], margins))
     if found["status"] == "no_common_levels":
         raise AdaptiveConfigError(f"{speculative} and {plain} share no concurrency level: nothing to compare")
     info = results.metadata.targets.get(speculative, _Target()).server_info or {}
@@ -129,6 +139,14 @@ def adaptive_config(
         notes.append(
             f"plain measured ahead already at the lowest level (C = {found['bracket'][0]}): speculation is off at "
             "every batch size; a plain server would serve this load better"
+        )
+    elif found["status"] == "within_noise":
+        config = {"1": {"candidate_steps": steps, **SLOT_DEFAULTS}}
+        zero_at = None
+        low, high = found["bracket"]
+        notes.append(
+            f"no clear crossover between C = {low} and C = {high} (the curves are within noise there): no "
+            "zero-step slot; measure longer or repeat the levels to tell them apart"
         )
     elif crossover is None:
         config = {"1": {"candidate_steps": steps, **SLOT_DEFAULTS}}

@@ -22,8 +22,12 @@ TIMING_SENSITIVE = [
     "tests/loadtest/test_runner.py",
     "tests/gateway/test_health.py",
     "tests/gateway/test_admission.py",
+    # The switch controller's: policy decisions on a clock the test owns, live switches and recoveries on bounded
+    # waits (tests/gateway/ticking.py).
+    "tests/gateway/test_switching.py",
+    "tests/gateway/test_switching_restart.py",
+    "tests/gateway/test_switching_recovery.py",
 ]
-# tests/gateway/test_switching*.py (the switch controller's) belong here too, once their clock is the test's.
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,8 +87,7 @@ def test_a_corrupt_state_file_serves_the_configured_values_and_says_so(tmp_path,
 @pytest.fixture
 def reading_only(serve):
     """start(saved) -> (url, log path): `crossover serve` whose state file holds `saved`, in a directory it can
-    read but not write - owned by root and run as nobody when the tests run as root (root writes anywhere),
-    else mode 0555."""
+    read but not write - immutable (chattr +i) when the tests run as root (root writes anywhere), else mode 0555."""
     started: list[subprocess.Popen] = []
     home = Path(tempfile.mkdtemp(prefix="crossover-ro-"))
     home.chmod(0o755)  # tmp_path's parents are root's alone
@@ -105,12 +104,17 @@ def reading_only(serve):
             f'[pools.speculative]\nbackends = ["{backend}"]\n[pools.plain]\nbackends = ["{backend}"]\n'
         )
         config.chmod(0o644)
-        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
-        if not prefix:
+        # Root writes through a 0555 directory, so as root the directory and its file are made immutable
+        # (chattr +i: not even root may create, rename or change what is in them) - the way a read-only
+        # ConfigMap mount looks to the gateway. (Running the gateway as another user would need an interpreter
+        # outside root's 0700 home.)
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "+i", str(state_dir / "routing.json"), str(state_dir)], check=True)
+        else:
             state_dir.chmod(0o555)
         log = home / "gateway.log"
         with log.open("wb") as out:
-            argv = [*prefix, sys.executable, "-m", "crossover.gateway.cli", "serve", "--config", str(config)]
+            argv = [sys.executable, "-m", "crossover.gateway.cli", "serve", "--config", str(config)]
             env = {**os.environ, "CROSSOVER_TIMEOUTS__SHUTDOWN_DELAY": "0"}
             proc = spawn(argv, die_with_parent=False, env=env, stdout=out, stderr=subprocess.STDOUT)
         started.append(proc)
@@ -120,6 +124,8 @@ def reading_only(serve):
 
     yield start
     stop(started, timeout=30)
+    if os.geteuid() == 0 and (home / "state").exists():
+        subprocess.run(["chattr", "-i", str(home / "state"), str(home / "state" / "routing.json")], check=False)
     (home / "state").chmod(0o755)
     shutil.rmtree(home)
 

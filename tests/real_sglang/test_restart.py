@@ -160,6 +160,10 @@ def test_a_load_step_restarts_between_two_real_servers_and_back_losing_nothing_a
             "expected_phase": 3600.0,
             "initial_cost": 0.5,
             "switch_timeout": SWITCH_WAIT_S,
+            # Nothing may be cut: the drain waits for every request in flight (a request of ~1 s idle takes
+            # far longer beside the rest of the suite on 2 cores), held requests wait out a real start.
+            "drain_deadline": SWITCH_WAIT_S,
+            "queue_timeout": SWITCH_WAIT_S,
             "agent_url": agent,
             "agent_token": AGENT_TOKEN,
             "agent_servers": {"speculative": "speculative", "plain": "plain"},

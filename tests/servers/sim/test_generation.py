@@ -162,8 +162,12 @@ def test_two_hundred_streams_with_disconnects_leave_nothing_running(sim_app):
         limits = httpx.Limits(max_connections=250, max_keepalive_connections=250)
         async with httpx.AsyncClient(timeout=httpx.Timeout(60.0), limits=limits) as client:
             results = await asyncio.gather(*(one(client, i) for i in range(200)))
-            assert results.count(-1) == 60 and all(r > 2 for r in results if r != -1)
-            deadline = time.monotonic() + 10
+        assert results.count(-1) == 60 and all(r > 2 for r in results if r != -1)
+        # A fresh client: a kept-alive connection left idle past the server's keep-alive timeout while the
+        # streams ran (seconds, on a busy machine) may be closed under a reuse. The bound is generous: a leak
+        # never drains, a busy machine only drains later.
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as client:
+            deadline = time.monotonic() + 60
             while (await client.get(f"{server.url}/v1/loads")).json()["loads"][0]["num_running_reqs"]:
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.02)
