@@ -796,14 +796,15 @@ def format_table(results: list[ReplayResult]) -> str:
     def seconds(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f}"
 
+    names = [r.mechanism if r.follows in (None, FREE_SWITCH) else f"{r.mechanism} (= {r.follows})" for r in results]
+    width = max([20, *map(len, names)])
     lines = [
-        f"{'mechanism':<20} {'output tokens':>14} {'vs best':>8} {'completed':>10} {'cut':>5} {'switches':>9} "
+        f"{'mechanism':<{width}} {'output tokens':>14} {'vs best':>8} {'completed':>10} {'cut':>5} {'switches':>9} "
         f"{'switching s':>12} {'TTFT p50 s':>11} {'TTFT p99 s':>11}"
     ]
-    for r in results:
-        name = r.mechanism if r.follows in (None, FREE_SWITCH) else f"{r.mechanism} (= {r.follows})"
+    for name, r in zip(names, results, strict=True):
         lines.append(
-            f"{name:<20} {r.output_tokens:>14} {100 * r.output_tokens / best:>7.1f}% "
+            f"{name:<{width}} {r.output_tokens:>14} {100 * r.output_tokens / best:>7.1f}% "
             f"{r.requests_completed:>10} {r.requests_cut:>5} {r.switches:>9} {r.switching_s:>12.1f} "
             f"{seconds(r.ttft_p50_s):>11} {seconds(r.ttft_p99_s):>11}"
         )
