@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client import CollectorRegistry
 
-from crossover.gateway.app import GatewayApp
+from crossover.gateway.app import GatewayApp, create_app
 from crossover.gateway.config import Settings
 from crossover.servers.process import free_port
 from tests.waiting import WAIT_S, wait_until  # noqa: F401  (re-exported for the gateway's tests)
@@ -325,3 +325,15 @@ class ClosingBackend(_RawBackend):
                 await self.answer(writer, {"choices": [], "usage": {"completion_tokens": 1}})
             else:
                 await self.answer(writer, MODELS)
+
+
+def start_in_engine(backends: list[str]) -> None:
+    """Run the start-up (and shutdown) of an in-engine gateway in front of `backends`: what it refuses, it raises."""
+    settings = Settings(topology="in-engine", admin_token="t", pools={"speculative": {"backends": backends}})
+    app = create_app(settings, registry=CollectorRegistry())
+
+    async def start() -> None:
+        async with app.rest.app.router.lifespan_context(app.rest.app):
+            pass
+
+    asyncio.run(start())

@@ -7,15 +7,13 @@ import asyncio
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from crossover.gateway.app import create_app
 from crossover.gateway.config import Settings
 from crossover.gateway.sglang import PATCH_NAME, NotPatched
-from tests.gateway.gateway_helpers import SIM_SCALE, hold, sim_running, wait_until
+from tests.gateway.gateway_helpers import SIM_SCALE, hold, sim_running, start_in_engine, wait_until
 
 TOKEN = "admin-secret"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -108,15 +106,8 @@ def test_a_restarted_backend_gets_the_gate_back_before_it_serves(gateway, sim):
 
 def test_a_backend_without_the_endpoint_is_refused_at_start(sim):
     unpatched = sim("k25-eagle3", *SIM_SCALE)  # no --speculation-gate: /speculative/adaptive is a 404
-    settings = Settings(topology="in-engine", admin_token=TOKEN, pools={"speculative": {"backends": [unpatched.url]}})
-    app = create_app(settings, registry=CollectorRegistry())
-
-    async def start() -> None:
-        async with app.rest.app.router.lifespan_context(app.rest.app):
-            pass
-
     with pytest.raises(NotPatched) as refused:
-        asyncio.run(start())
+        start_in_engine([unpatched.url])
     assert PATCH_NAME in str(refused.value) and unpatched.url in str(refused.value)
     assert "crossover patches apply" in str(refused.value)
 
@@ -153,12 +144,5 @@ def test_a_patched_server_without_adaptive_speculation_is_refused_at_start(serve
         return JSONResponse({})
 
     backend = serve(Starlette(routes=[Route("/speculative/adaptive", no_gate), Route("/health", health)]))
-    settings = Settings(topology="in-engine", admin_token=TOKEN, pools={"speculative": {"backends": [backend.url]}})
-    app = create_app(settings, registry=CollectorRegistry())
-
-    async def start() -> None:
-        async with app.rest.app.router.lifespan_context(app.rest.app):
-            pass
-
     with pytest.raises(NotPatched, match="adaptive speculation is off"):
-        asyncio.run(start())
+        start_in_engine([backend.url])

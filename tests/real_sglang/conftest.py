@@ -38,6 +38,7 @@ MODULE_ORDER = (
     "test_engine_signals",
     "test_standin_agreement",
     "test_import_standins",
+    "test_patch_live",  # a second server (the patched copy): before the restart test ends the session's
     "test_restart",
 )
 MODEL_NAME = "tiny-llama"
@@ -91,6 +92,7 @@ class RealSGLang:
     state_dir: Path
     urls: dict[str, str]  # mode -> URL
     model: str
+    model_path: Path  # the tiny model's directory, for a test that starts another server of it
     standin_log: Path
     up_s: float  # how long `crossover servers up` took
 
@@ -148,10 +150,13 @@ def engine_processes(marker: str) -> list[int]:
     return found
 
 
-def profile_text(venv: Path, model: Path, ports: dict[str, int], standin_log: Path) -> str:
+def profile_text(
+    venv: Path, model: Path, ports: dict[str, int], standin_log: Path, first_on_path: Path | None = None
+) -> str:
+    """`first_on_path`: a directory holding an `sglang/` the server imports instead of the venv's (a patched copy)."""
     env = {
         "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": str(STANDINS),
+        "PYTHONPATH": os.pathsep.join(str(p) for p in (first_on_path, STANDINS) if p is not None),
         "CROSSOVER_STANDIN_LOG": str(standin_log),
         # SGLang binds one OpenMP thread per core; on cores shared with other work their barriers spin, and a
         # decode step of the tiny model took 17x longer (11.3 s instead of 0.65 s for 200 tokens, measured).
@@ -199,14 +204,22 @@ def real_sglang(tmp_path_factory):
         state_dir=base / "state",
         urls={name: f"http://127.0.0.1:{port}" for name, port in ports.items()},
         model=MODEL_NAME,
+        model_path=model,
         standin_log=standin_log,
         up_s=0.0,
     )
+    with running(server, "real SGLang"):
+        yield server
+
+
+@contextlib.contextmanager
+def running(server: RealSGLang, what: str):
+    """`up` (asserted), then `down` whatever happened; SIGKILL what `down` left, so no engine outlives a test."""
     began = time.monotonic()
     try:
         up = server.run("up")
         server.up_s = time.monotonic() - began
-        print(f"\nreal SGLang: `crossover servers up` took {server.up_s:.1f} s")
+        print(f"\n{what}: `crossover servers up` took {server.up_s:.1f} s")
         assert up.returncode == 0, up.stderr[-3000:]
         yield server
     finally:
