@@ -133,6 +133,23 @@ def alive(pid: int) -> bool:
         return False
 
 
+def engine_processes_after_down(marker: str, timeout: float = 30.0) -> list[str]:
+    """What still carries `marker` once `down` returned, given `timeout` s to finish exiting: a helper outside
+    the server's process group (Python's multiprocessing resource tracker, say) exits when its pipe closes, a
+    moment after the server; a leak stays. Each survivor as "pid comm", so a failure says what it was."""
+    deadline = time.monotonic() + timeout
+    while (found := engine_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [f"{pid} {_comm(pid)}" for pid in found]
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "?"
+
+
 def engine_processes(marker: str) -> list[int]:
     """Every live process whose environment carries `marker` - the server's own and any child, whatever
     process group it ended up in."""

@@ -23,7 +23,15 @@ from crossover.servers.sglang_check import venv_python
 from crossover.servers.state import group_members
 from tests.conftest import crossover_argv
 from tests.gateway.gateway_helpers import start_in_engine
-from tests.real_sglang.conftest import CONFIGS, SERVE_VENV, RealSGLang, alive, engine_processes, profile_text, running
+from tests.real_sglang.conftest import (
+    CONFIGS,
+    SERVE_VENV,
+    RealSGLang,
+    alive,
+    engine_processes_after_down,
+    profile_text,
+    running,
+)
 from tests.real_sglang.engine_env import STANDINS, sglang_dir
 
 GATE = "/speculative/adaptive"
@@ -213,6 +221,6 @@ def test_down_stops_the_patched_server_and_leaves_no_process(patched_server):
     down = patched_server.run("down", timeout=120)
     assert down.returncode == 0, down.stderr
     assert [pid for pid in members if alive(pid)] == []
-    assert engine_processes(str(patched_server.standin_log)) == []
+    assert engine_processes_after_down(str(patched_server.standin_log)) == []
     with contextlib.suppress(FileNotFoundError):
         assert patched_server.pgids() == {}

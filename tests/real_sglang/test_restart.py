@@ -26,7 +26,7 @@ from tests.conftest import crossover_argv
 from tests.deploy.test_metric_names import exported
 from tests.gateway.gateway_helpers import sse_events
 from tests.gateway.test_switching import ClosedLoop
-from tests.real_sglang.conftest import CONFIGS, alive, engine_processes
+from tests.real_sglang.conftest import CONFIGS, alive, engine_processes_after_down
 from tests.real_sglang.test_engine_signals import loads
 from tests.real_sglang.test_import_standins import assert_loaded_and_never_called, standin_lines
 
@@ -221,7 +221,7 @@ def test_a_load_step_restarts_between_two_real_servers_and_back_losing_nothing_a
     down = real_sglang.run("down", timeout=120)
     assert down.returncode == 0, down.stderr
     assert [pid for pid in members if alive(pid)] == []
-    assert engine_processes(marker) == []  # nor any process started with the server's environment
+    assert engine_processes_after_down(marker) == []  # nor any process started with the server's environment
     assert "no process of its group is left" in down.stderr
     with contextlib.suppress(FileNotFoundError):
         assert real_sglang.pgids() == {}
