@@ -71,6 +71,8 @@ class _Metadata(_Loose):
 class _Crossover(_Loose):
     speculative: str | None = None
     plain: str | None = None
+    status: str | None = None
+    reason: str | None = None
 
 
 class BenchResults(_Loose):
@@ -132,6 +134,11 @@ def adaptive_config(
         steps = list(range(1, measured_steps + 1)) if isinstance(measured_steps, int) and measured_steps > 0 else None
     steps = steps or DEFAULT_STEPS
     notes = []
+    if results.crossover.status == "refused":
+        notes.append(
+            f"the bench refused to name a crossover ({results.crossover.reason or 'see its results'}): this config "
+            "comes from curves it did not trust; measure again before using it"
+        )
     crossover = found["concurrency"]
     if found["status"] == "at_or_below_lowest_level":
         config = {"1": {"candidate_steps": [0], **SLOT_DEFAULTS}}

@@ -84,7 +84,8 @@ def test_cli_refuses_a_file_that_is_not_a_results_file(tmp_path):
 def test_a_bench_of_two_standins_gives_a_config_sglang_loads(tmp_path, sglang_python, standin_profile, state_dir):
     """End to end: the stand-ins of standin-partitioned, a real `crossover bench` between them, the config
     from its results.json, loaded by SGLang 0.5.23's own loader."""
-    profile_path = standin_profile("standin-partitioned")
+    # Time scale 5, not 20: stand-ins that keep their schedule on a busy machine.
+    profile_path = standin_profile("standin-partitioned", time_scale=5)
     up = run_cli("up", str(profile_path), "--state-dir", str(state_dir))
     assert up.returncode == 0, up.stderr
     profile = load_profile(profile_path)
@@ -103,9 +104,13 @@ def test_a_bench_of_two_standins_gives_a_config_sglang_loads(tmp_path, sglang_py
         die_with_parent=False,
     )
     try:
-        assert bench.wait(BENCH_TIMEOUT_S) == 0
+        code = bench.wait(BENCH_TIMEOUT_S)
     finally:
         stop([bench])
+    measured = json.loads((out / "results.json").read_text())["crossover"]
+    # 0, or 1 for a crossover the bench refused to name because a stand-in fell behind its schedule (a busy
+    # machine): the results are written either way, and the config is still made from them.
+    assert code == (1 if measured["status"] == "refused" else 0), measured
 
     config_path = tmp_path / "adaptive.json"
     result = run_cli("adaptive-config", str(out / "results.json"), "-o", str(config_path))
@@ -115,9 +120,12 @@ def test_a_bench_of_two_standins_gives_a_config_sglang_loads(tmp_path, sglang_py
     loaded = load_adaptive_config(sglang_python, config_path)
     assert loaded == {k: v["candidate_steps"] for k, v in written.items() if k.isdigit()}
     assert "1" in loaded, "every batch size from 1 on has a slot"
-    # The same crossover the bench reported (which side wins at 20x time with short requests is the run's).
-    measured = json.loads((out / "results.json").read_text())["crossover"]
-    assert written["_crossover"]["status"] == measured["status"]
+    # The same crossover the bench reported (which side wins with short requests is the run's), or a note that
+    # the bench did not trust the curves.
+    if measured["status"] == "refused":
+        assert "refused to name a crossover" in result.stderr
+    else:
+        assert written["_crossover"]["status"] == measured["status"]
 
 
 @pytest.mark.parametrize(
