@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,9 +115,15 @@ def agent(real_sglang):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url + "/health", proc, 60)
-        yield url
+        yield AgentProcess(url, proc)
     finally:
         stop([proc])
+
+
+@dataclass
+class AgentProcess:
+    url: str
+    proc: subprocess.Popen
 
 
 def switches(gw) -> dict[tuple[str, str], float]:
@@ -164,7 +171,7 @@ def test_a_load_step_restarts_between_two_real_servers_and_back_losing_nothing_a
             # far longer beside the rest of the suite on 2 cores), held requests wait out a real start.
             "drain_deadline": SWITCH_WAIT_S,
             "queue_timeout": SWITCH_WAIT_S,
-            "agent_url": agent,
+            "agent_url": agent.url,
             "agent_token": AGENT_TOKEN,
             "agent_servers": {"speculative": "speculative", "plain": "plain"},
         },
@@ -218,6 +225,9 @@ def test_a_load_step_restarts_between_two_real_servers_and_back_losing_nothing_a
     members = group_members(real_sglang.pgids()["speculative"])
     names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in members}
     assert {"sglang::schedul", "sglang::detoken"} <= names, names  # comm is cut at 15 characters
+    # The gateway still runs and heals its GPU set: with the agent up it would bring a mode back up the moment
+    # `down` stopped it. So the agent goes first; then nothing can start a server behind `down`.
+    stop([agent.proc])
     down = real_sglang.run("down", timeout=120)
     assert down.returncode == 0, down.stderr
     assert [pid for pid in members if alive(pid)] == []
