@@ -27,7 +27,7 @@ import pytest
 from crossover.servers.process import free_port
 from crossover.servers.sglang_check import venv_python
 from crossover.servers.state import group_members
-from tests.conftest import crossover_argv
+from tests.conftest import crossover_argv, missing_environment
 from tests.gateway.conftest import gateway  # noqa: F401  (the gateway's own fixture, in front of the engine)
 from tests.real_sglang.engine_env import STANDINS, is_built
 
@@ -119,9 +119,7 @@ def serve_venv() -> Path:
         message = (
             f"no real-SGLang venv at {SERVE_VENV}: run `python -m tests.real_sglang.engine_env build {SERVE_VENV}`"
         )
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing_environment(message)
     return SERVE_VENV
 
 

@@ -22,7 +22,7 @@ from crossover.servers.process import free_port
 from crossover.servers.profile import load_profile
 from crossover.servers.sglang_check import is_built, venv_python
 from crossover.servers.state import group_members
-from tests.conftest import crossover_argv
+from tests.conftest import crossover_argv, missing_environment
 from tests.waiting import wait_until
 
 CLI_TIMEOUT_S = 120.0
@@ -57,9 +57,7 @@ def sglang_python() -> Path:
     not run proves nothing, so without the venv this fails in CI (CI=true) and skips elsewhere."""
     if not is_built(SGLANG_VENV):
         message = f"no SGLang venv at {SGLANG_VENV}: run `python -m crossover.servers.sglang_check build {SGLANG_VENV}`"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing_environment(message)
     return venv_python(SGLANG_VENV)
 
 

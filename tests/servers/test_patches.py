@@ -17,7 +17,7 @@ import pytest
 
 from crossover.servers import patches
 from crossover.servers.sglang_check import SGLANG_VERSION, has_patch_test_dependencies, patch_test_site
-from tests.conftest import crossover_argv
+from tests.conftest import crossover_argv, missing_environment
 from tests.servers.conftest import SGLANG_VENV
 
 HERE = Path(__file__).resolve().parent
@@ -32,12 +32,10 @@ CPU_IMPORT_PATH = os.pathsep.join(map(str, (STUBS, patch_test_site(SGLANG_VENV))
 def patch_python(sglang_python: Path) -> Path:
     """The SGLang venv's interpreter, with what importing the patched modules needs (CI fails without it)."""
     if not has_patch_test_dependencies(SGLANG_VENV):
-        message = (
-            f"{SGLANG_VENV} lacks the patch tests' packages: run `python servers/sglang_check.py build {SGLANG_VENV}`"
+        missing_environment(
+            f"{SGLANG_VENV} lacks the patch tests' packages: "
+            f"run `python -m crossover.servers.sglang_check build {SGLANG_VENV}`"
         )
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
     return sglang_python
 
 
