@@ -51,6 +51,21 @@ Timeouts = dict[str, float | None]  # httpx's extensions["timeout"]: connect, re
 MaybeRequest = httpx.Request | None  # only for httpx's exceptions to carry
 
 
+class Target:
+    """A URL as `open` sends to it, parsed once: its pool key (None: not http or https), request target and Host
+    line. httpx.URL's properties are parsed again on every access; the proxy path keeps one per backend and
+    path (gateway/failover.py)."""
+
+    __slots__ = ("host_line", "key", "path", "url")
+
+    def __init__(self, url: httpx.URL) -> None:
+        port = url.port or DEFAULT_PORTS.get(url.scheme)
+        self.url = url
+        self.key: Key | None = None if port is None else (url.scheme, url.host, port)
+        self.path = url.raw_path
+        self.host_line = b"Host: %s\r\n" % url.netloc
+
+
 class Http1Transport(httpx.AsyncBaseTransport):
     """A keep-alive HTTP/1.1 connection pool; `limits` mean what they mean to httpx.AsyncHTTPTransport."""
 
@@ -87,7 +102,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
     async def open(
         self,
         method: str,
-        url: httpx.URL,
+        url: httpx.URL | Target,
         headers: RawHeaders,
         body: bytes,
         timeout: Timeouts,
@@ -95,15 +110,14 @@ class Http1Transport(httpx.AsyncBaseTransport):
     ) -> RawResponse:
         """The proxy path's entry: no httpx.Request or httpx.Response to build (their header normalisation costs
         more than the rest of the transport). Raises httpx's exceptions, with `request` when one is given."""
-        port = url.port or DEFAULT_PORTS.get(url.scheme)
-        if port is None:
+        target = url if type(url) is Target else Target(url)
+        if target.key is None:
             raise httpx.UnsupportedProtocol(
-                f"Http1Transport speaks http and https, not {url.scheme!r}", request=request
+                f"Http1Transport speaks http and https, not {target.url.scheme!r}", request=request
             )
-        key = (url.scheme, url.host, port)
         read_timeout = timeout.get("read", DEFAULT_TIMEOUT)
-        data = _encode(method, url, headers, body, request) + body  # one segment for the usual small request
-        conn = await self._acquire(key, timeout, request)
+        data = _encode(method, target, headers, body, request) + body  # one segment for the usual small request
+        conn = await self._acquire(target.key, timeout, request)
         conn.begin(head_only=method == "HEAD")
         try:
             await conn.send(data, timeout.get("write", DEFAULT_TIMEOUT), request)
@@ -405,7 +419,10 @@ class RawResponse:
     reason_phrase: bytes = b""
 
     async def aread(self) -> bytes:
-        return b"".join([chunk async for chunk in self.stream])
+        stream = self.stream
+        if type(stream) is _Body:
+            return await stream.read()
+        return b"".join([chunk async for chunk in stream])
 
     def ended(self) -> bool:
         """Whether the body has been read to its end: what the last read gave was all there is. (A stream of
@@ -447,6 +464,23 @@ class _Body(httpx.AsyncByteStream):
             self._done()
         return data
 
+    async def read(self) -> bytes:
+        """The whole rest of the body, as one piece: the usual non-streamed answer arrives with its head."""
+        conn = self._conn
+        if conn is None:
+            return b""
+        parts = []
+        try:
+            while True:
+                if conn.chunks:
+                    parts.append(conn.take())  # taking resumes a read paused at the high-water mark
+                if conn.complete:
+                    break
+                await conn.wait(self._timeout, httpx.ReadTimeout, self._request)
+        finally:  # read to the end, or failed or cancelled: either way the connection is done with
+            self._done()
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
     @property
     def ended(self) -> bool:
         return self._conn is None
@@ -460,9 +494,9 @@ class _Body(httpx.AsyncByteStream):
             self._conn = None
 
 
-def _encode(method: str, url: httpx.URL, headers: RawHeaders, body: bytes, request: MaybeRequest) -> bytes:
+def _encode(method: str, target: Target, headers: RawHeaders, body: bytes, request: MaybeRequest) -> bytes:
     """The request head, the headers as given but for framing: the body goes whole, after a Content-Length."""
-    lines = [b"%s %s HTTP/1.1\r\n" % (method.encode("ascii"), url.raw_path)]
+    lines = [b"%s %s HTTP/1.1\r\n" % (method.encode("ascii"), target.path)]
     has_host = False
     for name, value in headers:
         lowered = name.lower()
@@ -470,7 +504,7 @@ def _encode(method: str, url: httpx.URL, headers: RawHeaders, body: bytes, reque
             lines.append(b"%s: %s\r\n" % (name, value))
             has_host = has_host or lowered == b"host"
     if not has_host:
-        lines.insert(1, b"Host: %s\r\n" % url.netloc)
+        lines.insert(1, target.host_line)
     if body or method in ("POST", "PUT", "PATCH"):
         lines.append(b"Content-Length: %d\r\n" % len(body))
     lines.append(b"\r\n")

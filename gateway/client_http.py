@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import socket
@@ -211,7 +212,8 @@ class _BoundedHead(HttpToolsProtocol):
     def _count_head(self) -> None:
         """What the parser read of the head, counted once it is complete: one read holds at most a few hundred
         KiB, and a head arriving over several is bounded as it arrives (`data_received`)."""
-        self._head_parsed = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        headers = self.headers
+        self._head_parsed = len(self.url) + sum(map(len, itertools.chain.from_iterable(headers))) + 4 * len(headers)
         if self._head_parsed > self.max_head_bytes:
             raise _HeadTooLarge
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import httpx
 
 from crossover.gateway import metrics as labels
-from crossover.gateway._http1 import RawResponse
+from crossover.gateway._http1 import RawResponse, Target
 from crossover.gateway.errors import (
     BackendAnswered,
     BackendBusy,
@@ -233,9 +233,9 @@ class Failover:
 
 
 @functools.lru_cache(maxsize=1024)
-def endpoint(backend_url: str, target: str) -> httpx.URL:
+def endpoint(backend_url: str, target: str) -> Target:
     """Parsed once per backend and target: URL parsing is a visible share of a proxied request's cost."""
-    return httpx.URL(backend_url + target)
+    return Target(httpx.URL(backend_url + target))
 
 
 async def attempt(sender: ProxySender, backend: Backend, outgoing: Outgoing) -> Opened:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import httpx
 
-from crossover.gateway._http1 import Http1Transport, RawHeaders, RawResponse, Timeouts
+from crossover.gateway._http1 import Http1Transport, RawHeaders, RawResponse, Target, Timeouts
 from crossover.gateway.config import Settings, TimeoutSettings
 
 # Health checks and load scrapes need connections even while every request slot streams.
@@ -78,9 +78,10 @@ class HttpxSender:
         self.transport = transport
 
     async def open(
-        self, method: str, url: httpx.URL, headers: RawHeaders, body: bytes, timeout: Timeouts
+        self, method: str, url: httpx.URL | Target, headers: RawHeaders, body: bytes, timeout: Timeouts
     ) -> RawResponse:
         """As `Http1Transport.open`."""
+        url = url.url if isinstance(url, Target) else url
         request = httpx.Request(method, url, content=body, headers=headers, extensions={"timeout": timeout})
         response = await self.transport.handle_async_request(request)
         return RawResponse(response.status_code, response.headers.raw, response.stream)
