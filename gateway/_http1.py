@@ -259,6 +259,9 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.fd = -1  # plain TCP only: what closed_by_server looks at
         self.waiter: asyncio.Future | None = None
+        self.timer: asyncio.TimerHandle | None = None  # bounds the current wait (`wait_due`)
+        self.wait_due = 0.0
+        self.wait_for: tuple[type[httpx.TimeoutException], MaybeRequest] = (httpx.ReadTimeout, None)
 
     def begin(self, head_only: bool) -> None:
         """Fresh response state, before a request goes out."""
@@ -280,8 +283,29 @@ class _Connection(asyncio.Protocol):
         """Until the parser or the socket has news, or `timeout` passes (then `kind`); raises what broke it."""
         if self.error is not None:
             raise self.error[0](self.error[1], request=request)
-        self.waiter = self.loop.create_future()
-        await _bounded(self.loop, self.waiter, timeout, kind, "timed out waiting for the server", request)
+        self.waiter = waiter = self.loop.create_future()
+        if timeout is not None:
+            # One timer per connection, moved only when it fires: a stream waits once per piece, and a timer
+            # made and cancelled per piece would cost more than the piece's own bookkeeping.
+            self.wait_due = due = self.loop.time() + timeout
+            self.wait_for = (kind, request)
+            if self.timer is None or self.timer.when() > due:
+                if self.timer is not None:
+                    self.timer.cancel()
+                self.timer = self.loop.call_at(due, self._wait_timer)
+        await waiter
+
+    def _wait_timer(self) -> None:
+        self.timer = None
+        waiter = self.waiter
+        if waiter is None or waiter.done():  # nobody is waiting: the next wait arms it again
+            return
+        if self.loop.time() < self.wait_due:  # waiting again since it was armed
+            self.timer = self.loop.call_at(self.wait_due, self._wait_timer)
+            return
+        self.waiter = None
+        kind, request = self.wait_for
+        waiter.set_exception(kind("timed out waiting for the server", request=request))
 
     def take(self) -> bytes:
         """Everything buffered, as one piece."""
@@ -359,6 +383,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         if self.busy and self.error is None:
             if self.head_done and not self.framed and exc is None:  # a close-delimited body ends here
                 self.busy, self.complete, self.keep_alive = False, True, False

@@ -134,6 +134,31 @@ class ClientLink:
         cycle.on_response()
         return True
 
+    def write_body(self, body: bytes, more_body: bool) -> bool:
+        """A piece of a chunked response already started, written at once as uvicorn's `send` would frame it,
+        without a coroutine and a message per piece; False, with nothing written, where `send` must decide:
+        no chunked response under way, the client gone, or its connection asking the writer to wait."""
+        cycle = self.cycle
+        if (
+            cycle is None
+            or not cycle.chunked_encoding
+            or cycle.response_complete
+            or cycle.disconnected
+            or cycle.flow.write_paused
+        ):
+            return False
+        framed = b"%x\r\n%s\r\n" % (len(body), body) if body else b""
+        if more_body:
+            self._protocol.transport.write(framed)
+            return True
+        self._protocol.transport.write(framed + b"0\r\n\r\n")
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self._protocol.transport.close()
+        cycle.on_response()
+        return True
+
     def abort(self) -> None:
         """Reset the connection: what the kernel still holds for the client is dropped, not sent."""
         self.callback = None

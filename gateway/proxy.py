@@ -364,7 +364,7 @@ class Exchange:
         ended = response.ended()
         if ended:
             head, pending = head + pending, b""
-        await self._write({"type": "http.response.body", "body": head, "more_body": not ended})
+        await self._write_body(head, not ended)
         self.endpoint.metrics.first_event(self.pool, time.perf_counter() - self.started)
         # Only the last two chunks are kept: the usage event, if any, sits just before [DONE].
         previous, self.last_chunk = b"", head
@@ -381,10 +381,10 @@ class Exchange:
                     continue
             if ERROR_MARK in chunk:  # a C-level search; rare: SGLang's error event, just before [DONE]
                 chunk = self._reshape(chunk)
-            await self._write({"type": "http.response.body", "body": chunk, "more_body": not ended})
+            await self._write_body(chunk, not ended)
             previous, self.last_chunk = self.last_chunk, chunk
         if not ended:
-            await self._write({"type": "http.response.body", "body": pending, "more_body": False})
+            await self._write_body(pending, False)
         self.outcome = labels.OK if self.stream_error is None else self.stream_error.outcome
         return usage_tokens(previous + self.last_chunk)
 
@@ -404,6 +404,12 @@ class Exchange:
         return b"\n\n".join(out)
 
     # -- timing ---------------------------------------------------------------------------------------
+
+    async def _write_body(self, body: bytes, more_body: bool) -> None:
+        """A piece of a streamed body: through our server's link when the client's connection takes it at once
+        (the usual case, one write and no coroutine); through `send` when the client must be waited for."""
+        if self.link is None or not self.link.write_body(body, more_body):
+            await self._write({"type": "http.response.body", "body": body, "more_body": more_body})
 
     async def _write(self, message: dict) -> None:
         """A send whose time blocked on the client is the client's: the backend's silence clock stops."""
