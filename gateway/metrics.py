@@ -6,11 +6,13 @@ the live state at scrape time, so they can never drift from it.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from crossover.gateway.admission import Admission
 from crossover.gateway.config import POOL_NAMES
@@ -56,31 +58,29 @@ SWITCH_BUCKETS_S = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 900, 1800)
 class Metrics:
     def __init__(self, registry: CollectorRegistry, pools: Pools, routing: Routing, admission: Admission) -> None:
         self.registry = registry
-        self.requests = Counter(
-            "crossover_requests", "Requests by pool and outcome.", ["pool", "outcome"], registry=registry
+        # The five families every request updates are kept as plain numbers (`Tally`, `Spread`), read at scrape.
+        self.requests = Tally(
+            "crossover_requests", "Requests by pool and outcome.", ("pool", "outcome"), registry=registry
         )
-        self.route_decisions = Counter(
-            "crossover_route_decisions",
-            "Routing decisions by chosen pool and reason.",
-            ["pool", "reason"],
-            registry=registry,
+        self.route_decisions = Tally(
+            "crossover_route_decisions", "Routing decisions by chosen pool and reason.", ("pool", "reason"), registry
         )
-        self.ttft = Histogram(
+        self.ttft = Spread(
             "crossover_time_to_first_token_seconds",
             "Arrival to the first streamed event sent to the client.",
-            ["pool"],
-            buckets=TTFT_BUCKETS_S,
-            registry=registry,
+            ("pool",),
+            TTFT_BUCKETS_S,
+            registry,
         )
-        self.duration = Histogram(
+        self.duration = Spread(
             "crossover_request_duration_seconds",
             "Arrival to the last byte (or any other end) of a request.",
-            ["pool"],
-            buckets=DURATION_BUCKETS_S,
-            registry=registry,
+            ("pool",),
+            DURATION_BUCKETS_S,
+            registry,
         )
-        self.output_tokens = Counter(
-            "crossover_output_tokens", "Completion tokens reported in responses' usage.", ["pool"], registry=registry
+        self.output_tokens = Tally(
+            "crossover_output_tokens", "Completion tokens reported in responses' usage.", ("pool",), registry
         )
         self.failovers = Counter(
             "crossover_failovers",
@@ -138,31 +138,79 @@ class Metrics:
         self.switch_source: Callable[[], tuple[str | None, int]] | None = None
         registry.register(_StateCollector(pools, routing, admission))
         registry.register(_SwitchCollector(self))
-        # Per-request updates go through these: prometheus_client's labels() takes a lock and builds a key on
-        # every call, and a request makes five of them. The label vocabularies are small and fixed.
-        self._children: dict[tuple, object] = {}
-
-    def _child(self, metric: Counter | Histogram, *values: str):
-        key = (metric, *values)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*values)
-        return child
 
     def refused(self, reason: str) -> None:
-        self._child(self.refused_requests, reason).inc()
+        self.refused_requests.labels(reason).inc()
 
     def routed(self, pool: str, reason: str) -> None:
-        self._child(self.route_decisions, pool, reason).inc()
+        self.route_decisions.inc((pool, reason))
 
     def first_event(self, pool: str, seconds: float) -> None:
-        self._child(self.ttft, pool).observe(seconds)
+        self.ttft.observe((pool,), seconds)
 
     def request_ended(self, pool: str, outcome: str, seconds: float, output_tokens: int) -> None:
-        self._child(self.requests, pool, outcome).inc()
-        self._child(self.duration, pool).observe(seconds)
+        self.requests.inc((pool, outcome))
+        self.duration.observe((pool,), seconds)
         if output_tokens:
-            self._child(self.output_tokens, pool).inc(output_tokens)
+            self.output_tokens.inc((pool,), output_tokens)
+
+
+class Tally(Collector):
+    """A counter family as a dict of plain numbers, exposed at scrape time: an update is one dict operation,
+    where prometheus_client's `labels(...).inc()` takes a lock and runs its checks. For what every request
+    updates (the event loop is one thread); it has no `_created` series."""
+
+    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...], registry: CollectorRegistry):
+        self.name, self.documentation, self.labelnames = name, documentation, labelnames
+        self.values: dict[tuple[str, ...], float] = {}
+        registry.register(self)
+
+    def inc(self, labels: tuple[str, ...], amount: float = 1) -> None:
+        self.values[labels] = self.values.get(labels, 0) + amount
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, value in list(self.values.items()):
+            family.add_metric(labels, value)
+        yield family
+
+
+class Spread(Collector):
+    """A histogram family as plain numbers, as `Tally` is a counter: bucket `le` inclusive, as prometheus_client
+    counts."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: tuple[str, ...],
+        buckets: tuple[float, ...],
+        registry: CollectorRegistry,
+    ) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, labelnames
+        self.bounds = tuple(float(bound) for bound in buckets)
+        self.les = [floatToGoString(bound) for bound in self.bounds] + ["+Inf"]
+        self.counts: dict[tuple[str, ...], list[int]] = {}
+        self.sums: dict[tuple[str, ...], float] = {}
+        registry.register(self)
+
+    def observe(self, labels: tuple[str, ...], value: float) -> None:
+        counts = self.counts.get(labels)
+        if counts is None:
+            counts = self.counts[labels] = [0] * len(self.les)
+            self.sums[labels] = 0.0
+        counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sums[labels] += value
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, counts in list(self.counts.items()):
+            cumulative, buckets = 0, []
+            for le, count in zip(self.les, counts, strict=True):
+                cumulative += count
+                buckets.append((le, cumulative))
+            family.add_metric(labels, buckets, self.sums[labels])
+        yield family
 
 
 class _StateCollector(Collector):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.gateway.admission import Admission
 from crossover.gateway.config import Settings
-from crossover.gateway.metrics import Metrics
+from crossover.gateway.metrics import Metrics, Spread, Tally
 from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
 from tests.gateway.gateway_helpers import LONG, chat, wait_until
@@ -103,9 +103,35 @@ def test_each_gateway_has_its_own_registry():
     pools, routing = Pools.from_settings(settings), Routing.from_settings(settings)
     admission = Admission(4, 4, 1.0)
     first, second = CollectorRegistry(), CollectorRegistry()
-    Metrics(first, pools, routing, admission).requests.labels("plain", "ok").inc()
+    Metrics(first, pools, routing, admission).request_ended("plain", "ok", 0.5, 0)
     Metrics(second, pools, routing, admission)
     assert first.get_sample_value("crossover_requests_total", {"pool": "plain", "outcome": "ok"}) == 1
     assert second.get_sample_value("crossover_requests_total", {"pool": "plain", "outcome": "ok"}) is None
     pools.plain[0].inflight = 3
     assert second.get_sample_value("crossover_inflight_requests", {"pool": "plain"}) == 3
+
+
+def test_the_per_request_families_expose_what_prometheus_clients_own_would():
+    # Tally and Spread stand in for Counter and Histogram on the request path: same samples, same text.
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    spread = Spread("x_seconds", "x", ("pool",), (0.1, 1, 5), ours)
+    histogram = Histogram("x_seconds", "x", ["pool"], buckets=(0.1, 1, 5), registry=theirs)
+    tally = Tally("y", "y", ("pool", "outcome"), ours)
+    counter = Counter("y", "y", ["pool", "outcome"], registry=theirs)
+    for value in (0.05, 0.1, 0.7, 1.0, 4.9, 5.0, 7.5, 600.0):  # bounds themselves included: `le` is inclusive
+        spread.observe(("plain",), value)
+        histogram.labels("plain").observe(value)
+    tally.inc(("plain", "ok"))
+    tally.inc(("plain", "ok"), 2)
+    counter.labels("plain", "ok").inc(3)
+
+    def samples(registry):
+        return sorted(
+            (s.name, tuple(sorted(s.labels.items())), s.value)
+            for family in registry.collect()
+            for s in family.samples
+            if not s.name.endswith("_created")
+        )
+
+    assert samples(ours) == samples(theirs)
+    assert ("x_seconds_bucket", (("le", "1.0"), ("pool", "plain")), 4.0) in samples(ours)
