@@ -30,7 +30,7 @@ import asyncio
 import collections
 import select
 import ssl
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import httptools
@@ -259,6 +259,8 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.fd = -1  # plain TCP only: what closed_by_server looks at
         self.waiter: asyncio.Future | None = None
+        # While `pump` waits: takes what a read brought, in the read's own callback; False leaves it to the waiter.
+        self.sink: Callable[[], bool] | None = None
         self.timer: asyncio.TimerHandle | None = None  # bounds the current wait (`wait_due`)
         self.wait_due = 0.0
         self.wait_for: tuple[type[httpx.TimeoutException], MaybeRequest] = (httpx.ReadTimeout, None)
@@ -379,7 +381,8 @@ class _Connection(asyncio.Protocol):
         if self.buffered > HIGH_WATER and self.busy and not self.reading_paused:
             self.reading_paused = True
             self.transport.pause_reading()
-        self._wake()
+        if self.sink is None or not self.sink():
+            self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -519,6 +522,59 @@ class _Body(httpx.AsyncByteStream):
         if self._conn is not None:
             self._pool._release(self._conn)
             self._conn = None
+
+
+async def pump(
+    chunks: AsyncIterator[bytes],
+    deliver: Callable[[bytes, bool], Awaitable[None] | None],
+    at_once: Callable[[], bool],
+) -> None:
+    """A response body to its end through `deliver(piece, ended)`, which returns None once the piece is out, or
+    an awaitable that sends it. On this transport, while `at_once()` says a piece can go out without waiting,
+    each piece is delivered from the connection's read callback itself: a stream's pieces cost no task wake-up
+    each. Any other body (another transport's) is iterated, its end delivered as an empty last piece.
+    """
+    if type(chunks) is not _Body:
+        async for piece in chunks:
+            sending = deliver(piece, False)
+            if sending is not None:
+                await sending
+        sending = deliver(b"", True)
+        if sending is not None:
+            await sending
+        return
+    body: _Body = chunks
+    conn = body._conn
+    if conn is None:
+        return
+
+    def on_read() -> bool:
+        if conn.complete or conn.error is not None or not conn.chunks or not at_once():
+            return False  # the end, a failure or a client to wait for: the waiting task takes it
+        deliver(conn.take(), False)
+        return True
+
+    try:
+        while True:
+            if conn.chunks or conn.complete:
+                ended = conn.complete
+                piece = conn.take()
+                if ended:
+                    body._done()
+                sending = deliver(piece, ended)
+                if sending is not None:
+                    await sending
+                if ended:
+                    return
+                continue
+            conn.sink = on_read
+            try:
+                await conn.wait(body._timeout, httpx.ReadTimeout, body._request)
+            finally:
+                conn.sink = None
+    except BaseException:  # cancelled or failed: the connection cannot be reused
+        body._done()
+        raise
 
 
 def _encode(method: str, target: Target, headers: RawHeaders, body: bytes, request: MaybeRequest) -> bytes:

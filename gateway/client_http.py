@@ -134,19 +134,25 @@ class ClientLink:
         cycle.on_response()
         return True
 
-    def write_body(self, body: bytes, more_body: bool) -> bool:
-        """A piece of a chunked response already started, written at once as uvicorn's `send` would frame it,
-        without a coroutine and a message per piece; False, with nothing written, where `send` must decide:
-        no chunked response under way, the client gone, or its connection asking the writer to wait."""
+    def takes_body(self) -> bool:
+        """Whether `write_body` would write now: a chunked response under way, the client there, and its
+        connection not asking the writer to wait."""
         cycle = self.cycle
-        if (
+        return not (
             cycle is None
             or not cycle.chunked_encoding
             or cycle.response_complete
             or cycle.disconnected
             or cycle.flow.write_paused
-        ):
+        )
+
+    def write_body(self, body: bytes, more_body: bool) -> bool:
+        """A piece of a chunked response already started, written at once as uvicorn's `send` would frame it,
+        without a coroutine and a message per piece; False, with nothing written, where `send` must decide
+        (`takes_body` says which)."""
+        if not self.takes_body():
             return False
+        cycle = self.cycle
         framed = b"%x\r\n%s\r\n" % (len(body), body) if body else b""
         if more_body:
             self._protocol.transport.write(framed)

@@ -29,6 +29,7 @@ import time
 import httpx
 
 from crossover.gateway import metrics as labels
+from crossover.gateway._http1 import pump
 from crossover.gateway.admission import Admission
 from crossover.gateway.auth import authorize_client, client_keys
 from crossover.gateway.client_http import CLIENT_LINK, ClientLink
@@ -147,7 +148,9 @@ class Exchange:
         "mode_lease",
         "opened",
         "outcome",
+        "pending",
         "pool",
+        "previous_chunk",
         "request_id",
         "response_started",
         "scope",
@@ -351,7 +354,7 @@ class Exchange:
         return usage_tokens(body) if status == 200 else 0
 
     async def _send_stream(self, opened: Opened) -> int:
-        clock, response = self.loop.time, opened.response
+        response = opened.response
         # Chunks go out as they come, cut at the last complete event: if the backend fails mid-event, the
         # client gets whole events and then a clean error event, never half a JSON object.
         head, pending = split_events(opened.head)
@@ -364,29 +367,50 @@ class Exchange:
         ended = response.ended()
         if ended:
             head, pending = head + pending, b""
-        await self._write_body(head, not ended)
+        if self.link is None or not self.link.write_body(head, not ended):
+            await self._write({"type": "http.response.body", "body": head, "more_body": not ended})
         self.endpoint.metrics.first_event(self.pool, time.perf_counter() - self.started)
+        self.last_chunk = head
+        if ended:
+            self.outcome = labels.OK if self.stream_error is None else self.stream_error.outcome
+            return usage_tokens(head)
         # Only the last two chunks are kept: the usage event, if any, sits just before [DONE].
-        previous, self.last_chunk = b"", head
-        async for chunk in opened.chunks:
-            self.last_chunk_at = clock()
-            if pending:
-                chunk, pending = pending + chunk, b""
-            ended = response.ended()
-            if not ended and not chunk.endswith(EVENT_ENDS):
-                chunk, pending = split_events(chunk)
-                if len(pending) > MAX_PENDING_BYTES:  # not SSE after all: stop holding bytes back
-                    chunk, pending = chunk + pending, b""
-                if not chunk:
-                    continue
-            if ERROR_MARK in chunk:  # a C-level search; rare: SGLang's error event, just before [DONE]
-                chunk = self._reshape(chunk)
-            await self._write_body(chunk, not ended)
-            previous, self.last_chunk = self.last_chunk, chunk
-        if not ended:
-            await self._write_body(pending, False)
+        self.pending, self.previous_chunk = pending, b""
+        await pump(opened.chunks, self._deliver, self._takes_at_once)
         self.outcome = labels.OK if self.stream_error is None else self.stream_error.outcome
-        return usage_tokens(previous + self.last_chunk)
+        return usage_tokens(self.previous_chunk + self.last_chunk)
+
+    def _takes_at_once(self) -> bool:
+        """Whether the next piece can go out now, from the backend connection's own read callback: our server's
+        link takes it without waiting, and the request has not been cut."""
+        return self.cut is None and self.link is not None and self.link.takes_body()
+
+    def _deliver(self, chunk: bytes, ended: bool):
+        """One piece of the backend's stream (`ended`: its last) on to the client, whole events only; None when
+        it went out at once, else an awaitable that sends it."""
+        self.last_chunk_at = self.loop.time()
+        if self.pending:
+            chunk, self.pending = self.pending + chunk, b""
+        if not ended and not chunk.endswith(EVENT_ENDS):
+            chunk, self.pending = split_events(chunk)
+            if len(self.pending) > MAX_PENDING_BYTES:  # not SSE after all: stop holding bytes back
+                chunk, self.pending = chunk + self.pending, b""
+            if not chunk:
+                return None
+        if ERROR_MARK in chunk:  # a C-level search; rare: SGLang's error event, just before [DONE]
+            chunk = self._reshape(chunk)
+        if self.link is not None and self.link.write_body(chunk, not ended):
+            self._sent(chunk)
+            return None
+        return self._send_piece(chunk, ended)
+
+    async def _send_piece(self, chunk: bytes, ended: bool) -> None:
+        await self._write({"type": "http.response.body", "body": chunk, "more_body": not ended})
+        self._sent(chunk)
+
+    def _sent(self, chunk: bytes) -> None:
+        if chunk:  # an empty end says nothing of what the client has
+            self.previous_chunk, self.last_chunk = self.last_chunk, chunk
 
     def _reshape(self, events: bytes) -> bytes:
         """SGLang's error events (`data: {"error": {"object": "error", "type": "BadRequest", "code": 400, ...}}`)
@@ -404,12 +428,6 @@ class Exchange:
         return b"\n\n".join(out)
 
     # -- timing ---------------------------------------------------------------------------------------
-
-    async def _write_body(self, body: bytes, more_body: bool) -> None:
-        """A piece of a streamed body: through our server's link when the client's connection takes it at once
-        (the usual case, one write and no coroutine); through `send` when the client must be waited for."""
-        if self.link is None or not self.link.write_body(body, more_body):
-            await self._write({"type": "http.response.body", "body": body, "more_body": more_body})
 
     async def _write(self, message: dict) -> None:
         """A send whose time blocked on the client is the client's: the backend's silence clock stops."""
