@@ -100,7 +100,7 @@ class Pools:
         return max(backend.inflight, scraped or 0)
 
     def pool_load(self, name: str) -> int:
-        return sum(self.backend_load(backend) for backend in self.pool(name))
+        return sum([self.backend_load(backend) for backend in self.pool(name)])
 
     def total_load(self) -> int:
         return self.pool_load(SPECULATIVE) + self.pool_load(PLAIN)
@@ -110,7 +110,11 @@ class Pools:
 
     def choose(self, name: str, exclude: frozenset[Backend] | set[Backend] = frozenset()) -> Backend | None:
         """The usable backend of pool `name` with the least load, not in `exclude`; ties rotate."""
-        candidates = [backend for backend in self.pool(name) if backend.usable and backend not in exclude]
+        pool = self.pool(name)
+        if len(pool) == 1:  # the usual pool: nothing to compare
+            only = pool[0]
+            return only if only.usable and only not in exclude else None
+        candidates = [backend for backend in pool if backend.usable and backend not in exclude]
         if not candidates:
             return None
         self._rotation += 1

@@ -44,7 +44,9 @@ def parse_generation(body: bytes, models: frozenset[str]) -> Generation:
     """Check a chat or completion request body; raise InvalidRequest or ModelNotFound."""
     try:
         # As json.loads reads bytes: UTF-8, -16 or -32 (RFC 8259 allows only UTF-8; what json.loads took stays taken).
-        payload = _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
+        # A body that opens with `{` and no NUL after it is UTF-8 to detect_encoding too: skip asking it.
+        encoding = "utf-8" if body[:1] == b"{" and body[1:2] != b"\x00" else json.detect_encoding(body)
+        payload = _DECODER.decode(body.decode(encoding, "surrogatepass"))
     except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
         raise InvalidRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(payload, dict):
