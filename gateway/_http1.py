@@ -263,6 +263,7 @@ class _Connection(asyncio.Protocol):
         self.sink: Callable[[], bool] | None = None
         self.timer: asyncio.TimerHandle | None = None  # bounds the current wait (`wait_due`)
         self.wait_due = 0.0
+        self.wait_timeout: float | None = None
         self.wait_for: tuple[type[httpx.TimeoutException], MaybeRequest] = (httpx.ReadTimeout, None)
 
     def begin(self, head_only: bool) -> None:
@@ -286,6 +287,7 @@ class _Connection(asyncio.Protocol):
         if self.error is not None:
             raise self.error[0](self.error[1], request=request)
         self.waiter = waiter = self.loop.create_future()
+        self.wait_timeout = timeout
         if timeout is not None:
             # One timer per connection, moved only when it fires: a stream waits once per piece, and a timer
             # made and cancelled per piece would cost more than the piece's own bookkeeping.
@@ -383,6 +385,8 @@ class _Connection(asyncio.Protocol):
             self.transport.pause_reading()
         if self.sink is None or not self.sink():
             self._wake()
+        elif self.wait_timeout is not None:  # the sink took it: the wait goes on, and its bound starts again
+            self.wait_due = self.loop.time() + self.wait_timeout
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -551,7 +555,7 @@ async def pump(
     def on_read() -> bool:
         if conn.complete or conn.error is not None or not conn.chunks or not at_once():
             return False  # the end, a failure or a client to wait for: the waiting task takes it
-        deliver(conn.take(), False)
+        deliver(conn.take(), False)  # at_once() promised it goes out now: deliver returns None
         return True
 
     try:

@@ -127,11 +127,7 @@ class ClientLink:
             parts.append(b"connection: close\r\n")
         parts += (b"\r\n", body)
         self._protocol.transport.write(b"".join(parts))
-        cycle.response_complete = True
-        cycle.message_event.set()
-        if not cycle.keep_alive:
-            self._protocol.transport.close()
-        cycle.on_response()
+        self._complete(cycle)
         return True
 
     def takes_body(self) -> bool:
@@ -158,12 +154,16 @@ class ClientLink:
             self._protocol.transport.write(framed)
             return True
         self._protocol.transport.write(framed + b"0\r\n\r\n")
+        self._complete(cycle)
+        return True
+
+    def _complete(self, cycle) -> None:
+        """The response is out: the request ends as uvicorn's `send` ends it (keep-alive or close, next request)."""
         cycle.response_complete = True
         cycle.message_event.set()
         if not cycle.keep_alive:
             self._protocol.transport.close()
         cycle.on_response()
-        return True
 
     def abort(self) -> None:
         """Reset the connection: what the kernel still holds for the client is dropped, not sent."""

@@ -162,7 +162,7 @@ class Exchange:
         "timeouts",
         "timer",
         "writing_since",
-    )  # fmt: skip
+    )
 
     def __init__(self, endpoint: ProxyEndpoint, scope, send) -> None:
         self.endpoint = endpoint

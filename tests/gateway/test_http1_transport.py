@@ -673,6 +673,35 @@ def test_a_body_that_stalls_is_a_read_timeout(run):
     run(scenario)
 
 
+def test_a_pumped_stream_is_bounded_by_its_silences_not_its_length(run):
+    # pump hands pieces on from the read callback while its task stays in one wait: every piece must restart
+    # that wait's bound, or a stream longer than the read timeout would be cut however steadily it flows.
+    timeout, gap, pieces = 1.5, 0.1, 40  # the stream lasts ~4 s, well past the bound; a gap is 1/15 of it
+
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(pieces):
+            writer.write(b"2\r\nx\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(gap)
+        writer.write(b"5\r\nlast\n\r\n")  # then silence, the connection held open
+        await writer.drain()
+        await reader.read()
+
+    async def scenario():
+        async with raw_server(handler) as url, Http1Transport(LIMITS) as transport:
+            response = await transport.handle_async_request(post(url, timeout=timeout))
+            got = []
+            with pytest.raises(httpx.ReadTimeout):
+                await http1.pump(response.stream, lambda piece, ended: got.append(piece), lambda: True)
+            assert b"".join(got) == b"x\n" * pieces + b"last\n"  # all of it arrived before the silence timed out
+            assert_settled(transport)
+            assert not transport._conns
+
+    run(scenario)
+
+
 def test_a_server_that_does_not_read_is_a_write_timeout(run):
     async def scenario():
         async def handler(reader, writer):
