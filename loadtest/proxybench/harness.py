@@ -77,7 +77,7 @@ class Plan:
         return Cell("paced", self.paced_concurrency, self.max_tokens)
 
 
-def _spawn(argv: list[str], cwd: Path | None = None) -> subprocess.Popen:
+def spawn(argv: list[str], cwd: Path | None = None) -> subprocess.Popen:
     # stdout goes to our stderr: this process's stdout carries the table only.
     return process.spawn(argv, cwd=cwd, stdout=sys.stderr)
 
@@ -88,7 +88,7 @@ def wait_serving(url: str, proc: subprocess.Popen) -> None:
     process.wait_ready(url + "/v1/chat/completions", proc, READY_TIMEOUT_S, json=body)
 
 
-def _crossover_config(workdir: Path, spec_url: str, plain_url: str) -> Path:
+def crossover_config(workdir: Path, spec_url: str, plain_url: str) -> Path:
     # Both pools point at the one backend (through two of its ports: the pools must not share an address).
     path = workdir / "crossover.toml"
     path.write_text(
@@ -116,7 +116,7 @@ def running_targets(
     started: dict[str, Target] = {}
 
     def start(name: str, argv: list[str], url: str, cwd: Path) -> None:
-        procs.append(_spawn(argv, cwd))
+        procs.append(spawn(argv, cwd))
         wait_serving(url, procs[-1])
         started[name] = Target(url, procs[-1].pid, shlex.join(argv))
 
@@ -128,7 +128,7 @@ def running_targets(
             backend += ["--port", str(port), "--port", str(second_port), "--chunk-delay-ms", str(chunk_delay_ms)]
             start(DIRECT, backend, backend_url, REPO_ROOT)
             if CROSSOVER in targets:
-                config = _crossover_config(Path(tmp), backend_url, f"http://{HOST}:{second_port}")
+                config = crossover_config(Path(tmp), backend_url, f"http://{HOST}:{second_port}")
                 ours = process.free_port(HOST)
                 argv = [sys.executable, "-m", "crossover.gateway.cli", "serve", "--config", str(config)]
                 start(CROSSOVER, [*argv, "--host", HOST, "--port", str(ours)], f"http://{HOST}:{ours}", REPO_ROOT)

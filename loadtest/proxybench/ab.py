@@ -1,0 +1,149 @@
+"""Two builds of crossover timed against each other on one cell: what a change to the proxy path buys.
+
+    python -m crossover.loadtest.proxybench.ab BEFORE/.venv/bin/python AFTER/.venv/bin/python \
+        --kind non-stream --concurrency 32 --rounds 4
+
+Each Python must have the crossover to time installed (a checkout's own venv, `pip install -e .`). One zero
+backend serves both; every run starts a fresh gateway - two gateways side by side measured the same code 5%
+apart by position alone - and the runs alternate A B B A A B ..., so drift on a shared machine falls on both
+alike. It prints each run's CPU per request (the gateway's process tree, from /proc, as the benchmark measures
+it), req/s and p50, then the median and range of the per-pair ratios B/A: below 1 means B costs less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from crossover.gateway.cli import non_negative_float, positive_float, positive_int
+from crossover.loadtest.proxybench.harness import (
+    HOST,
+    STOP_TIMEOUT_S,
+    Cell,
+    Plan,
+    SetupError,
+    Target,
+    crossover_config,
+    run_cell,
+    spawn,
+    wait_serving,
+)
+from crossover.servers import process
+
+KINDS = ("stream", "non-stream", "paced")
+
+
+@dataclass(frozen=True)
+class Run:
+    side: str  # "A" or "B"
+    cpu_ms_per_request: float
+    rps: float
+    p50_ms: float
+
+
+def order(rounds: int) -> list[str]:
+    """A B, B A, A B, ...: each pair's two runs as close in time as they can be, neither always first."""
+    return [side for r in range(rounds) for side in (("A", "B") if r % 2 == 0 else ("B", "A"))]
+
+
+def ratios(runs: list[Run]) -> list[float]:
+    """B/A of CPU per request, pair by pair (runs as `order` made them)."""
+    pairs = [runs[i : i + 2] for i in range(0, len(runs) - 1, 2)]
+    out = []
+    for pair in pairs:
+        by_side = {run.side: run for run in pair}
+        out.append(by_side["B"].cpu_ms_per_request / by_side["A"].cpu_ms_per_request)
+    return out
+
+
+def measure(pythons: dict[str, str], cell: Cell, plan: Plan, rounds: int, chunk_delay_ms: float) -> list[Run]:
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory(prefix="proxybench-ab-") as tmp:
+        ports = process.free_port(HOST), process.free_port(HOST)
+        backend = [sys.executable, "-m", "crossover.loadtest.proxybench.zerobackend", "--host", HOST]
+        backend += ["--port", str(ports[0]), "--port", str(ports[1]), "--chunk-delay-ms", str(chunk_delay_ms)]
+        procs = [spawn(backend)]
+        try:
+            wait_serving(f"http://{HOST}:{ports[0]}", procs[0])
+            config = crossover_config(Path(tmp), f"http://{HOST}:{ports[0]}", f"http://{HOST}:{ports[1]}")
+            for side in order(rounds):
+                port = process.free_port(HOST)
+                argv = [pythons[side], "-m", "crossover.gateway.cli", "serve", "--config", str(config)]
+                argv += ["--host", HOST, "--port", str(port)]
+                gateway = spawn(argv, cwd=Path(tmp))  # not this checkout: nothing of it may shadow theirs
+                try:
+                    url = f"http://{HOST}:{port}"
+                    wait_serving(url, gateway)
+                    report = run_cell(Target(url, gateway.pid, shlex.join(argv)), cell, plan)
+                finally:
+                    process.stop([gateway], STOP_TIMEOUT_S)
+                if report["errors"]:
+                    raise SetupError(
+                        f"{side} answered {report['errors']} requests with errors: {report['error_kinds']}"
+                    )
+                run = Run(side, report["cpu_ms_per_request"], report["rps"], report["latency_p50_ms"])
+                runs.append(run)
+                print(f"{side}: {run.cpu_ms_per_request:.4f} CPU ms/request, {run.rps:.0f} req/s, p50 {run.p50_ms} ms")
+        finally:
+            process.stop(procs, STOP_TIMEOUT_S)
+    return runs
+
+
+def summary(runs: list[Run]) -> str:
+    found = ratios(runs)
+    median = {side: statistics.median(run.cpu_ms_per_request for run in runs if run.side == side) for side in "AB"}
+    p50 = {side: statistics.median(run.p50_ms for run in runs if run.side == side) for side in "AB"}
+    return (
+        f"CPU ms/request: A {median['A']:.4f}, B {median['B']:.4f}; B/A per pair: median "
+        f"{statistics.median(found):.3f}, range {min(found):.3f}-{max(found):.3f} ({len(found)} pairs); "
+        f"p50 ms: A {p50['A']}, B {p50['B']}"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m crossover.loadtest.proxybench.ab", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("a", help="the Python of build A (the one before)")
+    parser.add_argument("b", help="the Python of build B")
+    parser.add_argument("--kind", choices=KINDS, default="non-stream")
+    parser.add_argument("--concurrency", type=positive_int, default=32)
+    parser.add_argument("--rounds", type=positive_int, default=4, help="pairs of runs (default 4)")
+    parser.add_argument("--max-tokens", type=positive_int, default=Plan.max_tokens, help="chunks per stream")
+    parser.add_argument("--duration", type=positive_float, default=3.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=non_negative_float, default=1.0, help="unmeasured seconds before each")
+    parser.add_argument("--requests", type=positive_int, help="a fixed number of requests per run instead")
+    parser.add_argument(
+        "--paced-delay-ms", type=non_negative_float, default=Plan.paced_delay_ms, help="gap between chunks (paced)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    paced = args.kind == "paced"
+    plan = Plan(
+        duration=args.duration,
+        warmup=args.warmup,
+        requests=args.requests,
+        paced_duration=args.duration,
+        paced_delay_ms=args.paced_delay_ms,
+    )
+    cell = Cell(args.kind, args.concurrency, args.max_tokens)
+    try:
+        runs = measure({"A": args.a, "B": args.b}, cell, plan, args.rounds, args.paced_delay_ms if paced else 0.0)
+    except (SetupError, process.NotReady, subprocess.TimeoutExpired, OSError) as exc:
+        print(f"proxybench.ab: {exc}", file=sys.stderr)
+        return 2
+    print(summary(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
