@@ -673,29 +673,61 @@ def test_a_body_that_stalls_is_a_read_timeout(run):
     run(scenario)
 
 
-def test_a_pumped_stream_is_bounded_by_its_silences_not_its_length(run):
-    # pump hands pieces on from the read callback while its task stays in one wait: every piece must restart
-    # that wait's bound, or a stream longer than the read timeout would be cut however steadily it flows.
-    timeout, gap, pieces = 1.5, 0.1, 40  # the stream lasts ~4 s, well past the bound; a gap is 1/15 of it
+def test_every_piece_a_pump_takes_restarts_its_wait_bound(run):
+    # pump hands pieces on from the read callback while its task stays in one wait: each piece must restart that
+    # wait's bound, or a stream longer than the read timeout would be cut however steadily it flowed. The server
+    # sends a piece only once the last was delivered, so each comes in a read of its own; nothing is timed.
+    timeout, pieces = 30.0, 5
+    taken = asyncio.Event()
 
     async def handler(reader, writer):
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
         for _ in range(pieces):
+            taken.clear()
             writer.write(b"2\r\nx\n\r\n")
             await writer.drain()
-            await asyncio.sleep(gap)
-        writer.write(b"5\r\nlast\n\r\n")  # then silence, the connection held open
+            await taken.wait()
+        writer.write(b"0\r\n\r\n")
         await writer.drain()
         await reader.read()
 
     async def scenario():
         async with raw_server(handler) as url, Http1Transport(LIMITS) as transport:
             response = await transport.handle_async_request(post(url, timeout=timeout))
+            conn = response.stream._conn
+            got, bounds = [], []
+            previous = [None]
+
+            def deliver(piece, ended):
+                if piece and previous[0] is not None:  # the bound the previous piece left behind
+                    bounds.append(conn.wait_due - previous[0])
+                previous[0] = conn.loop.time()
+                got.append(piece)
+                taken.set()
+
+            await http1.pump(response.stream, deliver, lambda: True)
+            assert b"".join(got) == b"x\n" * pieces
+            assert len(bounds) >= pieces - 2 and all(bound >= timeout - 1e-6 for bound in bounds), bounds
+            assert_settled(transport)
+
+    run(scenario)
+
+
+def test_a_pumped_stream_that_falls_silent_is_a_read_timeout(run):
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async def scenario():
+        async with raw_server(handler) as url, Http1Transport(LIMITS) as transport:
+            response = await transport.handle_async_request(post(url, timeout=SHORT))
             got = []
             with pytest.raises(httpx.ReadTimeout):
                 await http1.pump(response.stream, lambda piece, ended: got.append(piece), lambda: True)
-            assert b"".join(got) == b"x\n" * pieces + b"last\n"  # all of it arrived before the silence timed out
+            assert b"".join(got) == b"hello"
             assert_settled(transport)
             assert not transport._conns
 

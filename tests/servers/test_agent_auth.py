@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from crossover.servers.agent import HEAD_TIMEOUT_S
 from crossover.servers.process import free_port
 from tests.conftest import crossover_argv
-from tests.gateway.test_client_http import connect, flood_with_unterminated_heads, response_of
+from tests.gateway.test_client_http import READ_S, connect, flood_with_unterminated_heads, response_of
 from tests.servers.test_agent import TOKEN, recorded_groups_of, run_agent_without_a_usable_token, start_agent  # noqa: F401 - a fixture
 
 # Raw requests: what a client that means harm sends (httpx would normalise most of these away).
@@ -96,6 +97,7 @@ def test_an_oversized_head_is_refused_with_memory_flat_and_an_unfinished_one_tim
     assert rss_bytes(agent.proc.pid) - before < 40 * 1024 * 1024
 
     with connect(port) as sock:  # a head that never ends: 408 after the head timeout, not an open socket forever
+        sock.settimeout(HEAD_TIMEOUT_S + READ_S)  # waiting longer than the agent does: no race with its timer
         sock.sendall(b"GET /servers HTTP/1.1\r\nHost: x\r\n")
         status, body, closed = response_of(sock)
     assert status == 408 and closed, body
