@@ -453,10 +453,9 @@ class RawResponse:
     reason_phrase: bytes = b""
 
     async def aread(self) -> bytes:
-        stream = self.stream
-        if type(stream) is _Body:
-            return await stream.read()
-        return b"".join([chunk async for chunk in stream])
+        parts: list[bytes] = []
+        await pump(self.stream, lambda piece, ended: parts.append(piece), lambda: False)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def ended(self) -> bool:
         """Whether the body has been read to its end: what the last read gave was all there is. (A stream of
@@ -497,23 +496,6 @@ class _Body(httpx.AsyncByteStream):
         if conn.complete:  # the last piece: the connection can serve another request meanwhile
             self._done()
         return data
-
-    async def read(self) -> bytes:
-        """The whole rest of the body, as one piece: the usual non-streamed answer arrives with its head."""
-        conn = self._conn
-        if conn is None:
-            return b""
-        parts = []
-        try:
-            while True:
-                if conn.chunks:
-                    parts.append(conn.take())  # taking resumes a read paused at the high-water mark
-                if conn.complete:
-                    break
-                await conn.wait(self._timeout, httpx.ReadTimeout, self._request)
-        finally:  # read to the end, or failed or cancelled: either way the connection is done with
-            self._done()
-        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     @property
     def ended(self) -> bool:

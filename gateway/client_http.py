@@ -119,9 +119,7 @@ class ClientLink:
         cycle.response_started = True
         cycle.waiting_for_100_continue = False
         parts = [STATUS_LINE[status]]
-        for name, value in cycle.default_headers:
-            parts += (name, b": ", value, b"\r\n")
-        for name, value in headers:
+        for name, value in itertools.chain(cycle.default_headers, headers):
             parts += (name, b": ", value, b"\r\n")
         if not cycle.keep_alive:
             parts.append(b"connection: close\r\n")

@@ -196,8 +196,9 @@ class Exchange:
         # A backend's own error event in the stream (passed on reshaped): the failure the request counts as.
         self.stream_error: BackendAnswered | None = None
         self.timer: asyncio.TimerHandle | None = None
-        # The last chunk streamed to the client: an error event must not be glued to half an event.
-        self.last_chunk = b""
+        # The last chunk streamed to the client: an error event must not be glued to half an event. Only the last
+        # two are kept: the usage event, if any, sits just before [DONE].
+        self.last_chunk = self.previous_chunk = b""
 
     async def run(self, receive) -> None:
         endpoint = self.endpoint
@@ -367,15 +368,14 @@ class Exchange:
         ended = response.ended()
         if ended:
             head, pending = head + pending, b""
-        if self.link is None or not self.link.write_body(head, not ended):
-            await self._write({"type": "http.response.body", "body": head, "more_body": not ended})
+        sending = self._put(head, ended)
+        if sending is not None:
+            await sending
         self.endpoint.metrics.first_event(self.pool, time.perf_counter() - self.started)
-        self.last_chunk = head
         if ended:
             self.outcome = labels.OK if self.stream_error is None else self.stream_error.outcome
             return usage_tokens(head)
-        # Only the last two chunks are kept: the usage event, if any, sits just before [DONE].
-        self.pending, self.previous_chunk = pending, b""
+        self.pending = pending
         await pump(opened.chunks, self._deliver, self._takes_at_once)
         self.outcome = labels.OK if self.stream_error is None else self.stream_error.outcome
         return usage_tokens(self.previous_chunk + self.last_chunk)
@@ -399,6 +399,10 @@ class Exchange:
                 return None
         if ERROR_MARK in chunk:  # a C-level search; rare: SGLang's error event, just before [DONE]
             chunk = self._reshape(chunk)
+        return self._put(chunk, ended)
+
+    def _put(self, chunk: bytes, ended: bool):
+        """`chunk` to the client: None when our server's link took it at once, else an awaitable that sends it."""
         if self.link is not None and self.link.write_body(chunk, not ended):
             self._sent(chunk)
             return None
