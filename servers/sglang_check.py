@@ -221,6 +221,25 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+def pip_install(venv: Path, *args: str) -> None:
+    """`pip install` into `venv`, exactly the pins given: `--no-deps`, so nothing resolves to another version."""
+    subprocess.run(
+        [str(venv_python(venv)), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", *args],
+        check=True,
+    )
+
+
+def site_packages(venv: Path) -> Path:
+    """Where `venv` installs packages (its purelib), as its own Python says."""
+    purelib = subprocess.run(
+        [str(venv_python(venv)), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return Path(purelib)
+
+
 def _marker(venv: Path) -> Path:
     return venv / ".crossover-sglang-check"
 
@@ -246,39 +265,16 @@ def build(venv: Path) -> Path:
     if not is_built(venv):
         _build_parser(venv)
     if not has_patch_test_dependencies(venv):
-        subprocess.run(
-            [
-                str(python),
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                "--no-deps",
-                "--target",
-                str(patch_test_site(venv)),
-                *PATCH_TEST_DEPENDENCIES,
-            ],
-            check=True,
-        )
+        pip_install(venv, "--target", str(patch_test_site(venv)), *PATCH_TEST_DEPENDENCIES)
         _marker(venv).write_text(f"sglang {SGLANG_VERSION} {PATCH_TEST_MARKER}\n")
     return python
 
 
 def _build_parser(venv: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    python = venv_python(venv)
     packages = [f"sglang=={SGLANG_VERSION}", f"torch=={TORCH_VERSION}", *PARSER_DEPENDENCIES]
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", *packages], check=True
-    )
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    stub = Path(purelib) / "triton"
+    pip_install(venv, *packages)
+    stub = site_packages(venv) / "triton"
     stub.mkdir(exist_ok=True)
     (stub / "__init__.py").touch()
     _marker(venv).write_text(f"sglang {SGLANG_VERSION}\n")

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from crossover.servers.sglang_check import SGLANG_VERSION, TORCH_VERSION, venv_python
+from crossover.servers.sglang_check import SGLANG_VERSION, TORCH_VERSION, pip_install, site_packages, venv_python
 
 # What SGLang 0.5.23's server (HTTP process, scheduler, detokenizer) imports on the CPU path, and what those
 # packages require; resolved once by pip and pinned. triton is the real one (~1 GB unpacked): sglang imports
@@ -145,13 +145,7 @@ def is_built(venv: Path) -> bool:
 
 def sglang_dir(venv: Path) -> Path:
     """The installed `sglang/` package (what a patch applies to)."""
-    purelib = subprocess.run(
-        [str(venv_python(venv)), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    return Path(purelib) / "sglang"
+    return site_packages(venv) / "sglang"
 
 
 def build(venv: Path) -> float:
@@ -161,19 +155,7 @@ def build(venv: Path) -> float:
     began = time.monotonic()
     (venv / MARKER).unlink(missing_ok=True)
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    subprocess.run(
-        [
-            str(venv_python(venv)),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            "--no-deps",
-            *SERVER_PACKAGES,
-        ],
-        check=True,
-    )
+    pip_install(venv, *SERVER_PACKAGES)
     (venv / MARKER).write_text(pins_digest() + "\n")
     return time.monotonic() - began
 
