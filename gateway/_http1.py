@@ -124,7 +124,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
             while not conn.head_done:
                 await conn.wait(read_timeout, httpx.ReadTimeout, request)
         except BaseException:  # failed, or cancelled (the caller is gone, so the request must go too)
-            self._release(conn)
+            self.release(conn)
             raise
         return RawResponse(
             conn.parser.get_status_code(),
@@ -149,17 +149,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
         while True:
             if self._closed:
                 raise httpx.ConnectError("the transport is closed", request=request)
-            idle = self._idle.get(key)
-            if idle:
-                conn, _ = idle.popitem()  # the most recently used: the least likely to be closed by now
-                self._idle_count -= 1
-                if loop.time() - conn.idle_since >= self._expiry:  # (a closed one has left the pool already)
-                    conn.close()
-                    continue
-                if conn.closed_by_server():
-                    conn.close()
-                    self._on_stale()
-                    continue
+            conn = self._take_idle(key, loop)
+            if conn is not None:
                 return conn
             if len(self._conns) + self._connecting < self._max or self._evict_oldest():
                 return await self._connect(key, timeout.get("connect", DEFAULT_TIMEOUT), request, loop)
@@ -176,6 +167,38 @@ class Http1Transport(httpx.AsyncBaseTransport):
                     self._waiters.remove(waiter)
                 raise
             woken = True
+
+    def _take_idle(self, key: Key, loop: asyncio.AbstractEventLoop) -> _Connection | None:
+        """An idle connection to `key` that can carry a request, or None."""
+        idle = self._idle.get(key)
+        while idle:
+            conn, _ = idle.popitem()  # the most recently used: the least likely to be closed by now
+            self._idle_count -= 1
+            if loop.time() - conn.idle_since >= self._expiry:  # (a closed one has left the pool already)
+                conn.close()
+            elif conn.closed_by_server():
+                conn.close()
+                self._on_stale()
+            else:
+                return conn
+        return None
+
+    def dispatch(
+        self, target: Target, headers: RawHeaders, body: bytes, settled: Callable[[_Connection], None]
+    ) -> _Connection | None:
+        """POST `body` on an idle connection at once, if one is there and takes it whole without waiting (else
+        None, with nothing sent): `settled(conn)` is called once, from the connection's own callbacks, when the
+        whole response is in (`conn.answer()`) or the connection failed (`conn.error`); then `release(conn)`.
+        A caller that gives up first sets `conn.settled` to None and closes it."""
+        if self._closed or target.key is None:
+            return None
+        conn = self._take_idle(target.key, asyncio.get_running_loop())
+        if conn is None:
+            return None
+        conn.begin(head_only=False)
+        conn.settled = settled
+        conn.transport.write(_encode("POST", target, headers, body, None) + body)
+        return conn
 
     async def _connect(self, key: Key, timeout: float | None, request: MaybeRequest, loop) -> _Connection:
         scheme, host, port = key
@@ -208,7 +231,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         self._conns.add(conn)
         return conn
 
-    def _release(self, conn: _Connection) -> None:
+    def release(self, conn: _Connection) -> None:
         """Pooled if the whole response arrived and the server keeps the connection open; closed otherwise."""
         if not (conn.complete and conn.keep_alive and not conn.closed and self._idle_count < self._max_idle):
             conn.close()
@@ -261,6 +284,8 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future | None = None
         # While `pump` waits: takes what a read brought, in the read's own callback; False leaves it to the waiter.
         self.sink: Callable[[], bool] | None = None
+        # A request sent by `dispatch`, with no task waiting: told once its response is whole or has failed.
+        self.settled: Callable[[_Connection], None] | None = None
         self.timer: asyncio.TimerHandle | None = None  # bounds the current wait (`wait_due`)
         self.wait_due = 0.0
         self.wait_timeout: float | None = None
@@ -330,6 +355,10 @@ class _Connection(asyncio.Protocol):
         except (OSError, ValueError):
             return True
 
+    def answer(self) -> tuple[int, RawHeaders, bytes]:
+        """A whole response's status, headers and body."""
+        return self.parser.get_status_code(), self.headers, self.take()
+
     def close(self) -> None:
         if not self.closed:
             if self.busy:
@@ -347,6 +376,9 @@ class _Connection(asyncio.Protocol):
         if self.waiter is not None:
             _resolve(self.waiter)
             self.waiter = None
+        elif self.settled is not None and (self.complete or self.error is not None):
+            settled, self.settled = self.settled, None
+            settled(self)
 
     def _resume_reading(self) -> None:
         if self.reading_paused and not self.closed:
@@ -506,7 +538,7 @@ class _Body(httpx.AsyncByteStream):
 
     def _done(self) -> None:
         if self._conn is not None:
-            self._pool._release(self._conn)
+            self._pool.release(self._conn)
             self._conn = None
 
 

@@ -22,10 +22,16 @@ class Admission:
     def queued(self) -> int:
         return len(self._waiters)
 
-    async def acquire(self) -> None:
-        """Take a slot, waiting in line if needed; raise Overloaded when the line is full or too slow."""
+    def take_free(self) -> bool:
+        """Take a slot if one is free and nobody waits for it; False, with nothing taken, otherwise."""
         if self.active < self.max_inflight and not self._waiters:
             self.active += 1
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        """Take a slot, waiting in line if needed; raise Overloaded when the line is full or too slow."""
+        if self.take_free():
             return
         if len(self._waiters) >= self.max_queued:
             raise Overloaded(

@@ -22,7 +22,9 @@ from starlette.routing import Route
 from crossover.gateway.admin import admin_routes
 from crossover.gateway.admission import Admission
 from crossover.gateway.auth import authorize_client, client_keys
+from crossover.gateway.client_http import ClientLink
 from crossover.gateway.config import Settings
+from crossover.gateway.direct import DirectExchange
 from crossover.gateway.errors import EXCEPTION_HANDLERS, ModelNotFound
 from crossover.gateway.failover import Failover
 from crossover.gateway.headers import RequestIdMiddleware
@@ -170,6 +172,12 @@ class GatewayApp:
         self.proxies = proxies
         self.live = live
         self.rest = RequestIdMiddleware(rest)
+
+    def direct(self, scope, body: bytes, link: ClientLink) -> bool:
+        """Our server offers each POST that arrived whole: a generation request the direct lane can serve now
+        is taken (gateway/direct.py)."""
+        endpoint = self.proxies.get(scope["path"])
+        return endpoint is not None and DirectExchange(endpoint, scope, link).start(body)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

@@ -62,13 +62,21 @@ _BYTES_ACKED_AT = 120
 _LITTLE = sys.byteorder == "little"
 
 
+# The largest body a request may have to be offered to `direct`: one that needs no flow control.
+DIRECT_MAX_BODY_BYTES = 32 * 1024
+# `direct(scope, body, link)`: True if the app took a request whose body is all here, without an ASGI task.
+Direct = Callable[[dict, bytes, "ClientLink"], bool]
+
+
 def client_protocol(
     max_head_bytes: int,
     head_timeout: float,
     body_timeout: float,
     on_refused: Callable[[str], None] = lambda reason: None,
+    direct: Direct | None = None,
 ) -> type[HttpToolsProtocol]:
-    """The protocol class for `uvicorn.Config(http=...)`, with these bounds; `on_refused` hears of each refusal."""
+    """The protocol class for `uvicorn.Config(http=...)`, with these bounds; `on_refused` hears of each refusal;
+    `direct` is offered each POST with a small body, once it is all in, before an ASGI task is made for it."""
 
     class ClientProtocol(_BoundedHead):
         pass
@@ -77,6 +85,7 @@ def client_protocol(
     ClientProtocol.head_timeout = head_timeout
     ClientProtocol.body_timeout = body_timeout
     ClientProtocol.on_refused = staticmethod(on_refused)
+    ClientProtocol.direct = staticmethod(direct) if direct is not None else None
     return ClientProtocol
 
 
@@ -215,10 +224,14 @@ class _BoundedHead(HttpToolsProtocol):
     head_timeout = 10.0
     body_timeout = 30.0
     on_refused: Callable[[str], None] = staticmethod(lambda reason: None)
+    direct: Direct | None = None
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.logger = _QuietParserLog(self.logger)  # type: ignore[assignment]
+        # A POST whose ASGI task waits to see whether `direct` takes it, once its body is in.
+        self._feeding = False
+        self._deferred: tuple | None = None
         # A head's size two ways: bytes received while it is unfinished, and what the parser has read of it.
         self._head_received = self._head_parsed = 0
         self._in_head = self._lingering = False
@@ -249,7 +262,13 @@ class _BoundedHead(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._lingering:  # refused: read and drop, so the close does not reset the answer away
             return
-        super().data_received(data)
+        self._feeding = True
+        try:
+            super().data_received(data)
+        finally:
+            self._feeding = False
+        if self._deferred is not None:
+            self._start_deferred()
         if self._in_head:
             self._head_received += len(data)
             if self._head_received > self.max_head_bytes:
@@ -264,6 +283,34 @@ class _BoundedHead(HttpToolsProtocol):
         self._end_body()
         super().on_message_complete()
 
+    def _start_asgi_task(self, cycle, app) -> None:
+        # Called by uvicorn once a request's head is parsed. A POST's small body comes with it or just after:
+        # the app may take it whole at the end of a read, with no task, no coroutine and no ASGI messages.
+        if self._feeding and self.direct is not None and cycle.scope["method"] == "POST":
+            self._deferred = (cycle, app)
+            return
+        super()._start_asgi_task(cycle, app)
+
+    def _start_deferred(self) -> None:
+        cycle, app = self._deferred
+        if cycle.more_body and not cycle.disconnected and len(cycle.body) <= DIRECT_MAX_BODY_BYTES:
+            return  # the rest of a small body is on its way (clients often write head and body apart)
+        self._deferred = None
+        scope = cycle.scope
+        if (
+            cycle.more_body
+            or cycle.disconnected
+            or not self.direct(scope, bytes(cycle.body), scope["extensions"][CLIENT_LINK])
+        ):
+            super()._start_asgi_task(cycle, app)  # the app reads the body, all of it or as it comes, from receive()
+
+    def _start_deferred_task(self) -> None:
+        """The client left or was refused while its body was coming: the app hears of it as it would have."""
+        if self._deferred is not None:
+            cycle, app = self._deferred
+            self._deferred = None
+            super()._start_asgi_task(cycle, app)
+
     def on_headers_complete(self) -> None:
         self._end_head()
         self._count_head()
@@ -275,6 +322,7 @@ class _BoundedHead(HttpToolsProtocol):
         self._end_head()
         self._end_body()
         super().connection_lost(exc)
+        self._start_deferred_task()
         if self.cycle is not None and self.cycle.disconnected:
             _client_gone(self.cycle)
 
@@ -332,6 +380,7 @@ class _BoundedHead(HttpToolsProtocol):
             cycle.disconnected = True
             cycle.message_event.set()
             _client_gone(cycle)
+            self._start_deferred_task()
         body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
         transport.write(
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n"

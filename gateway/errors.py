@@ -269,13 +269,21 @@ def error_response(exc: GatewayError, request_id: str | None = None) -> JSONResp
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
-async def send_error(send, exc: GatewayError, request_id: bytes, extra: list[tuple[bytes, bytes]] = ()) -> None:
-    """The error response, straight on an ASGI `send` (the proxy path has no framework around it)."""
+def error_answer(
+    exc: GatewayError, request_id: bytes, extra: list[tuple[bytes, bytes]] = ()
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """(status, headers, body) of the error response the proxy path sends (it has no framework around it)."""
     body = json.dumps(exc.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(b"x-request-id", request_id), *extra]
     headers += [(name.encode(), value.encode()) for name, value in exc.headers.items()]
-    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    return exc.status, headers, body
+
+
+async def send_error(send, exc: GatewayError, request_id: bytes, extra: list[tuple[bytes, bytes]] = ()) -> None:
+    """The error response, straight on an ASGI `send`."""
+    status, headers, body = error_answer(exc, request_id, extra)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

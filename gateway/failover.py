@@ -174,38 +174,47 @@ class Failover:
         self.max_failovers = max_failovers
         self.sender: ProxySender | None = None  # set when the app starts serving
 
-    async def open(self, pool: str, outgoing: Outgoing, *, other_pool: bool = True) -> Opened:
+    async def open(
+        self, pool: str, outgoing: Outgoing, *, other_pool: bool = True, tried: set[Backend] | None = None
+    ) -> Opened:
         """The first backend that answers without a backend failure: the chosen pool's least loaded, then others
-        (the other pool too, unless `other_pool` is False: a time-shared GPU set serves one mode at a time)."""
-        tried: set[Backend] = set()
-        backend = self._choose(pool, tried, other_pool)
+        (the other pool too, unless `other_pool` is False: a time-shared GPU set serves one mode at a time).
+        `tried`: backends that already failed this request (and the failovers that took it past them)."""
+        tried = set() if tried is None else tried
+        backend = self.choose(pool, tried, other_pool)
         if backend is None:
             raise NoHealthyBackend("no healthy backend in either pool" if other_pool else f"no healthy {pool} backend")
-        failovers = 0
         while True:
             lease = self.pools.lease(backend)
             try:
                 opened = await attempt(self.sender, backend, outgoing)
             except Failure as failure:
                 lease.release()
-                self._report(backend, failure)
-                tried.add(backend)
-                following = self._choose(pool, tried, other_pool) if failure.failover else None
-                if following is None or failovers == self.max_failovers:
-                    raise failure.error from None
-                failovers += 1
-                self.metrics.failovers.labels(failure.failover).inc()
-                backend = following
+                backend = self.failed(backend, failure, pool, tried, other_pool)
                 continue
             except BaseException:
                 lease.release()
                 raise
-            if opened.response.status_code >= 500:
-                self.breaker.check_soon(backend)  # a 500 is usually the request's; a look at /health tells
-            else:
-                self.breaker.succeeded(backend)
+            self.answered(backend, opened.response.status_code)
             opened.lease = lease
             return opened
+
+    def failed(self, backend: Backend, failure: Failure, pool: str, tried: set[Backend], other_pool: bool) -> Backend:
+        """`backend` failed the request: the backend to try next (a failover, counted), else raise the error the
+        client gets."""
+        self._report(backend, failure)
+        tried.add(backend)
+        following = self.choose(pool, tried, other_pool) if failure.failover else None
+        if following is None or len(tried) > self.max_failovers:
+            raise failure.error from None
+        self.metrics.failovers.labels(failure.failover).inc()
+        return following
+
+    def answered(self, backend: Backend, status: int) -> None:
+        if status >= 500:
+            self.breaker.check_soon(backend)  # a 500 is usually the request's; a look at /health tells
+        else:
+            self.breaker.succeeded(backend)
 
     def broke_mid_stream(self, backend: Backend, exc: Exception) -> None:
         """A stream under way broke: the backend's kind of failure, though nothing can fail over any more."""
@@ -225,10 +234,10 @@ class Failover:
         elif failure.fault is Fault.LOCAL:
             log.error("the gateway itself failed a request to %s: %s", backend.url, failure.detail)
 
-    def _choose(self, pool: str, tried: set[Backend], other_pool: bool) -> Backend | None:
-        chosen = self.pools.choose(pool, tried)
+    def choose(self, pool: str, tried: set[Backend], other_pool: bool = True, turn: bool = True) -> Backend | None:
+        chosen = self.pools.choose(pool, tried, turn)
         if chosen is None and other_pool:
-            chosen = self.pools.choose(self.pools.other(pool), tried)
+            chosen = self.pools.choose(self.pools.other(pool), tried, turn)
         return chosen
 
 

@@ -108,8 +108,11 @@ class Pools:
     def inflight(self, name: str) -> int:
         return sum(backend.inflight for backend in self.pool(name))
 
-    def choose(self, name: str, exclude: frozenset[Backend] | set[Backend] = frozenset()) -> Backend | None:
-        """The usable backend of pool `name` with the least load, not in `exclude`; ties rotate."""
+    def choose(
+        self, name: str, exclude: frozenset[Backend] | set[Backend] = frozenset(), turn: bool = True
+    ) -> Backend | None:
+        """The usable backend of pool `name` with the least load, not in `exclude`; ties rotate (`turn=False`:
+        the choice is only looked at, and `turn()` makes it)."""
         pool = self.pool(name)
         if len(pool) == 1:  # the usual pool: nothing to compare
             only = pool[0]
@@ -117,9 +120,14 @@ class Pools:
         candidates = [backend for backend in pool if backend.usable and backend not in exclude]
         if not candidates:
             return None
-        self._rotation += 1
-        index = least_loaded([self.backend_load(backend) for backend in candidates], self._rotation)
+        index = least_loaded([self.backend_load(backend) for backend in candidates], self._rotation + 1)
+        if turn:
+            self.turn()
         return candidates[index] if index is not None else None
+
+    def turn(self) -> None:
+        """The next tie goes to the next backend."""
+        self._rotation += 1
 
     def any_healthy(self) -> bool:
         return any(backend.healthy for backend in self.all())

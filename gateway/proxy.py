@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Awaitable
 
 import httpx
 
@@ -54,7 +55,7 @@ from crossover.gateway.failover import Failover, Opened, Outgoing
 from crossover.gateway.headers import POOL, SHOULD_RETRY, request_id, response_headers
 from crossover.gateway.metrics import NO_POOL, Metrics
 from crossover.gateway.policy import FALLBACK
-from crossover.gateway.pools import Pools
+from crossover.gateway.pools import Lease, Pools
 from crossover.gateway.routing import Routing
 from crossover.gateway.sse import (
     DONE,
@@ -65,7 +66,8 @@ from crossover.gateway.sse import (
     split_events,
     usage_tokens,
 )
-from crossover.gateway.switching import ACTIVE_MODE, Lease, SwitchController, SwitchUnavailable
+from crossover.gateway.switching import ACTIVE_MODE, SwitchController, SwitchUnavailable
+from crossover.gateway.switching import Lease as ModeLease
 from crossover.gateway.transport import backend_timeout
 from crossover.gateway.validation import parse_generation
 
@@ -136,6 +138,7 @@ class Exchange:
 
     # One is made per request: slots make its two dozen fields cheaper to set and read.
     __slots__ = (
+        "admitted",
         "body_unread",
         "cut",
         "deadline",
@@ -143,6 +146,7 @@ class Exchange:
         "finished",
         "last_chunk",
         "last_chunk_at",
+        "lease",
         "link",
         "loop",
         "mode_lease",
@@ -179,9 +183,12 @@ class Exchange:
         # Why the deadline was expired early: the error the request ends with (the first reason wins).
         self.cut: GatewayError | None = None
         # Time-shared: the request's place on the active mode.
-        self.mode_lease: Lease | None = None
+        self.mode_lease: ModeLease | None = None
         self.finished = False
         self.opened: Opened | None = None
+        self.admitted = False
+        # A backend's place held outside an Opened (gateway/direct.py).
+        self.lease: Lease | None = None
         self.pool = NO_POOL
         self.outcome = labels.BACKEND_ERROR
         self.response_started = False
@@ -202,7 +209,6 @@ class Exchange:
 
     async def run(self, receive) -> None:
         endpoint = self.endpoint
-        admitted = False
         watcher: asyncio.Task | None = None
         tokens = 0
         endpoint.live.requests.add(self)
@@ -222,49 +228,61 @@ class Exchange:
                 self.link.callback = self._client_left
             else:  # any other ASGI server: only receive() says
                 watcher = asyncio.create_task(self._watch_disconnect(receive))
-            try:
-                async with asyncio.timeout(None) as self.deadline:
-                    await endpoint.admission.acquire()
-                    admitted = True
-                    tokens = await self._relay(body, generation.stream)
-            except TimeoutError:
-                await self._timed_out(generation.stream)
-            except GatewayError as exc:
-                self.pool = exc.pool or self.pool
-                self.outcome = exc.outcome
-                await self._tell(exc)
-            except httpx.HTTPError as exc:  # the backend broke off a stream already under way
-                if self.opened is not None:
-                    endpoint.failover.broke_mid_stream(self.opened.backend, exc)
-                error = BackendFailed("the backend failed mid-stream")
-                self.outcome = error.outcome
-                await self._tell(error)
-            except Exception:
-                log.exception("request %s failed unexpectedly", self.request_id.decode(errors="replace"))
-                error = GatewayError("internal gateway error")
-                self.outcome = error.outcome
-                await self._tell(error)
+            tokens = await self._guarded(self._admit_and_relay(body, generation.stream), generation.stream)
         finally:
-            # Synchronous accounting first, the in-flight count last: nothing can interrupt it, and a count
-            # back at zero means every metric of the request is recorded.
-            self.finished = True
-            endpoint.live.requests.discard(self)
-            if self.timer is not None:
-                self.timer.cancel()
             if watcher is not None:
                 watcher.cancel()
-            if self.link is not None:
-                self.link.callback = None  # the connection's scope would keep this request alive until its next one
-            endpoint.metrics.request_ended(self.pool, self.outcome, time.perf_counter() - self.started, tokens)
-            opened = self.opened
-            if opened is not None:
-                opened.lease.release()
-            if self.mode_lease is not None:
-                self.mode_lease.close()
-            if admitted:
-                endpoint.admission.release()
-            if opened is not None:
-                await opened.response.aclose()
+            await self._close(tokens)
+
+    async def _guarded(self, work: Awaitable[int], stream: bool) -> int:
+        """`work` (which passes the response on and returns its output tokens) under the request's deadline;
+        whatever it fails with, the client is told."""
+        try:
+            async with asyncio.timeout(None) as self.deadline:
+                return await work
+        except TimeoutError:
+            await self._timed_out(stream)
+        except GatewayError as exc:
+            self.pool = exc.pool or self.pool
+            self.outcome = exc.outcome
+            await self._tell(exc)
+        except httpx.HTTPError as exc:  # the backend broke off a stream already under way
+            if self.opened is not None:
+                self.endpoint.failover.broke_mid_stream(self.opened.backend, exc)
+            error = BackendFailed("the backend failed mid-stream")
+            self.outcome = error.outcome
+            await self._tell(error)
+        except Exception:
+            log.exception("request %s failed unexpectedly", self.request_id.decode(errors="replace"))
+            error = GatewayError("internal gateway error")
+            self.outcome = error.outcome
+            await self._tell(error)
+        return 0
+
+    def _account(self, tokens: int) -> None:
+        """However the request ended: synchronous accounting first, the in-flight count last. Nothing can
+        interrupt it, and a count back at zero means every metric of the request is recorded."""
+        endpoint = self.endpoint
+        self.finished = True
+        endpoint.live.requests.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.link is not None:
+            self.link.callback = None  # the connection's scope would keep this request alive until its next one
+        endpoint.metrics.request_ended(self.pool, self.outcome, time.perf_counter() - self.started, tokens)
+        if self.opened is not None:
+            self.opened.lease.release()
+        if self.lease is not None:
+            self.lease.release()
+        if self.mode_lease is not None:
+            self.mode_lease.close()
+        if self.admitted:
+            endpoint.admission.release()
+
+    async def _close(self, tokens: int) -> None:
+        self._account(tokens)
+        if self.opened is not None:
+            await self.opened.response.aclose()
 
     # -- phases ---------------------------------------------------------------------------------------
 
@@ -301,6 +319,11 @@ class Exchange:
         except TimeoutError:
             raise RequestTimeout(f"the request body did not arrive within {self.timeouts.request_body:g} s") from None
 
+    async def _admit_and_relay(self, body: bytes, stream: bool) -> int:
+        await self.endpoint.admission.acquire()
+        self.admitted = True
+        return await self._relay(body, stream)
+
     async def _relay(self, body: bytes, stream: bool) -> int:
         endpoint, timeouts = self.endpoint, self.timeouts
         if endpoint.switching is not None:
@@ -314,13 +337,20 @@ class Exchange:
         self._move_deadline(min(total_deadline, now + first_byte) if first_byte else total_deadline)
         pool, reason = (self.mode_lease.mode, ACTIVE_MODE) if self.mode_lease is not None else endpoint.route()
         self.pool = pool  # until a backend answers: where the request was headed when it failed
-        target = self.endpoint.path
-        if self.scope.get("query_string"):
-            target += "?" + self.scope["query_string"].decode("latin-1")
-        outgoing = Outgoing(target, body, self.scope["headers"], self.request_id, stream, endpoint.socket_timeout)
+        outgoing = Outgoing(
+            self.target(), body, self.scope["headers"], self.request_id, stream, endpoint.socket_timeout
+        )
+        return await self._open_and_send(pool, reason, outgoing, total_deadline)
+
+    async def _open_and_send(
+        self, pool: str, reason: str, outgoing: Outgoing, total_deadline: float, tried: set | None = None
+    ) -> int:
+        endpoint = self.endpoint
         # A time-shared GPU set serves one mode: the other mode's server is stopped or asleep.
         try:
-            self.opened = opened = await endpoint.failover.open(pool, outgoing, other_pool=self.mode_lease is None)
+            self.opened = opened = await endpoint.failover.open(
+                pool, outgoing, other_pool=self.mode_lease is None, tried=tried
+            )
         except (BackendFailed, Unavailable):
             if self.mode_lease is None:
                 raise
@@ -333,10 +363,23 @@ class Exchange:
             return await self._send_whole(opened)
         return await self._send_stream(opened)
 
+    def target(self) -> str:
+        """The request target the backend gets: the path and the client's query string."""
+        query = self.scope.get("query_string")
+        return self.endpoint.path + "?" + query.decode("latin-1") if query else self.endpoint.path
+
     async def _send_whole(self, opened: Opened) -> int:
-        response, body = opened.response, opened.head
-        headers = response_headers(response.headers)
-        status = response.status_code
+        status, headers, body = self._whole(opened.response.status_code, opened.response.headers, opened.head)
+        # Our server takes the whole response in one write, with nothing to wait for; under another, two sends.
+        if self.link is None or not self.link.respond(status, headers, body):
+            self._watch(streaming=False)
+            await self._write(self._start(status, headers))
+            await self._write({"type": "http.response.body", "body": body})
+        return usage_tokens(body) if status == 200 else 0
+
+    def _whole(self, status: int, backend_headers: list[tuple[bytes, bytes]], body: bytes):
+        """(status, headers, body) of a whole backend response as the client gets it; its outcome is set."""
+        headers = response_headers(backend_headers)
         if status >= 400:
             body = backend_error_body(status, body)
             headers = [(name, value) for name, value in headers if name != b"content-type"] + [_JSON]
@@ -346,13 +389,7 @@ class Exchange:
         else:
             self.outcome = labels.OK
         headers.append((b"content-length", b"%d" % len(body)))
-        start = self._start(status, headers)
-        # Our server takes the whole response in one write, with nothing to wait for; under another, two sends.
-        if self.link is None or not self.link.respond(status, start["headers"], body):
-            self._watch(streaming=False)
-            await self._write(start)
-            await self._write({"type": "http.response.body", "body": body})
-        return usage_tokens(body) if status == 200 else 0
+        return status, self._start(status, headers)["headers"], body
 
     async def _send_stream(self, opened: Opened) -> int:
         response = opened.response

@@ -22,7 +22,6 @@ import gc
 import logging
 import resource
 import signal
-from collections.abc import Callable
 
 import uvicorn
 import uvicorn.config
@@ -88,15 +87,16 @@ def log_config(level: str) -> dict:
     return config
 
 
-def protocol_options(settings: Settings, on_refused: Callable[[str], None] = lambda reason: None) -> dict:
-    """The uvicorn.Config options that make the client side what the gateway serves (tests run these too);
-    `on_refused` counts the requests its protocol refuses (`Metrics.refused`)."""
+def protocol_options(settings: Settings, app: GatewayApp) -> dict:
+    """The uvicorn.Config options that make the client side what the gateway serves `app` with (tests run these
+    too): its metrics count the requests the protocol refuses; its direct lane takes what it can."""
     return {
         "http": client_protocol(
             settings.limits.max_head_bytes,
             settings.timeouts.request_head,
             settings.timeouts.request_body,
-            on_refused=on_refused,
+            on_refused=app.state.metrics.refused,
+            direct=app.direct,
         ),
         # A line per request costs more than the proxying itself; /metrics counts requests instead.
         "access_log": False,
@@ -115,7 +115,7 @@ def make_server(settings: Settings, host: str | None = None, port: int | None = 
         port=settings.port if port is None else port,
         loop="uvloop",
         lifespan="on",
-        **protocol_options(settings, app.state.metrics.refused),
+        **protocol_options(settings, app),
         log_config=log_config(settings.log_level),
         log_level=settings.log_level,
         timeout_keep_alive=int(settings.timeouts.client_keepalive),

@@ -38,8 +38,8 @@ def gateway(serve):
         settings = Settings(**overrides)
         registry = CollectorRegistry()
         app = create_app(settings, registry=registry, transport=transport)
-        server = serve(app, **({} if plain_uvicorn else protocol_options(settings, app.state.metrics.refused)))
-        return RunningGateway(server.url, app, registry, settings)
+        server = serve(app, **({} if plain_uvicorn else protocol_options(settings, app)))
+        return RunningGateway(server.url, app, registry, settings, server.server)
 
     return start
 

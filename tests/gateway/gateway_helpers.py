@@ -69,6 +69,7 @@ class RunningGateway:
     app: GatewayApp
     registry: CollectorRegistry
     settings: Settings = field(repr=False)
+    server: object = field(default=None, repr=False)  # the uvicorn.Server it runs on
 
     @property
     def state(self):
@@ -141,6 +142,7 @@ class Scripted:
         self.arrived: list[float] = []  # time.monotonic() as each generation request arrived: the backend's clock
         self.queries: list[bytes] = []
         self.probes: list[tuple[str, dict[bytes, bytes]]] = []  # the gateway's own calls: health, models
+        self.hangups = 0  # requests whose client (the gateway) hung up while this waited to answer
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -171,9 +173,8 @@ class Scripted:
             await asyncio.sleep(self.gap_s)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    @staticmethod
-    async def _disconnected(receive, timeout: float | None) -> bool:
-        """Wait up to `timeout` for the client to hang up; True if it did."""
+    async def _disconnected(self, receive, timeout: float | None) -> bool:
+        """Wait up to `timeout` for the client to hang up; True if it did (counted in `hangups`)."""
 
         async def hang_up() -> None:
             while (await receive())["type"] != "http.disconnect":
@@ -183,6 +184,7 @@ class Scripted:
             await asyncio.wait_for(hang_up(), timeout)
         except TimeoutError:
             return False
+        self.hangups += 1
         return True
 
 
