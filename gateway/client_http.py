@@ -231,6 +231,7 @@ class _BoundedHead(HttpToolsProtocol):
         self.logger = _QuietParserLog(self.logger)  # type: ignore[assignment]
         # A POST whose ASGI task waits to see whether `direct` takes it, once its body is in.
         self._feeding = False
+        self._reading = 0  # the size of the read being parsed
         self._deferred: tuple | None = None
         # A head's size two ways: bytes received while it is unfinished, and what the parser has read of it.
         self._head_received = self._head_parsed = 0
@@ -254,6 +255,8 @@ class _BoundedHead(HttpToolsProtocol):
     def _count_head(self) -> None:
         """What the parser read of the head, counted once it is complete: one read holds at most a few hundred
         KiB, and a head arriving over several is bounded as it arrives (`data_received`)."""
+        if self._head_received + self._reading <= self.max_head_bytes:
+            return  # all it could be is what arrived since it began
         headers = self.headers
         self._head_parsed = len(self.url) + sum(map(len, itertools.chain.from_iterable(headers))) + 4 * len(headers)
         if self._head_parsed > self.max_head_bytes:
@@ -262,7 +265,7 @@ class _BoundedHead(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._lingering:  # refused: read and drop, so the close does not reset the answer away
             return
-        self._feeding = True
+        self._feeding, self._reading = True, len(data)
         try:
             super().data_received(data)
         finally:

@@ -6,6 +6,7 @@ headers = response_headers(response.headers)                                   #
 
 from __future__ import annotations
 
+import itertools
 import os
 
 REQUEST_ID = b"x-request-id"
@@ -46,7 +47,23 @@ def request_id(headers: list[tuple[bytes, bytes]]) -> bytes:
             and value.decode().isprintable()
         ):
             return value
-    return os.urandom(16).hex().encode()  # as random as uuid4().hex, at a fifth of its cost
+    return fresh_id()
+
+
+def fresh_id() -> bytes:
+    """A new request id, 32 hex digits like uuid4().hex: a random prefix per process and a counter, unique
+    across gateways and restarts as a random id would be, without a system call per request."""
+    return b"%s%016x" % (_id_prefix, next(_id_counter))
+
+
+def _new_prefix() -> None:
+    global _id_prefix, _id_counter
+    _id_prefix, _id_counter = os.urandom(8).hex().encode(), itertools.count()
+
+
+_id_prefix, _id_counter = b"", itertools.count()
+_new_prefix()
+os.register_at_fork(after_in_child=_new_prefix)  # a forked worker must not repeat its parent's ids
 
 
 def strip(headers: list[tuple[bytes, bytes]], drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]:

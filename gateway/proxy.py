@@ -373,7 +373,7 @@ class Exchange:
         # Our server takes the whole response in one write, with nothing to wait for; under another, two sends.
         if self.link is None or not self.link.respond(status, headers, body):
             self._watch(streaming=False)
-            await self._write(self._start(status, headers))
+            await self._write({"type": "http.response.start", "status": status, "headers": headers})
             await self._write({"type": "http.response.body", "body": body})
         return usage_tokens(body) if status == 200 else 0
 
@@ -389,7 +389,7 @@ class Exchange:
         else:
             self.outcome = labels.OK
         headers.append((b"content-length", b"%d" % len(body)))
-        return status, self._start(status, headers)["headers"], body
+        return status, self._own(headers), body
 
     async def _send_stream(self, opened: Opened) -> int:
         response = opened.response
@@ -563,10 +563,14 @@ class Exchange:
     # -- answers --------------------------------------------------------------------------------------
 
     def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> dict:
+        return {"type": "http.response.start", "status": status, "headers": self._own(headers)}
+
+    def _own(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """`headers` with the gateway's own added: the response begins."""
         self.response_started = True
         headers.append((POOL, self.pool.encode()))
         headers.append((b"x-request-id", self.request_id))
-        return {"type": "http.response.start", "status": status, "headers": headers}
+        return headers
 
     async def _tell(self, error: GatewayError) -> None:
         """Tell a client that is still there: an error response, or an error event if the stream began. A
