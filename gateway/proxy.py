@@ -269,6 +269,8 @@ class Exchange:
             self.timer.cancel()
         if self.link is not None:
             self.link.callback = None  # the connection's scope would keep this request alive until its next one
+            # Its cycle, scope and link refer to one another: let them go now rather than to the cyclic collector.
+            self.link.cycle = None
         endpoint.metrics.request_ended(self.pool, self.outcome, time.perf_counter() - self.started, tokens)
         if self.opened is not None:
             self.opened.lease.release()
