@@ -411,8 +411,9 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         self.buffered += len(data)  # framing included: a high-water mark need not be exact
-        # A response that completed in this read stays readable: its connection may go back to the pool.
-        if self.buffered > HIGH_WATER and self.busy and not self.reading_paused:
+        # A response that completed in this read stays readable: its connection may go back to the pool. One
+        # that `dispatch` sent is read whole, as `aread` would read it: nothing takes its pieces before the end.
+        if self.buffered > HIGH_WATER and self.busy and not self.reading_paused and self.settled is None:
             self.reading_paused = True
             self.transport.pause_reading()
         if self.sink is None or not self.sink():

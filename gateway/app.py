@@ -177,7 +177,7 @@ class GatewayApp:
         """Our server offers each POST that arrived whole: a generation request the direct lane can serve now
         is taken (gateway/direct.py)."""
         endpoint = self.proxies.get(scope["path"])
-        return endpoint is not None and DirectExchange(endpoint, scope, link).start(body)
+        return endpoint is not None and DirectExchange.offer(endpoint, scope, body, link)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

@@ -21,6 +21,11 @@ when the client disconnects (under plain ASGI an app learns of it only by awaiti
 every request a task of its own), and may `abort()` a connection whose client stopped reading, so neither its
 buffers nor its descriptor outlive the request.
 
+A POST whose body is small is held back from uvicorn's task until its body is in, then offered to `direct`
+(the gateway's direct lane, gateway/direct.py): a request it takes costs no task and no ASGI messages; one it
+declines, a body that grows past `DIRECT_MAX_BODY_BYTES`, a client that leaves or is refused first, get their
+task as before, with everything that arrived.
+
     config = uvicorn.Config(app, http=client_protocol(65536, 10.0, 30.0, on_refused=metrics.refused), ...)
 """
 
@@ -289,7 +294,7 @@ class _BoundedHead(HttpToolsProtocol):
     def _start_asgi_task(self, cycle, app) -> None:
         # Called by uvicorn once a request's head is parsed. A POST's small body comes with it or just after:
         # the app may take it whole at the end of a read, with no task, no coroutine and no ASGI messages.
-        if self._feeding and self.direct is not None and cycle.scope["method"] == "POST":
+        if self._feeding and self._deferred is None and self.direct is not None and cycle.scope["method"] == "POST":
             self._deferred = (cycle, app)
             return
         super()._start_asgi_task(cycle, app)

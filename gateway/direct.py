@@ -52,21 +52,21 @@ class DirectExchange(Exchange):
         self.total_due = 0.0
         self.carry: asyncio.Task | None = None  # the ordinary coroutine that took the request on, if one did
 
-    def start(self, body: bytes) -> bool:
+    @classmethod
+    def offer(cls, endpoint: ProxyEndpoint, scope, body: bytes, link: ClientLink) -> bool:
         """Send the request to its backend now, if nothing has to wait: True once sent, False (with nothing done)
         to leave the request to the ordinary path."""
-        endpoint = self.endpoint
         sender = endpoint.failover.sender
         if (
             type(sender) is not Http1Transport
             or endpoint.switching is not None
             or endpoint.live.shutting_down
-            or self.scope.get("http_version") == "1.0"
+            or scope.get("http_version") == "1.0"
             or len(body) > endpoint.settings.limits.max_body_bytes
         ):
             return False
         try:
-            authorize_client(self.scope["headers"], endpoint.api_keys)
+            authorize_client(scope["headers"], endpoint.api_keys)
             generation = parse_generation(body, endpoint.pools.model_names())
         except Exception:  # answered (or logged) the ordinary way
             return False
@@ -77,12 +77,18 @@ class DirectExchange(Exchange):
         backend = endpoint.failover.choose(pool, set(), turn=False)
         if backend is None or not endpoint.admission.take_free():
             return False
-        headers = request_headers(self.scope["headers"], self.request_id, backend.api_key)
-        conn = sender.dispatch(backend_target(backend.url, self.target()), headers, body, self._settled)
+        exchange = cls(endpoint, scope, link)
+        headers = request_headers(scope["headers"], exchange.request_id, backend.api_key)
+        conn = sender.dispatch(backend_target(backend.url, exchange.target()), headers, body, exchange._settled)
         if conn is None:
             endpoint.admission.release()
             return False
         endpoint.pools.turn()
+        exchange._dispatched(conn, backend, pool, reason, body)
+        return True
+
+    def _dispatched(self, conn: _Connection, backend: Backend, pool: str, reason: str, body: bytes) -> None:
+        endpoint = self.endpoint
         self.admitted = True
         self.lease = endpoint.pools.lease(backend)
         self.conn, self.backend, self.route_pool, self.reason = conn, backend, pool, reason
@@ -95,7 +101,6 @@ class DirectExchange(Exchange):
         limit = min(timeouts.non_stream or timeouts.total, timeouts.total)
         self.total_due = now + timeouts.total
         self.timer = self.loop.call_at(now + limit, self._timed_out_direct, limit)
-        return True
 
     # -- the backend's side ---------------------------------------------------------------------------
 

@@ -27,19 +27,19 @@ ERROR_EVENT = b'data: {"error": {"message": "boom", "code": 500}}\n\n'
 
 @pytest.fixture
 def lanes(monkeypatch):
-    """What `DirectExchange.start` answered, request by request; `lanes.off = True` makes it decline all."""
+    """What `DirectExchange.offer` answered, request by request; `lanes.off = True` makes it decline all."""
 
     class Lanes(list):
         off = False
 
     answers = Lanes()
-    start = DirectExchange.start
+    offer = DirectExchange.offer
 
-    def spy(self, body: bytes) -> bool:
-        answers.append(False if answers.off else start(self, body))
+    def spy(endpoint, scope, body: bytes, link) -> bool:
+        answers.append(False if answers.off else offer(endpoint, scope, body, link))
         return answers[-1]
 
-    monkeypatch.setattr(DirectExchange, "start", spy)
+    monkeypatch.setattr(DirectExchange, "offer", spy)
     return answers
 
 
@@ -53,6 +53,8 @@ SCENARIOS = {
     # name: (speculative backend, plain backend, request body, query)
     "answer": (lambda: Scripted(body=ANSWER, headers=[(b"content-type", b"application/json")]), None, chat(), ""),
     "query": (lambda: Scripted(body=ANSWER), None, chat(), "?trace=1"),
+    # Larger than the transport's read-ahead bound: read whole all the same.
+    "big": (lambda: Scripted(body=b'{"text": "' + b"x" * 2_000_000 + b'"}'), None, chat(), ""),
     "400": (lambda: Scripted(status=400, body=SGLANG_400), None, chat(), ""),
     "500": (lambda: Scripted(status=500, body=b"Internal Server Error"), None, chat(), ""),
     "error-event": (lambda: Scripted(body=ERROR_EVENT), None, chat(), ""),
