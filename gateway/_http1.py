@@ -184,20 +184,28 @@ class Http1Transport(httpx.AsyncBaseTransport):
         return None
 
     def dispatch(
-        self, target: Target, headers: RawHeaders, body: bytes, settled: Callable[[_Connection], None]
+        self,
+        target: Target,
+        headers: RawHeaders,
+        body: bytes,
+        settled: Callable[[_Connection], None],
+        due: float,
+        expired: Callable[[_Connection], None],
     ) -> _Connection | None:
-        """POST `body` on an idle connection at once, if one is there and takes it whole without waiting (else
-        None, with nothing sent): `settled(conn)` is called once, from the connection's own callbacks, when the
-        whole response is in (`conn.answer()`) or the connection failed (`conn.error`); then `release(conn)`.
-        A caller that gives up first sets `conn.settled` to None and closes it."""
+        """POST `body` on an idle connection at once, if one is there (else None, with nothing sent). Then one
+        of two is called once, from the connection's own callbacks: `settled(conn)` when the whole response is
+        in (`conn.answer()`) or the connection failed (`conn.error`), after which the caller gives it back with
+        `release(conn)`; or `expired(conn)` if neither happened by `due` (event-loop time), after which the
+        caller closes it. A caller that gives up first sets `conn.settled` to None and closes it."""
         if self._closed or target.key is None:
             return None
         conn = self._take_idle(target.key, asyncio.get_running_loop())
         if conn is None:
             return None
         conn.begin(head_only=False)
-        conn.settled = settled
+        conn.settled, conn.expired = settled, expired
         conn.transport.write(_encode("POST", target, headers, body, None) + body)
+        conn._bound(due)
         return conn
 
     async def _connect(self, key: Key, timeout: float | None, request: MaybeRequest, loop) -> _Connection:
@@ -286,6 +294,7 @@ class _Connection(asyncio.Protocol):
         self.sink: Callable[[], bool] | None = None
         # A request sent by `dispatch`, with no task waiting: told once its response is whole or has failed.
         self.settled: Callable[[_Connection], None] | None = None
+        self.expired: Callable[[_Connection], None] | None = None
         self.timer: asyncio.TimerHandle | None = None  # bounds the current wait (`wait_due`)
         self.wait_due = 0.0
         self.wait_timeout: float | None = None
@@ -314,23 +323,31 @@ class _Connection(asyncio.Protocol):
         self.waiter = waiter = self.loop.create_future()
         self.wait_timeout = timeout
         if timeout is not None:
-            # One timer per connection, moved only when it fires: a stream waits once per piece, and a timer
-            # made and cancelled per piece would cost more than the piece's own bookkeeping.
-            self.wait_due = due = self.loop.time() + timeout
             self.wait_for = (kind, request)
-            if self.timer is None or self.timer.when() > due:
-                if self.timer is not None:
-                    self.timer.cancel()
-                self.timer = self.loop.call_at(due, self._wait_timer)
+            self._bound(self.loop.time() + timeout)
         await waiter
+
+    def _bound(self, due: float) -> None:
+        """The current wait ends at `due`. One timer per connection, moved only when it fires: a stream waits
+        once per piece, and a timer made and cancelled per piece (or per request) costs more than its own
+        bookkeeping."""
+        self.wait_due = due
+        if self.timer is None or self.timer.when() > due:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = self.loop.call_at(due, self._wait_timer)
 
     def _wait_timer(self) -> None:
         self.timer = None
         waiter = self.waiter
-        if waiter is None or waiter.done():  # nobody is waiting: the next wait arms it again
+        if (waiter is None or waiter.done()) and self.settled is None:  # nobody waits: the next wait arms it
             return
         if self.loop.time() < self.wait_due:  # waiting again since it was armed
             self.timer = self.loop.call_at(self.wait_due, self._wait_timer)
+            return
+        if waiter is None or waiter.done():  # `dispatch`'s answer is late: its sender decides what that means
+            expired, self.settled, self.expired = self.expired, None, None
+            expired(self)
             return
         self.waiter = None
         kind, request = self.wait_for
@@ -377,7 +394,7 @@ class _Connection(asyncio.Protocol):
             _resolve(self.waiter)
             self.waiter = None
         elif self.settled is not None and (self.complete or self.error is not None):
-            settled, self.settled = self.settled, None
+            settled, self.settled, self.expired = self.settled, None, None
             settled(self)
 
     def _resume_reading(self) -> None:

@@ -23,6 +23,7 @@ import asyncio
 from crossover.gateway._http1 import Http1Transport, _Connection
 from crossover.gateway.auth import authorize_client
 from crossover.gateway.client_http import ClientLink
+from crossover.gateway.config import TimeoutSettings
 from crossover.gateway.errors import (
     BackendTimeout,
     ClientGone,
@@ -38,6 +39,11 @@ from crossover.gateway.pools import Backend
 from crossover.gateway.proxy import Exchange, ProxyEndpoint
 from crossover.gateway.sse import usage_tokens
 from crossover.gateway.validation import parse_generation
+
+
+def whole_answer_s(timeouts: TimeoutSettings) -> float:
+    """How long a non-streamed answer may take to arrive whole, as `Exchange` bounds it."""
+    return min(timeouts.non_stream or timeouts.total, timeouts.total)
 
 
 class DirectExchange(Exchange):
@@ -79,28 +85,29 @@ class DirectExchange(Exchange):
             return False
         exchange = cls(endpoint, scope, link)
         headers = request_headers(scope["headers"], exchange.request_id, backend.api_key)
-        conn = sender.dispatch(backend_target(backend.url, exchange.target()), headers, body, exchange._settled)
+        # The deadlines `Exchange` keeps: the whole answer within `non_stream` (else `total`), all within `total`.
+        timeouts, now = exchange.timeouts, exchange.loop.time()
+        due = now + whole_answer_s(timeouts)
+        target = backend_target(backend.url, exchange.target())
+        conn = sender.dispatch(target, headers, body, exchange._settled, due, exchange._timed_out_direct)
         if conn is None:
             endpoint.admission.release()
             return False
         endpoint.pools.turn()
-        exchange._dispatched(conn, backend, pool, reason, body)
+        exchange._dispatched(conn, backend, pool, reason, body, now + timeouts.total)
         return True
 
-    def _dispatched(self, conn: _Connection, backend: Backend, pool: str, reason: str, body: bytes) -> None:
+    def _dispatched(
+        self, conn: _Connection, backend: Backend, pool: str, reason: str, body: bytes, total_due: float
+    ) -> None:
         endpoint = self.endpoint
         self.admitted = True
         self.lease = endpoint.pools.lease(backend)
         self.conn, self.backend, self.route_pool, self.reason = conn, backend, pool, reason
         self.pool = pool  # until the backend answers: where the request was headed
-        self.body, self.body_unread = body, False
+        self.body, self.body_unread, self.total_due = body, False, total_due
         endpoint.live.requests.add(self)
         self.link.callback = self._client_left
-        # The deadlines `Exchange` keeps: the whole answer within `non_stream` (else `total`), all within `total`.
-        timeouts, now = self.timeouts, self.loop.time()
-        limit = min(timeouts.non_stream or timeouts.total, timeouts.total)
-        self.total_due = now + timeouts.total
-        self.timer = self.loop.call_at(now + limit, self._timed_out_direct, limit)
 
     # -- the backend's side ---------------------------------------------------------------------------
 
@@ -138,8 +145,6 @@ class DirectExchange(Exchange):
             self.pool = error.pool or self.pool
             self._answer_error(error)
             return
-        self.timer.cancel()  # the coroutine's own deadline takes over
-        self.timer = None
         self.carry = self.loop.create_task(self._carry_on(tried))
 
     async def _carry_on(self, tried: set[Backend]) -> None:
@@ -152,9 +157,8 @@ class DirectExchange(Exchange):
     async def _reopen(self, tried: set[Backend]) -> int:
         if self.cut is not None:  # cut before the coroutine began: it ends as the cut says (`_timed_out`)
             raise TimeoutError
-        endpoint, timeouts = self.endpoint, self.timeouts
-        limit = min(timeouts.non_stream or timeouts.total, timeouts.total)
-        self._move_deadline(min(self.total_due, self.loop.time() + limit))
+        endpoint = self.endpoint
+        self._move_deadline(min(self.total_due, self.loop.time() + whole_answer_s(self.timeouts)))
         outgoing = Outgoing(
             self.target(), self.body, self.scope["headers"], self.request_id, False, endpoint.socket_timeout
         )
@@ -162,9 +166,10 @@ class DirectExchange(Exchange):
 
     # -- ending early ---------------------------------------------------------------------------------
 
-    def _timed_out_direct(self, limit: float) -> None:
-        self.timer = None
-        self._abandon()
+    def _timed_out_direct(self, conn: _Connection) -> None:
+        self.conn = None
+        conn.close()  # the backend hears it (SGLang aborts the request)
+        limit = whole_answer_s(self.timeouts)
         self._answer_error(BackendTimeout(f"no response from the backend within {limit:g} s"))
 
     def _cut(self, why: GatewayError) -> None:
@@ -184,7 +189,7 @@ class DirectExchange(Exchange):
     def _abandon(self) -> None:
         """Give up on the backend's answer: closing the connection tells the backend (SGLang aborts the request)."""
         conn, self.conn = self.conn, None
-        conn.settled = None
+        conn.settled = conn.expired = None
         conn.close()
 
     def _answer_error(self, error: GatewayError) -> None:

@@ -122,6 +122,35 @@ def test_a_deadline_ends_the_request_and_the_backend_hears_it(serve, gateway, la
     assert gw.state.admission.active == 0
 
 
+class SlowAfterFirst(Scripted):
+    """Answers its first generation request at once and the rest after `delay_s`."""
+
+    def __init__(self, **script) -> None:
+        super().__init__(**script)
+        self.later_delay = self.delay_s
+        self.delay_s = 0.0
+
+    async def __call__(self, scope, receive, send) -> None:
+        await super().__call__(scope, receive, send)
+        if scope["type"] == "http" and scope["path"] not in ("/health", "/v1/models"):
+            self.delay_s = self.later_delay
+
+
+def test_a_deadline_on_a_reused_connection_is_its_own_request_s(serve, gateway, lanes):
+    """The backend connection's one timer was set for the first request; the second, sent on the same
+    connection later, still ends at its own deadline."""
+    backend = SlowAfterFirst(body=ANSWER, delay_s=30)
+    gw = gateway([serve(backend).url], [serve(backend).url], health={"interval": 60}, timeouts={"non_stream": 1})
+    with httpx.Client(base_url=gw.url, timeout=20, trust_env=False) as client:
+        first = client.post("/v1/chat/completions", json=chat())
+        second = client.post("/v1/chat/completions", json=chat())
+    assert lanes == [True, True]
+    assert first.status_code == 200
+    assert second.status_code == 504
+    assert second.json()["error"]["message"] == "no response from the backend within 1 s"
+    wait_until(lambda: backend.hangups == 1, what="the backend heard the gateway hang up")
+
+
 def raw_post(port: int, body: bytes, request_id: bytes = b"raw") -> bytes:
     return (
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
