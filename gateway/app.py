@@ -174,8 +174,8 @@ class GatewayApp:
         self.rest = RequestIdMiddleware(rest)
 
     def direct(self, scope, body: bytes, link: ClientLink) -> bool:
-        """Our server offers each POST that arrived whole: a generation request the direct lane can serve now
-        is taken (gateway/direct.py)."""
+        """Our server offers each small POST once its body is in: a generation request the direct lane can
+        serve now is taken (gateway/direct.py)."""
         endpoint = self.proxies.get(scope["path"])
         return endpoint is not None and DirectExchange.offer(endpoint, scope, body, link)
 
