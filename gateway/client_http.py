@@ -294,7 +294,14 @@ class _BoundedHead(HttpToolsProtocol):
     def _start_asgi_task(self, cycle, app) -> None:
         # Called by uvicorn once a request's head is parsed. A POST's small body comes with it or just after:
         # the app may take it whole at the end of a read, with no task, no coroutine and no ASGI messages.
-        if self._feeding and self._deferred is None and self.direct is not None and cycle.scope["method"] == "POST":
+        # (Not one that waits for "100 Continue": uvicorn sends it when the app first asks for the body.)
+        if (
+            self._feeding
+            and self._deferred is None
+            and self.direct is not None
+            and cycle.scope["method"] == "POST"
+            and not cycle.waiting_for_100_continue
+        ):
             self._deferred = (cycle, app)
             return
         super()._start_asgi_task(cycle, app)

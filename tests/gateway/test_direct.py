@@ -250,6 +250,23 @@ def test_a_small_body_that_comes_after_its_head_is_taken_once_it_is_in(serve, ga
     assert lanes == [True]
 
 
+def test_a_client_that_waits_for_100_continue_gets_it(serve, gateway, lanes):
+    backend = Scripted(body=ANSWER)
+    gw = gateway([serve(backend).url], [serve(backend).url], health={"interval": 60})
+    port = int(gw.url.rsplit(":", 1)[1])
+    head, _, body = raw_post(port, json.dumps(chat()).encode()).partition(b"\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head + b"\r\nexpect: 100-continue\r\n\r\n")
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            interim += sock.recv(65536)
+        assert interim.startswith(b"HTTP/1.1 100 ")
+        sock.sendall(body)
+        answer = read_response(sock)
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(ANSWER)
+    assert lanes == []  # it waited in the ordinary way
+
+
 def test_a_client_that_leaves_before_its_body_is_in_is_counted(serve, gateway, lanes):
     backend = Scripted(body=ANSWER)
     gw = gateway([serve(backend).url], [serve(backend).url], health={"interval": 60})
