@@ -36,7 +36,7 @@ from crossover.gateway.headers import POOL, request_headers
 from crossover.gateway.metrics import NO_POOL
 from crossover.gateway.policy import FALLBACK
 from crossover.gateway.pools import Backend
-from crossover.gateway.proxy import Exchange, ProxyEndpoint
+from crossover.gateway.proxy import PARSED, Exchange, ProxyEndpoint
 from crossover.gateway.sse import usage_tokens
 from crossover.gateway.validation import parse_generation
 
@@ -76,6 +76,7 @@ class DirectExchange(Exchange):
             generation = parse_generation(body, endpoint.pools.model_names())
         except Exception:  # answered (or logged) the ordinary way
             return False
+        scope[PARSED] = (body, generation)  # for the ordinary way, if it comes to that
         if generation.stream:
             return False
         pool, reason = endpoint.route()

@@ -79,6 +79,9 @@ MAX_PENDING_BYTES = 1024 * 1024
 # How long the last words (an error response or event) may take to reach a client that stopped reading.
 LAST_WORDS_TIMEOUT_S = 1.0
 SHUTDOWN_MESSAGE = "the gateway is shutting down; retry the request"
+# The scope key under which the direct lane leaves (body, Generation) of a request it read and left to this
+# path (a stream, say), so that the body is not parsed twice (gateway/direct.py).
+PARSED = "crossover.parsed"
 
 
 class Live:
@@ -218,7 +221,11 @@ class Exchange:
                     raise Unavailable(SHUTDOWN_MESSAGE)
                 authorize_client(self.scope["headers"], endpoint.api_keys)
                 body = await self._read_body(receive)
-                generation = parse_generation(body, endpoint.pools.model_names())
+                parsed = self.scope.pop(PARSED, None)  # what the direct lane read of it, if it looked
+                if parsed is not None and parsed[0] == body:
+                    generation = parsed[1]
+                else:
+                    generation = parse_generation(body, endpoint.pools.model_names())
             except GatewayError as exc:
                 self.outcome = exc.outcome
                 if not isinstance(exc, ClientGone):

@@ -16,8 +16,10 @@ import threading
 import httpx
 import pytest
 
+from crossover.gateway import direct, proxy
 from crossover.gateway.direct import DirectExchange
 from crossover.gateway.proxy import SHUTDOWN_MESSAGE
+from crossover.gateway.validation import parse_generation
 from tests.gateway.gateway_helpers import Scripted, chat, wait_until
 
 ANSWER = json.dumps({"id": "x", "object": "chat.completion", "choices": [], "usage": {"completion_tokens": 7}}).encode()
@@ -232,6 +234,22 @@ def test_what_is_not_a_plain_answer_goes_the_ordinary_way(serve, gateway, lanes,
     )
     assert response.status_code == status
     assert lanes == [False]
+
+
+def test_a_stream_the_lane_leaves_is_parsed_once(serve, gateway, lanes, monkeypatch):
+    parsed = []
+
+    def counting(body, models):
+        parsed.append(body)
+        return parse_generation(body, models)
+
+    monkeypatch.setattr(direct, "parse_generation", counting)
+    monkeypatch.setattr(proxy, "parse_generation", counting)
+    backend = Scripted(chunks=[b'data: {"choices": []}\n\n', b"data: [DONE]\n\n"])
+    gw = gateway([serve(backend).url], [serve(backend).url], health={"interval": 60})
+    response = httpx.post(gw.url + "/v1/chat/completions", json=chat(stream=True), timeout=10, trust_env=False)
+    assert response.status_code == 200 and response.text.endswith("data: [DONE]\n\n")
+    assert lanes == [False] and len(parsed) == 1
 
 
 def test_a_small_body_that_comes_after_its_head_is_taken_once_it_is_in(serve, gateway, lanes):
