@@ -118,6 +118,33 @@ async def read_all(receive) -> bytes:
             return body
 
 
+def raw_post(body: bytes, request_id: bytes = b"raw") -> bytes:
+    """A chat completion request as a client writes it, head and body."""
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"x-request-id: %s\r\ncontent-length: %d\r\n\r\n%s" % (request_id, len(body), body)
+    )
+
+
+def read_response(sock) -> bytes:
+    """One whole response with a content-length from `sock`, leaving the connection open."""
+
+    def more() -> bytes:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the server closed the connection before a whole response")
+        return chunk
+
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += more()
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))[15:])
+    while len(rest) < length:
+        rest += more()
+    return head + b"\r\n\r\n" + rest[:length]
+
+
 class Scripted:
     """A tiny backend for what the stand-in cannot stage: it records each generation request it gets and
     answers with a fixed script. `/health` and `/v1/models` answer like SGLang.
@@ -135,9 +162,11 @@ class Scripted:
         delay_s: float = 0.0,
         gap_s: float = 0.0,
         stall_after: int | None = None,
+        delays: list[float] = (),
     ) -> None:
         self.chunks, self.status, self.headers, self.body = list(chunks), status, list(headers), body
         self.delay_s, self.gap_s, self.stall_after = delay_s, gap_s, stall_after
+        self.delays = list(delays)  # the first requests' delays, in turn; then delay_s
         self.requests: list[tuple[str, dict[bytes, bytes], bytes]] = []
         self.arrived: list[float] = []  # time.monotonic() as each generation request arrived: the backend's clock
         self.queries: list[bytes] = []
@@ -159,7 +188,8 @@ class Scripted:
         body = await read_all(receive)
         self.requests.append((scope["path"], dict(scope["headers"]), body))
         self.queries.append(scope["query_string"])
-        if self.delay_s and await self._disconnected(receive, self.delay_s):
+        delay = self.delays.pop(0) if self.delays else self.delay_s
+        if delay and await self._disconnected(receive, delay):
             return
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
         if not self.chunks:

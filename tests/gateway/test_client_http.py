@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.gateway.gateway_helpers import chat
+from tests.gateway.gateway_helpers import Scripted, chat, raw_post, read_response
 from tests.waiting import wait_until
 
 BOUNDS = """
@@ -159,3 +159,22 @@ def test_memory_stays_flat_under_unterminated_heads(sims, gateway_process):
     assert statuses == {431}
     # Uncapped, the same 40 heads took a gateway from 58 to 402 MB.
     assert gw.rss_bytes() - before < 40 * 1024 * 1024
+
+
+def test_keep_alive_closes_an_idle_connection_and_never_a_busy_one(serve, gateway_process):
+    """The second answer takes longer than the keep-alive: the connection stays open through it, carries a
+    third request at once, and closes once idle for the keep-alive."""
+    backend = Scripted(body=b"{}", delays=[0, 2.5, 0])
+    url = serve(backend).url
+    gw = gateway_process(
+        f'[pools.speculative]\nbackends = ["{url}"]\n[pools.plain]\nbackends = ["{url}"]\n'
+        "[timeouts]\nclient_keepalive = 2\n"
+    )
+    request = raw_post(json.dumps(chat()).encode())
+    with connect(gw.port) as sock:
+        answers = []
+        for _ in range(3):
+            sock.sendall(request)
+            answers.append(read_response(sock))
+        assert all(answer.startswith(b"HTTP/1.1 200 ") for answer in answers)
+        assert sock.recv(1) == b""  # closed by the gateway, idle for 2 s (READ_S bounds the wait)

@@ -20,7 +20,7 @@ from crossover.gateway import direct, proxy
 from crossover.gateway.direct import DirectExchange
 from crossover.gateway.proxy import SHUTDOWN_MESSAGE
 from crossover.gateway.validation import parse_generation
-from tests.gateway.gateway_helpers import Scripted, chat, wait_until
+from tests.gateway.gateway_helpers import Scripted, chat, raw_post, read_response, wait_until
 
 ANSWER = json.dumps({"id": "x", "object": "chat.completion", "choices": [], "usage": {"completion_tokens": 7}}).encode()
 SGLANG_400 = json.dumps({"object": "error", "message": "bad role", "type": "BadRequest", "code": 400}).encode()
@@ -124,24 +124,10 @@ def test_a_deadline_ends_the_request_and_the_backend_hears_it(serve, gateway, la
     assert gw.state.admission.active == 0
 
 
-class SlowAfterFirst(Scripted):
-    """Answers its first generation request at once and the rest after `delay_s`."""
-
-    def __init__(self, **script) -> None:
-        super().__init__(**script)
-        self.later_delay = self.delay_s
-        self.delay_s = 0.0
-
-    async def __call__(self, scope, receive, send) -> None:
-        await super().__call__(scope, receive, send)
-        if scope["type"] == "http" and scope["path"] not in ("/health", "/v1/models"):
-            self.delay_s = self.later_delay
-
-
 def test_a_deadline_on_a_reused_connection_is_its_own_request_s(serve, gateway, lanes):
     """The backend connection's one timer was set for the first request; the second, sent on the same
     connection later, still ends at its own deadline."""
-    backend = SlowAfterFirst(body=ANSWER, delay_s=30)
+    backend = Scripted(body=ANSWER, delays=[0], delay_s=30)
     gw = gateway([serve(backend).url], [serve(backend).url], health={"interval": 60}, timeouts={"non_stream": 1})
     with httpx.Client(base_url=gw.url, timeout=20, trust_env=False) as client:
         first = client.post("/v1/chat/completions", json=chat())
@@ -153,19 +139,12 @@ def test_a_deadline_on_a_reused_connection_is_its_own_request_s(serve, gateway, 
     wait_until(lambda: backend.hangups == 1, what="the backend heard the gateway hang up")
 
 
-def raw_post(port: int, body: bytes, request_id: bytes = b"raw") -> bytes:
-    return (
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        b"x-request-id: %s\r\ncontent-length: %d\r\n\r\n%s" % (request_id, len(body), body)
-    )
-
-
 def test_a_client_that_leaves_frees_its_place_and_the_backend_hears_it(serve, gateway, lanes):
     backend = Scripted(body=ANSWER, delay_s=30)
     gw = gateway([serve(backend).url], [serve(backend).url], health={"interval": 60})
     port = int(gw.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.sendall(raw_post(port, json.dumps(chat()).encode()))
+        sock.sendall(raw_post(json.dumps(chat()).encode()))
         wait_until(lambda: len(backend.requests) == 1, what="the request reached the backend")
     wait_until(lambda: backend.hangups == 1, what="the backend heard the gateway hang up")
     assert lanes == [True]
@@ -179,7 +158,7 @@ def test_a_shutdown_cut_answers_503(serve, gateway, lanes):
     gw = gateway([serve(backend).url], [serve(backend).url], health={"interval": 60})
     port = int(gw.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(raw_post(port, json.dumps(chat()).encode()))
+        sock.sendall(raw_post(json.dumps(chat()).encode()))
         wait_until(lambda: len(backend.requests) == 1, what="the request reached the backend")
         exchange = next(iter(gw.app.live.requests))
         exchange.loop.call_soon_threadsafe(gw.app.live.cut_all)
@@ -192,25 +171,13 @@ def test_a_shutdown_cut_answers_503(serve, gateway, lanes):
     assert gw.metric("crossover_requests_total", pool="speculative", outcome="shutdown") == 1
 
 
-def read_response(sock: socket.socket) -> bytes:
-    """One whole response with a content-length from `sock`."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, rest = data.partition(b"\r\n\r\n")
-    length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))[15:])
-    while len(rest) < length:
-        rest += sock.recv(65536)
-    return head + b"\r\n\r\n" + rest[:length]
-
-
 def test_pipelined_requests_are_answered_in_order(serve, gateway, lanes):
     backend = Scripted(body=ANSWER, delay_s=0.2)
     gw = gateway([serve(backend).url], [serve(backend).url], health={"interval": 60})
     port = int(gw.url.rsplit(":", 1)[1])
     body = json.dumps(chat()).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(raw_post(port, body, b"first") + raw_post(port, body, b"second"))
+        sock.sendall(raw_post(body, b"first") + raw_post(body, b"second"))
         answers = [read_response(sock), read_response(sock)]
     assert [b"x-request-id: first" in answers[0], b"x-request-id: second" in answers[1]] == [True, True]
     assert all(answer.startswith(b"HTTP/1.1 200 ") for answer in answers)
@@ -257,7 +224,7 @@ def test_a_small_body_that_comes_after_its_head_is_taken_once_it_is_in(serve, ga
     backend = Scripted(body=ANSWER)
     gw = gateway([serve(backend).url], [serve(backend).url], health={"interval": 60})
     port = int(gw.url.rsplit(":", 1)[1])
-    request = raw_post(port, json.dumps(chat()).encode())
+    request = raw_post(json.dumps(chat()).encode())
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(request[:-5])
         connections = gw.server.server_state.connections
@@ -272,7 +239,7 @@ def test_a_client_that_waits_for_100_continue_gets_it(serve, gateway, lanes):
     backend = Scripted(body=ANSWER)
     gw = gateway([serve(backend).url], [serve(backend).url], health={"interval": 60})
     port = int(gw.url.rsplit(":", 1)[1])
-    head, _, body = raw_post(port, json.dumps(chat()).encode()).partition(b"\r\n\r\n")
+    head, _, body = raw_post(json.dumps(chat()).encode()).partition(b"\r\n\r\n")
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(head + b"\r\nexpect: 100-continue\r\n\r\n")
         interim = b""
@@ -290,7 +257,7 @@ def test_a_client_that_leaves_before_its_body_is_in_is_counted(serve, gateway, l
     gw = gateway([serve(backend).url], [serve(backend).url], health={"interval": 60})
     port = int(gw.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(raw_post(port, json.dumps(chat()).encode())[:-5])
+        sock.sendall(raw_post(json.dumps(chat()).encode())[:-5])
     wait_until(
         lambda: gw.metric("crossover_requests_total", pool="none", outcome="client_disconnect") == 1,
         what="the request counted as the client's disconnect",
