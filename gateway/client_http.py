@@ -128,7 +128,7 @@ class ClientLink:
         backend's headers passed llhttp's). False, with nothing written, if a response began or the client left.
         """
         cycle = self.cycle
-        if cycle is None or cycle.response_started or cycle.disconnected:
+        if cycle is None or cycle.response_started or cycle.disconnected or self.going(cycle):
             return False
         cycle.response_started = True
         cycle.waiting_for_100_continue = False
@@ -152,7 +152,21 @@ class ClientLink:
             or cycle.response_complete
             or cycle.disconnected
             or cycle.flow.write_paused
+            or self.going(cycle)
         )
+
+    def going(self, cycle=None) -> bool:
+        """Whether the connection is closing under this request (uvicorn marks only the newest request of a
+        pipelined connection disconnected, and a refused one has had its last word): if so the request hears
+        that its client is gone, and uvicorn's `send` writes nothing more on it either."""
+        cycle = cycle or self.cycle
+        protocol = self._protocol
+        transport = protocol.transport
+        if transport is not None and not transport.is_closing() and not protocol._lingering:
+            return False
+        cycle.disconnected = True
+        self.gone()
+        return True
 
     def write_body(self, body: bytes, more_body: bool) -> bool:
         """A piece of a chunked response already started, written at once as uvicorn's `send` would frame it,

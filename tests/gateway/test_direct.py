@@ -291,3 +291,23 @@ def test_a_full_gateway_queues_the_ordinary_way(serve, gateway, lanes):
         responses = [one.result(), two.result()]
     assert [response.status_code for response in responses] == [200, 200]
     assert lanes == [True, False]  # the second found no free slot: it queued the ordinary way
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.2], ids=["answered-while-refused", "answered-after-the-client-left"])
+def test_pipelined_requests_then_junk_end_without_an_error_logged(serve, gateway, lanes, caplog, delay_s):
+    """The junk is refused at once (400, then the connection closes): the requests ahead of it find their
+    client's connection going, and end as a client that left, with nothing written on it and nothing logged."""
+    backend = Scripted(body=ANSWER, delay_s=delay_s)
+    gw = gateway([serve(backend).url], [serve(backend).url], health={"interval": 60})
+    port = int(gw.url.rsplit(":", 1)[1])
+    body = json.dumps(chat()).encode()
+    for stream in (False, True):
+        request = raw_post(json.dumps(chat(stream=stream)).encode()) if stream else raw_post(body)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(request + request + b"junk\r\n\r\n")
+            sock.recv(65536)
+        wait_until(lambda: len(backend.requests) >= 1 and not gw.app.live.requests, what="every request ended")
+    gw.settled()
+    assert gw.state.admission.active == 0
+    errors = [record for record in caplog.records if record.levelname in ("ERROR", "CRITICAL")]
+    assert not errors, [record.getMessage() for record in errors]
