@@ -128,7 +128,7 @@ class ClientLink:
         backend's headers passed llhttp's). False, with nothing written, if a response began or the client left.
         """
         cycle = self.cycle
-        if cycle is None or cycle.response_started or cycle.disconnected or self.going(cycle):
+        if cycle is None or cycle.response_started or cycle.disconnected or self.going():
             return False
         cycle.response_started = True
         cycle.waiting_for_100_continue = False
@@ -152,17 +152,16 @@ class ClientLink:
             or cycle.response_complete
             or cycle.disconnected
             or cycle.flow.write_paused
-            or self.going(cycle)
+            or self.going()
         )
 
-    def going(self, cycle=None) -> bool:
+    def going(self) -> bool:
         """Whether the connection is closing under this request (uvicorn marks only the newest request of a
         pipelined connection disconnected, and a refused one has had its last word): if so the request hears
         that its client is gone, and uvicorn's `send` writes nothing more on it either."""
-        cycle = cycle or self.cycle
-        protocol = self._protocol
+        cycle, protocol = self.cycle, self._protocol
         transport = protocol.transport
-        if transport is not None and not transport.is_closing() and not protocol._lingering:
+        if cycle is None or (transport is not None and not transport.is_closing() and not protocol._lingering):
             return False
         cycle.disconnected = True
         self.gone()

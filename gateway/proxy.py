@@ -482,7 +482,7 @@ class Exchange:
     async def _write(self, message: dict) -> None:
         """A send whose time blocked on the client is the client's: the backend's silence clock stops."""
         self.writing_since = self.loop.time()
-        if self.link is not None and self.link.cycle is not None:
+        if self.link is not None:
             self.link.going()  # a connection closing under a pipelined request: uvicorn must not write on it
         await self.send(message)
         self.writing_since = None
@@ -586,7 +586,7 @@ class Exchange:
     async def _tell(self, error: GatewayError) -> None:
         """Tell a client that is still there: an error response, or an error event if the stream began. A
         client that stopped reading does not get to hold the request open."""
-        if self.link is not None and self.link.cycle is not None:
+        if self.link is not None:
             self.link.going()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(LAST_WORDS_TIMEOUT_S):
