@@ -13,8 +13,9 @@ each sending an unterminated 8 MiB header took a gateway from 58 to 402 MB. Here
   port scanner must not fill the log (uvicorn logs each unparsable request as a warning).
 A refused connection is closed gracefully: the answer goes out, then what the client still sends is read and
 dropped for up to `LINGER_S` (closing with unread input would reset the connection and lose the answer).
-Per-request timers are armed only for a request that did not arrive whole in one read, so the usual request
-pays for none. Body sizes are bounded where bodies are read (gateway/proxy.py).
+The head timer is armed only for a head that did not arrive whole in one read, so the usual request pays for
+none; the body timer and uvicorn's keep-alive timer are one per connection, moved only when they fire. Body
+sizes are bounded where bodies are read (gateway/proxy.py).
 
 Each request's `scope["extensions"][CLIENT_LINK]` is a `ClientLink`: the app sets its `callback` to hear at once
 when the client disconnects (under plain ASGI an app learns of it only by awaiting `receive()`, which costs
@@ -41,6 +42,7 @@ import struct
 import sys
 from collections.abc import Callable
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from crossover.gateway.errors import error_body
@@ -58,7 +60,7 @@ HEAD_TOO_LARGE = "head_too_large"  # 431
 HEAD_TIMEOUT = "head_timeout"  # 408
 BODY_TIMEOUT = "body_timeout"  # 408
 REFUSALS = (INVALID_HTTP, HEAD_TOO_LARGE, HEAD_TIMEOUT, BODY_TIMEOUT)
-# What uvicorn warns of, once per unparsable request.
+# What uvicorn answers an unparsable request with (here, in an OpenAI-style body).
 _UVICORN_INVALID = "Invalid HTTP request received."
 # Linux's struct tcp_info: tcpi_bytes_acked is the u64 at offset 120 (since 4.1).
 _TCP_INFO = getattr(socket, "TCP_INFO", None)
@@ -94,21 +96,6 @@ def client_protocol(
     return ClientProtocol
 
 
-class _QuietParserLog:
-    """uvicorn's logger, as its protocol uses it, but the warning it gives each unparsable request goes to debug:
-    the refusal is counted instead."""
-
-    def __init__(self, logger: logging.Logger) -> None:
-        self._logger = logger
-
-    def __getattr__(self, name: str):
-        return getattr(self._logger, name)
-
-    def warning(self, msg, *args, **kwargs) -> None:
-        logger = self._logger
-        (logger.debug if msg == _UVICORN_INVALID else logger.warning)(msg, *args, **kwargs)
-
-
 class ClientLink:
     """The app's line to its client's connection: `callback` (set by the app) is called once if the client
     disconnects before the response is complete; `respond()` writes a whole response; `abort()` drops the
@@ -120,6 +107,10 @@ class ClientLink:
         self._protocol = protocol
         self.callback: Callable[[], None] | None = None
         self.cycle = None  # uvicorn's request-response cycle of this request (not of one pipelined after it)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._protocol.loop
 
     def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """Write a whole response - status line, uvicorn's own headers, `headers` (which carry the length and
@@ -246,7 +237,8 @@ class _BoundedHead(HttpToolsProtocol):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.logger = _QuietParserLog(self.logger)  # type: ignore[assignment]
+        # When the connection last went idle (None while a request is under way): what the keep-alive timer reads.
+        self._idle_at: float | None = None
         # A POST whose ASGI task waits to see whether `direct` takes it, once its body is in.
         self._feeding = False
         self._reading = 0  # the size of the read being parsed
@@ -255,7 +247,10 @@ class _BoundedHead(HttpToolsProtocol):
         self._head_received = self._head_parsed = 0
         self._in_head = self._lingering = False
         self._head_timer: asyncio.TimerHandle | None = None
+        # One body timer per connection, moved only when it fires (uvloop's timers cost more to make and cancel
+        # than the rest of a request's protocol work): `_body_due` says when the body awaited must be in.
         self._body_timer: asyncio.TimerHandle | None = None
+        self._body_due: float | None = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -266,7 +261,8 @@ class _BoundedHead(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         # The first byte of a request: its head must now be complete in time and in size.
-        self._end_head()
+        if self._head_timer is not None:
+            self._end_head()
         self._in_head = True
         self._head_received = self._head_parsed = 0
 
@@ -283,9 +279,17 @@ class _BoundedHead(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._lingering:  # refused: read and drop, so the close does not reset the answer away
             return
+        self._idle_at = None
         self._feeding, self._reading = True, len(data)
         try:
-            super().data_received(data)
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:  # counted and logged at debug by the refusal, not warned of as uvicorn does
+            self.send_400_response(_UVICORN_INVALID)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
         finally:
             self._feeding = False
         if self._deferred is not None:
@@ -297,12 +301,39 @@ class _BoundedHead(HttpToolsProtocol):
             elif self._head_timer is None:
                 # Armed only for a head that did not arrive whole in one read: the usual request costs no timer.
                 self._head_timer = self.loop.call_later(self.head_timeout, self._head_too_slow)
-        elif self._body_timer is None and self.cycle is not None and self.cycle.more_body:
-            self._body_timer = self.loop.call_later(self.body_timeout, self._body_too_slow)
+        elif self._body_due is None and self.cycle is not None and self.cycle.more_body:
+            self._body_due = due = self.loop.time() + self.body_timeout
+            if self._body_timer is None:
+                self._body_timer = self.loop.call_at(due, self._body_too_slow)
 
     def on_message_complete(self) -> None:
-        self._end_body()
+        self._body_due = None
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        # uvicorn's, but for its keep-alive timer: one per connection, moved only when it fires, where uvicorn
+        # makes one per response and cancels it at the next request's first byte.
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_at = now = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_at(now + self.timeout_keep_alive, self._keep_alive_due)
+
+    def _keep_alive_due(self) -> None:
+        self.timeout_keep_alive_task = None
+        if self._idle_at is None:  # a request came since: the response that ends it arms the timer again
+            return
+        due = self._idle_at + self.timeout_keep_alive
+        if self.loop.time() < due:
+            self.timeout_keep_alive_task = self.loop.call_at(due, self._keep_alive_due)
+        else:
+            self.timeout_keep_alive_handler()
 
     def _start_asgi_task(self, cycle, app) -> None:
         # Called by uvicorn once a request's head is parsed. A POST's small body comes with it or just after:
@@ -340,7 +371,9 @@ class _BoundedHead(HttpToolsProtocol):
             super()._start_asgi_task(cycle, app)
 
     def on_headers_complete(self) -> None:
-        self._end_head()
+        self._in_head = False
+        if self._head_timer is not None:
+            self._end_head()
         self._count_head()
         link = self.scope.setdefault("extensions", {})[CLIENT_LINK] = ClientLink(self)
         super().on_headers_complete()
@@ -367,6 +400,7 @@ class _BoundedHead(HttpToolsProtocol):
             self._head_timer = None
 
     def _end_body(self) -> None:
+        self._body_due = None
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
@@ -378,6 +412,13 @@ class _BoundedHead(HttpToolsProtocol):
 
     def _body_too_slow(self) -> None:
         self._body_timer = None
+        due = self._body_due
+        if due is None:  # the body came: the next one awaited arms the timer again
+            return
+        if self.loop.time() < due:  # a later request's body, awaited since the timer was armed
+            self._body_timer = self.loop.call_at(due, self._body_too_slow)
+            return
+        self._body_due = None
         cycle = self.cycle
         if cycle is not None and cycle.more_body and not cycle.response_started:
             message = f"the request body did not arrive within {self.body_timeout:g} s"

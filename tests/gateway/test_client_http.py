@@ -138,6 +138,32 @@ def test_a_body_that_does_not_arrive_is_408_and_the_gateway_serves_on(sims, gate
     assert not any(name == "crossover_backend_ejections_total" for name, _ in gw.metrics())
 
 
+def test_a_body_gets_its_full_time_from_its_own_head(sims, gateway_process):
+    """The connection's one body timer, armed by a first request's late body, fires while a second request's
+    body is still within its own time: that body is waited for, then a third that never comes is 408."""
+    limit = 2.0
+    gw = gateway_process(pools(sims) + f"[timeouts]\nrequest_body = {limit:g}\n")
+    body = json.dumps(chat()).encode()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head += b"Content-Length: %d\r\n\r\n" % len(body)
+    with connect(gw.port) as sock:
+        sock.sendall(head)
+        time.sleep(0.2)
+        sock.sendall(body)
+        assert read_response(sock).startswith(b"HTTP/1.1 200 ")
+        time.sleep(limit / 2)
+        sock.sendall(head)
+        sent = time.monotonic()
+        time.sleep(limit * 3 / 4)  # past the first body's time, within the second's
+        if time.monotonic() - sent >= limit:
+            pytest.skip("the machine stalled this test past the body time it checks")
+        sock.sendall(body)
+        assert read_response(sock).startswith(b"HTTP/1.1 200 ")
+        sock.sendall(head)
+        status, error, closed = response_of(sock)
+    assert status == 408 and "body" in error["error"]["message"] and closed
+
+
 def test_malformed_requests_get_json_400s_counted_not_logged_as_warnings(sims, gateway_process):
     """A fuzzer's unparsable requests each get their 400, and a count on /metrics - not a warning line each
     (uvicorn's own), which would fill the log."""
@@ -178,3 +204,28 @@ def test_keep_alive_closes_an_idle_connection_and_never_a_busy_one(serve, gatewa
             answers.append(read_response(sock))
         assert all(answer.startswith(b"HTTP/1.1 200 ") for answer in answers)
         assert sock.recv(1) == b""  # closed by the gateway, idle for 2 s (READ_S bounds the wait)
+
+
+def test_keep_alive_counts_from_the_last_response(serve, gateway_process):
+    """A connection's one keep-alive timer, armed by its first response, fires while a later one is only
+    half its keep-alive old: the connection stays open for that one's full keep-alive."""
+    url = serve(Scripted(body=b"{}")).url
+    keepalive = 3.0
+    gw = gateway_process(
+        f'[pools.speculative]\nbackends = ["{url}"]\n[pools.plain]\nbackends = ["{url}"]\n'
+        f"[timeouts]\nclient_keepalive = {keepalive:g}\n"
+    )
+    request = raw_post(json.dumps(chat()).encode())
+    with connect(gw.port) as sock:
+        sock.sendall(request)
+        assert read_response(sock).startswith(b"HTTP/1.1 200 ")
+        time.sleep(keepalive / 2)
+        sock.sendall(request)
+        assert read_response(sock).startswith(b"HTTP/1.1 200 ")
+        last = time.monotonic()
+        time.sleep(keepalive * 2 / 3)  # past the first response's keep-alive, within the second's
+        if time.monotonic() - last >= keepalive:
+            pytest.skip("the machine stalled this test past the keep-alive it checks")
+        sock.sendall(request)
+        assert read_response(sock).startswith(b"HTTP/1.1 200 ")
+        assert sock.recv(1) == b""  # and it closes once idle again
