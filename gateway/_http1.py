@@ -142,6 +142,10 @@ class Http1Transport(httpx.AsyncBaseTransport):
             _resolve(self._waiters.popleft())
 
     async def _acquire(self, key: Key, timeout: dict, request: MaybeRequest) -> _Connection:
+        if not self._closed:  # the usual case first: asyncio.get_running_loop() is a getpid() system call
+            conn = self._take_idle(key)
+            if conn is not None:
+                return conn
         loop = asyncio.get_running_loop()
         pool_timeout = timeout.get("pool", DEFAULT_TIMEOUT)
         deadline = None if pool_timeout is None else loop.time() + pool_timeout
@@ -149,7 +153,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         while True:
             if self._closed:
                 raise httpx.ConnectError("the transport is closed", request=request)
-            conn = self._take_idle(key, loop)
+            conn = self._take_idle(key)
             if conn is not None:
                 return conn
             if len(self._conns) + self._connecting < self._max or self._evict_oldest():
@@ -168,13 +172,13 @@ class Http1Transport(httpx.AsyncBaseTransport):
                 raise
             woken = True
 
-    def _take_idle(self, key: Key, loop: asyncio.AbstractEventLoop) -> _Connection | None:
+    def _take_idle(self, key: Key) -> _Connection | None:
         """An idle connection to `key` that can carry a request, or None."""
         idle = self._idle.get(key)
         while idle:
             conn, _ = idle.popitem()  # the most recently used: the least likely to be closed by now
             self._idle_count -= 1
-            if loop.time() - conn.idle_since >= self._expiry:  # (a closed one has left the pool already)
+            if conn.loop.time() - conn.idle_since >= self._expiry:  # (a closed one has left the pool already)
                 conn.close()
             elif conn.closed_by_server():
                 conn.close()
@@ -192,19 +196,20 @@ class Http1Transport(httpx.AsyncBaseTransport):
         due: float,
         expired: Callable[[_Connection], None],
     ) -> _Connection | None:
-        """POST `body` on an idle connection at once, if one is there (else None, with nothing sent). Then one
+        """POST `body` on an idle connection at once, if one is there (else None, with nothing sent), with `headers`
+        as gateway/headers.py's `request_headers` makes them: no Host or framing among them. Then one
         of two is called once, from the connection's own callbacks: `settled(conn)` when the whole response is
         in (`conn.answer()`) or the connection failed (`conn.error`), after which the caller gives it back with
         `release(conn)`; or `expired(conn)` if neither happened by `due` (event-loop time), after which the
         caller closes it. A caller that gives up first sets `conn.settled` to None and closes it."""
         if self._closed or target.key is None:
             return None
-        conn = self._take_idle(target.key, asyncio.get_running_loop())
+        conn = self._take_idle(target.key)
         if conn is None:
             return None
         conn.begin(head_only=False)
         conn.settled, conn.expired = settled, expired
-        conn.transport.write(_encode("POST", target, headers, body, None) + body)
+        conn.transport.write(_head("POST", target, headers, len(body), False, None) + body)
         conn._bound(due)
         return conn
 
@@ -251,7 +256,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
         oldest = next(iter(idle))  # expire as traffic passes; servers close the ones left behind themselves
         if conn.idle_since - oldest.idle_since >= self._expiry:
             oldest.close()
-        self._wake_one()
+        if self._waiters:
+            self._wake_one()
 
     def _forget(self, conn: _Connection) -> None:
         """`conn` has closed, from either side: its slot is free."""
@@ -303,7 +309,7 @@ class _Connection(asyncio.Protocol):
     def begin(self, head_only: bool) -> None:
         """Fresh response state, before a request goes out."""
         self.busy, self.head_only, self.keep_alive = True, head_only, True
-        self.head_done = self.complete = self.received = self.framed = self.reading_paused = False
+        self.head_done = self.complete = self.received = self.reading_paused = False
         self.error: tuple[type[httpx.TransportError], str] | None = None
         self.headers: list[tuple[bytes, bytes]] = []
         self.head_bytes = 0
@@ -358,7 +364,8 @@ class _Connection(asyncio.Protocol):
         data = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
         self.chunks.clear()
         self.buffered = 0
-        self._resume_reading()
+        if self.reading_paused:
+            self._resume_reading()
         return data
 
     def closed_by_server(self) -> bool:
@@ -444,7 +451,7 @@ class _Connection(asyncio.Protocol):
             self.timer.cancel()
             self.timer = None
         if self.busy and self.error is None:
-            if self.head_done and not self.framed and exc is None:  # a close-delimited body ends here
+            if self.head_done and not self._framed() and exc is None:  # a close-delimited body ends here
                 self.busy, self.complete, self.keep_alive = False, True, False
             elif not self.received:
                 self._fail(httpx.RemoteProtocolError, "the server closed the connection without a response")
@@ -476,18 +483,24 @@ class _Connection(asyncio.Protocol):
         if self.head_bytes > MAX_HEAD_BYTES:
             raise ValueError(f"a response head over {MAX_HEAD_BYTES} bytes")  # the parser fails the response
         self.headers.append((name, value))
-        self.framed = self.framed or name.lower() in _FRAMING
+
+    def _framed(self) -> bool:
+        """Whether the response says where its body ends (else the close does): asked only at a close."""
+        return any(name.lower() in _FRAMING for name, _ in self.headers)
 
     def on_headers_complete(self) -> None:
         self.head_done = True
         if self.head_only:  # the parser cannot tell that a HEAD response has no body, nor where the next begins
             self.busy, self.complete, self.keep_alive = False, True, False
-        self._wake()
+            self._wake()
+        elif self.waiter is not None:  # (a request `dispatch` sent waits for the whole response)
+            self._wake()
 
     def on_message_complete(self) -> None:
         self.busy, self.complete = False, True
         self.keep_alive = self.keep_alive and self.parser.should_keep_alive()
-        self._resume_reading()  # it may go back to the pool with its last bytes still unread
+        if self.reading_paused:  # it may go back to the pool with its last bytes still unread
+            self._resume_reading()
         self._wake()
 
 
@@ -615,21 +628,27 @@ async def pump(
 
 def _encode(method: str, target: Target, headers: RawHeaders, body: bytes, request: MaybeRequest) -> bytes:
     """The request head, the headers as given but for framing: the body goes whole, after a Content-Length."""
-    lines = [b"%s %s HTTP/1.1\r\n" % (method.encode("ascii"), target.path)]
+    kept = []
     has_host = False
     for name, value in headers:
         lowered = name.lower()
         if lowered not in _FRAMING:
-            lines.append(b"%s: %s\r\n" % (name, value))
+            kept.append((name, value))
             has_host = has_host or lowered == b"host"
-    if not has_host:
-        lines.insert(1, target.host_line)
-    if body or method in ("POST", "PUT", "PATCH"):
-        lines.append(b"Content-Length: %d\r\n" % len(body))
-    lines.append(b"\r\n")
-    head = b"".join(lines)
-    # Every line ends in the one CRLF added here: a CR or LF inside a header would smuggle in another.
-    if head.count(b"\n") != len(lines) or head.count(b"\r") != len(lines):
+    return _head(method, target, kept, len(body), has_host, request)
+
+
+def _head(
+    method: str, target: Target, headers: RawHeaders, length: int, has_host: bool, request: MaybeRequest
+) -> bytes:
+    """The request head of `headers` as they are, none of them framing; Host from `target` unless `has_host`."""
+    host = b"" if has_host else target.host_line
+    framing = b"Content-Length: %d\r\n" % length if length or method in ("POST", "PUT", "PATCH") else b""
+    lines = b"".join([b"%s: %s\r\n" % header for header in headers])
+    head = b"%s %s HTTP/1.1\r\n%s%s%s\r\n" % (method.encode("ascii"), target.path, host, lines, framing)
+    # Every line ends in a CRLF added here: a CR or LF inside a header would smuggle in another.
+    count = len(headers) + 2 + (not has_host) + (framing != b"")
+    if head.count(b"\n") != count or head.count(b"\r") != count:
         raise httpx.LocalProtocolError("a request header contains CR or LF", request=request)
     return head
 

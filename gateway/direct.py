@@ -77,9 +77,13 @@ class DirectExchange(Exchange):
             generation = parse_generation(body, endpoint.pools.model_names())
         except Exception:  # answered (or logged) the ordinary way
             return False
-        scope[PARSED] = (body, generation)  # for the ordinary way, if it comes to that
-        if generation.stream:
-            return False
+        if not generation.stream and cls._send(endpoint, scope, body, link, sender):
+            return True
+        scope[PARSED] = (body, generation)  # for the ordinary way
+        return False
+
+    @classmethod
+    def _send(cls, endpoint: ProxyEndpoint, scope, body: bytes, link: ClientLink, sender: Http1Transport) -> bool:
         pool, reason = endpoint.route()
         # Only looked at until the request is sent: if it goes the ordinary way, that way chooses the same.
         backend = endpoint.failover.choose(pool, set(), turn=False)
@@ -123,17 +127,18 @@ class DirectExchange(Exchange):
             self._failed(classify_error(kind(message), backend.pool))
             return
         status, headers, body = conn.answer()
-        sender.release(conn)  # pooled again if the server keeps it open
         failure = classify_response(status, body, False, backend.pool, headers)
         if failure is not None:
+            sender.release(conn)
             self._failed(failure)
             return
+        self.pool = backend.pool
+        answer = self._whole(status, headers, body)
+        self.link.respond(*answer)  # first: the rest is bookkeeping (a client that left has ended the request)
+        sender.release(conn)  # pooled again if the server keeps it open
         endpoint = self.endpoint
         endpoint.failover.answered(backend, status)
-        self.pool = backend.pool
         endpoint.metrics.routed(self.pool, self.reason if self.pool == self.route_pool else FALLBACK)
-        status, headers, body = self._whole(status, headers, body)
-        self.link.respond(status, headers, body)  # (a client that left has ended the request already)
         self._account(usage_tokens(body) if status == 200 else 0)
 
     def _failed(self, failure: Failure) -> None:

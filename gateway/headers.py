@@ -35,6 +35,8 @@ _DROP_FROM_REQUEST = HOP_BY_HOP | {b"host", b"content-length", b"accept-encoding
 # uvicorn adds its own date and server; the gateway sets length and request id.
 _DROP_FROM_RESPONSE = HOP_BY_HOP | {b"content-length", b"date", b"server", REQUEST_ID}
 _IDENTITY = (b"accept-encoding", b"identity")
+# The usual Connection values, which name no header `drop` keeps (Keep-Alive is hop-by-hop itself).
+_NAMES_NOTHING = frozenset({b"keep-alive", b"close"})
 
 
 def request_id(headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -75,7 +77,10 @@ def strip(headers: list[tuple[bytes, bytes]], drop: frozenset[bytes]) -> list[tu
         if name not in drop:
             kept.append((name, value))
         elif name == b"connection":
-            tokens = {token.strip().lower() for token in value.split(b",")}
+            value = value.lower()
+            if value in _NAMES_NOTHING:
+                continue
+            tokens = {token.strip() for token in value.split(b",")}
             named = tokens if named is None else named | tokens
     if named:
         kept = [(name, value) for name, value in kept if name not in named]

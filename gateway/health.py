@@ -209,7 +209,7 @@ class HealthMonitor:
                 backend.url + "/v1/models", timeout=self.settings.timeout, headers=bearer(backend.api_key)
             )
             response.raise_for_status()
-            backend.models = tuple(str(entry["id"]) for entry in response.json()["data"])
+            self.pools.learned_models(backend, tuple(str(entry["id"]) for entry in response.json()["data"]))
 
     async def scrape_all(self) -> None:
         await asyncio.gather(*(self.scrape_load(backend) for backend in self.pools.all()))

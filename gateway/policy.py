@@ -30,11 +30,15 @@ class Decision:
     reason: str
 
 
+# The decisions, made once: one is asked for per request.
+_SPECULATIVE_BELOW = Decision(SPECULATIVE, BELOW)
+_PLAIN_ABOVE = Decision(PLAIN, ABOVE)
+_PLAIN_HYSTERESIS = Decision(PLAIN, HYSTERESIS)
+
+
 def spillover(speculative_load: int, threshold: int) -> Decision:
     """Partitioned pools: the speculative pool takes requests while *its* load is below the threshold."""
-    if speculative_load < threshold:
-        return Decision(SPECULATIVE, BELOW)
-    return Decision(PLAIN, ABOVE)
+    return _SPECULATIVE_BELOW if speculative_load < threshold else _PLAIN_ABOVE
 
 
 def switch(total_load: int, threshold: int, hysteresis: int, current: str) -> Decision:
@@ -44,10 +48,10 @@ def switch(total_load: int, threshold: int, hysteresis: int, current: str) -> De
     load hovering around the threshold does not flap between the pools.
     """
     if total_load >= threshold:
-        return Decision(PLAIN, ABOVE)
+        return _PLAIN_ABOVE
     if current == PLAIN and total_load >= threshold - hysteresis:
-        return Decision(PLAIN, HYSTERESIS)
-    return Decision(SPECULATIVE, BELOW)
+        return _PLAIN_HYSTERESIS
+    return _SPECULATIVE_BELOW
 
 
 def least_loaded(loads: Sequence[int], start: int = 0) -> int | None:

@@ -62,7 +62,6 @@ class Pools:
     health: HealthSettings
     served_model_names: frozenset[str] = frozenset()
     _rotation: int = field(default=0, repr=False)
-    _reported: tuple[tuple[str, ...], ...] = field(default=(), repr=False)
     _names: frozenset[str] = field(default=frozenset(), repr=False)
 
     @classmethod
@@ -100,7 +99,13 @@ class Pools:
         return max(backend.inflight, scraped or 0)
 
     def pool_load(self, name: str) -> int:
-        return sum([self.backend_load(backend) for backend in self.pool(name)])
+        pool = self.speculative if name == SPECULATIVE else self.plain
+        if self.load_signal == "local":  # the default, asked once per request: no call per backend
+            load = 0
+            for backend in pool:
+                load += backend.inflight
+            return load
+        return sum([self.backend_load(backend) for backend in pool])
 
     def total_load(self) -> int:
         return self.pool_load(SPECULATIVE) + self.pool_load(PLAIN)
@@ -113,7 +118,7 @@ class Pools:
     ) -> Backend | None:
         """The usable backend of pool `name` with the least load, not in `exclude`; ties rotate (`turn=False`:
         the choice is only looked at, and `turn()` makes it)."""
-        pool = self.pool(name)
+        pool = self.speculative if name == SPECULATIVE else self.plain
         if len(pool) == 1:  # the usual pool: nothing to compare
             only = pool[0]
             return only if only.usable and only not in exclude else None
@@ -136,14 +141,13 @@ class Pools:
 
     def model_names(self) -> frozenset[str]:
         """Configured names, else what the backends' /v1/models reported (empty while unknown)."""
-        if self.served_model_names:
-            return self.served_model_names
-        # Asked once per request; the answer changes only when a backend reports other names.
-        reported = tuple(backend.models for backend in self.all())
-        if reported != self._reported:
-            self._reported = reported
-            self._names = frozenset(name for models in reported for name in models)
-        return self._names
+        return self.served_model_names or self._names
+
+    def learned_models(self, backend: Backend, models: tuple[str, ...]) -> None:
+        """What `backend`'s /v1/models reported: the names requests are checked against follow at once (they are
+        asked for once per request, and change only here)."""
+        backend.models = models
+        self._names = frozenset(name for each in self.all() for name in each.models)
 
     def state(self) -> dict:
         return {

@@ -179,7 +179,8 @@ class Exchange:
         self.request_id = request_id(scope["headers"])
         # Our server's line to the client's connection (gateway/client_http.py); None under another server.
         self.link: ClientLink | None = scope.get("extensions", {}).get(CLIENT_LINK)
-        self.loop = asyncio.get_running_loop()
+        # The connection's loop, where there is one: asyncio.get_running_loop() is a getpid() system call.
+        self.loop = asyncio.get_running_loop() if self.link is None else self.link.loop
         timeouts = endpoint.settings.timeouts
         self.timeouts = timeouts
         self.deadline: asyncio.Timeout | None = None

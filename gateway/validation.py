@@ -7,7 +7,7 @@ forwarded byte for byte.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from crossover.gateway.errors import InvalidRequest, ModelNotFound
 
@@ -15,8 +15,7 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 
 
-@dataclass(frozen=True, slots=True)
-class Generation:
+class Generation(NamedTuple):  # a tuple: one is made per request, and a frozen dataclass costs more to make
     model: str | None
     stream: bool
 
@@ -36,6 +35,8 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not valid JSON")
 
 
+# What JSON counts as whitespace (str.strip() would take more).
+_JSON_SPACE = " \t\n\r"
 # Built once: json.loads with an option builds a decoder per call.
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
@@ -45,8 +46,15 @@ def parse_generation(body: bytes, models: frozenset[str]) -> Generation:
     try:
         # As json.loads reads bytes: UTF-8, -16 or -32 (RFC 8259 allows only UTF-8; what json.loads took stays taken).
         # A body that opens with `{` and no NUL after it is UTF-8 to detect_encoding too: skip asking it.
-        encoding = "utf-8" if body[:1] == b"{" and body[1:2] != b"\x00" else json.detect_encoding(body)
-        payload = _DECODER.decode(body.decode(encoding, "surrogatepass"))
+        if body[:1] == b"{" and body[1:2] != b"\x00":
+            # The usual body is an object from its first byte: read as `decode` reads it, without its two
+            # whitespace scans (and, for a body with more after the object, by `decode`, which says where).
+            text = body.decode("utf-8", "surrogatepass")
+            payload, end = _DECODER.raw_decode(text)
+            if end != len(text) and text[end:].strip(_JSON_SPACE):
+                _DECODER.decode(text)
+        else:
+            payload = _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
     except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
         raise InvalidRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(payload, dict):

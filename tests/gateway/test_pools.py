@@ -72,5 +72,5 @@ def test_stale_scraped_load_falls_back_to_local_counts():
 def test_model_names_come_from_settings_or_backends():
     pools = make_pools()
     assert pools.model_names() == frozenset()
-    pools.speculative[0].models = ("m",)
+    pools.learned_models(pools.speculative[0], ("m",))
     assert pools.model_names() == {"m"}
