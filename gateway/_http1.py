@@ -142,13 +142,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
             _resolve(self._waiters.popleft())
 
     async def _acquire(self, key: Key, timeout: dict, request: MaybeRequest) -> _Connection:
-        if not self._closed:  # the usual case first: asyncio.get_running_loop() is a getpid() system call
-            conn = self._take_idle(key)
-            if conn is not None:
-                return conn
-        loop = asyncio.get_running_loop()
-        pool_timeout = timeout.get("pool", DEFAULT_TIMEOUT)
-        deadline = None if pool_timeout is None else loop.time() + pool_timeout
+        loop = None  # asked for only when no idle connection is there: asyncio.get_running_loop() is a getpid()
         woken = False
         while True:
             if self._closed:
@@ -156,6 +150,10 @@ class Http1Transport(httpx.AsyncBaseTransport):
             conn = self._take_idle(key)
             if conn is not None:
                 return conn
+            if loop is None:
+                loop = asyncio.get_running_loop()
+                pool_timeout = timeout.get("pool", DEFAULT_TIMEOUT)
+                deadline = None if pool_timeout is None else loop.time() + pool_timeout
             if len(self._conns) + self._connecting < self._max or self._evict_oldest():
                 return await self._connect(key, timeout.get("connect", DEFAULT_TIMEOUT), request, loop)
             waiter = loop.create_future()

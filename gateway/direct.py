@@ -24,7 +24,6 @@ import asyncio
 from crossover.gateway._http1 import Http1Transport, _Connection
 from crossover.gateway.auth import authorize_client
 from crossover.gateway.client_http import ClientLink
-from crossover.gateway.config import TimeoutSettings
 from crossover.gateway.errors import (
     BackendTimeout,
     ClientGone,
@@ -37,14 +36,9 @@ from crossover.gateway.headers import POOL, request_headers
 from crossover.gateway.metrics import NO_POOL
 from crossover.gateway.policy import FALLBACK
 from crossover.gateway.pools import Backend
-from crossover.gateway.proxy import PARSED, Exchange, ProxyEndpoint
+from crossover.gateway.proxy import PARSED, Exchange, ProxyEndpoint, first_wait_s
 from crossover.gateway.sse import usage_tokens
 from crossover.gateway.validation import parse_generation
-
-
-def whole_answer_s(timeouts: TimeoutSettings) -> float:
-    """How long a non-streamed answer may take to arrive whole, as `Exchange` bounds it."""
-    return min(timeouts.non_stream or timeouts.total, timeouts.total)
 
 
 class DirectExchange(Exchange):
@@ -93,7 +87,7 @@ class DirectExchange(Exchange):
         headers = request_headers(scope["headers"], exchange.request_id, backend.api_key)
         # The deadlines `Exchange` keeps: the whole answer within `non_stream` (else `total`), all within `total`.
         timeouts, now = exchange.timeouts, exchange.loop.time()
-        due = now + whole_answer_s(timeouts)
+        due = now + first_wait_s(timeouts, stream=False)
         target = backend_target(backend.url, exchange.target())
         conn = sender.dispatch(target, headers, body, exchange._settled, due, exchange._timed_out_direct)
         if conn is None:
@@ -165,7 +159,7 @@ class DirectExchange(Exchange):
         if self.cut is not None:  # cut before the coroutine began: it ends as the cut says (`_timed_out`)
             raise TimeoutError
         endpoint = self.endpoint
-        self._move_deadline(min(self.total_due, self.loop.time() + whole_answer_s(self.timeouts)))
+        self._move_deadline(min(self.total_due, self.loop.time() + first_wait_s(self.timeouts, stream=False)))
         outgoing = Outgoing(
             self.target(), self.body, self.scope["headers"], self.request_id, False, endpoint.socket_timeout
         )
@@ -176,7 +170,7 @@ class DirectExchange(Exchange):
     def _timed_out_direct(self, conn: _Connection) -> None:
         self.conn = None
         conn.close()  # the backend hears it (SGLang aborts the request)
-        limit = whole_answer_s(self.timeouts)
+        limit = first_wait_s(self.timeouts, stream=False)
         self._answer_error(BackendTimeout(f"no response from the backend within {limit:g} s"))
 
     def _cut(self, why: GatewayError) -> None:

@@ -99,7 +99,7 @@ class Pools:
         return max(backend.inflight, scraped or 0)
 
     def pool_load(self, name: str) -> int:
-        pool = self.speculative if name == SPECULATIVE else self.plain
+        pool = self.pool(name)
         if self.load_signal == "local":  # the default, asked once per request: no call per backend
             load = 0
             for backend in pool:
@@ -118,7 +118,7 @@ class Pools:
     ) -> Backend | None:
         """The usable backend of pool `name` with the least load, not in `exclude`; ties rotate (`turn=False`:
         the choice is only looked at, and `turn()` makes it)."""
-        pool = self.speculative if name == SPECULATIVE else self.plain
+        pool = self.pool(name)
         if len(pool) == 1:  # the usual pool: nothing to compare
             only = pool[0]
             return only if only.usable and only not in exclude else None

@@ -34,7 +34,7 @@ from crossover.gateway._http1 import pump
 from crossover.gateway.admission import Admission
 from crossover.gateway.auth import authorize_client, client_keys
 from crossover.gateway.client_http import CLIENT_LINK, ClientLink
-from crossover.gateway.config import Settings
+from crossover.gateway.config import Settings, TimeoutSettings
 from crossover.gateway.errors import (
     BackendAnswered,
     BackendFailed,
@@ -82,6 +82,12 @@ SHUTDOWN_MESSAGE = "the gateway is shutting down; retry the request"
 # The scope key under which the direct lane leaves (body, Generation) of a request it read and left to this
 # path (a stream, say), so that the body is not parsed twice (gateway/direct.py).
 PARSED = "crossover.parsed"
+
+
+def first_wait_s(timeouts: TimeoutSettings, stream: bool) -> float:
+    """How long a request may wait for its first event (a stream) or its whole answer (the rest), within `total`."""
+    first = timeouts.first_byte if stream else timeouts.non_stream
+    return min(first or timeouts.total, timeouts.total)
 
 
 class Live:
@@ -343,8 +349,7 @@ class Exchange:
             self.mode_lease.on_cut(self.cut_for_switch)
         now = self.loop.time()
         total_deadline = now + timeouts.total
-        first_byte = timeouts.first_byte if stream else timeouts.non_stream
-        self._move_deadline(min(total_deadline, now + first_byte) if first_byte else total_deadline)
+        self._move_deadline(now + first_wait_s(timeouts, stream))
         pool, reason = (self.mode_lease.mode, ACTIVE_MODE) if self.mode_lease is not None else endpoint.route()
         self.pool = pool  # until a backend answers: where the request was headed when it failed
         outgoing = Outgoing(
@@ -560,8 +565,7 @@ class Exchange:
             if self.response_started or self.opened is not None:
                 error = BackendTimeout(f"the request took longer than {timeouts.total:g} s")
             else:
-                limit = timeouts.first_byte if stream else timeouts.non_stream or timeouts.total
-                error = BackendTimeout(f"no response from the backend within {min(limit, timeouts.total):g} s")
+                error = BackendTimeout(f"no response from the backend within {first_wait_s(timeouts, stream):g} s")
         self.outcome = error.outcome
         if isinstance(error, ClientGone):
             return
