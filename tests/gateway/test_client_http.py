@@ -57,6 +57,14 @@ def response_of(sock: socket.socket, headers: dict | None = None) -> tuple[int, 
     return int(lines[0].split(b" ")[1]), json.loads(body), closed
 
 
+def sleep_within(seconds: float, since: float, limit: float, what: str) -> None:
+    """Sleep `seconds`; skip the test if the machine stalled it past `limit` since `since` (time.monotonic()),
+    where what it checks would no longer hold."""
+    time.sleep(seconds)
+    if time.monotonic() - since >= limit:
+        pytest.skip(f"the machine stalled this test past the {what} it checks")
+
+
 def flood_with_unterminated_heads(port: int, connections: int, start: bytes) -> set[int]:
     """`connections` heads that begin with `start` and then send one header of 8 MiB, unless the server hangs
     up first (it should, past its head limit); the statuses they got."""
@@ -144,8 +152,7 @@ def test_a_body_gets_its_full_time_from_its_own_head(sims, gateway_process):
     limit = 2.0
     gw = gateway_process(pools(sims) + f"[timeouts]\nrequest_body = {limit:g}\n")
     body = json.dumps(chat()).encode()
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-    head += b"Content-Length: %d\r\n\r\n" % len(body)
+    head = raw_post(body)[: -len(body)]
     with connect(gw.port) as sock:
         sock.sendall(head)
         time.sleep(0.2)
@@ -153,10 +160,7 @@ def test_a_body_gets_its_full_time_from_its_own_head(sims, gateway_process):
         assert read_response(sock).startswith(b"HTTP/1.1 200 ")
         time.sleep(limit / 2)
         sock.sendall(head)
-        sent = time.monotonic()
-        time.sleep(limit * 3 / 4)  # past the first body's time, within the second's
-        if time.monotonic() - sent >= limit:
-            pytest.skip("the machine stalled this test past the body time it checks")
+        sleep_within(limit * 3 / 4, time.monotonic(), limit, "body time")  # past the first body's, within this one's
         sock.sendall(body)
         assert read_response(sock).startswith(b"HTTP/1.1 200 ")
         sock.sendall(head)
@@ -222,10 +226,8 @@ def test_keep_alive_counts_from_the_last_response(serve, gateway_process):
         time.sleep(keepalive / 2)
         sock.sendall(request)
         assert read_response(sock).startswith(b"HTTP/1.1 200 ")
-        last = time.monotonic()
-        time.sleep(keepalive * 2 / 3)  # past the first response's keep-alive, within the second's
-        if time.monotonic() - last >= keepalive:
-            pytest.skip("the machine stalled this test past the keep-alive it checks")
+        # Past the first response's keep-alive, within the second's.
+        sleep_within(keepalive * 2 / 3, time.monotonic(), keepalive, "keep-alive")
         sock.sendall(request)
         assert read_response(sock).startswith(b"HTTP/1.1 200 ")
         assert sock.recv(1) == b""  # and it closes once idle again
