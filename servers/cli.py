@@ -228,13 +228,20 @@ def _up(args: argparse.Namespace) -> int:
         _say("stopping what this run started")
         asyncio.run(supervisor.stop_started())
         return 1
-    statuses = asyncio.run(supervisor.status())
+    if args.foreground:
+        try:
+            return asyncio.run(_stay_attached(supervisor))
+        except KeyboardInterrupt:  # a Ctrl-C that came before _stay_attached's own handler was in place
+            _say("stopping the servers")
+            return _down_report(asyncio.run(supervisor.down()), supervisor)
+    _say_statuses(asyncio.run(supervisor.status()))
+    _say(f"servers keep running; stop them with `crossover servers down {args.profile}`")
+    return 0
+
+
+def _say_statuses(statuses) -> None:
     for status in statuses:
         _say(f"{status.name}: {status.state} at {status.url} (pid {status.pid})")
-    if not args.foreground:
-        _say(f"servers keep running; stop them with `crossover servers down {args.profile}`")
-        return 0
-    return asyncio.run(_stay_attached(supervisor))
 
 
 async def _stay_attached(supervisor) -> int:
@@ -243,6 +250,7 @@ async def _stay_attached(supervisor) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    _say_statuses(await supervisor.status())  # after the handlers: a Ctrl-C from here on stops the servers
     failed = None
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
