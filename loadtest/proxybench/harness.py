@@ -5,7 +5,8 @@ crossover and through today's Rust gateways (smg, vllm-router; `peers.py`), in o
 
 Each cell (streaming with --max-tokens chunks and not, at each concurrency, then a paced run whose
 chunks come --paced-delay-ms apart) runs the load generator (`proxybench.loadgen`, its own process)
-against each target in turn, so slow drift on a shared machine hits all targets alike. The paced run's
+against each target in turn, --rounds times, each round starting one target later, so slow drift on a
+shared machine hits all targets alike; a cell's row per target is the median of its rounds. The paced run's
 clients start spread over one stream's length (`loadgen --ramp`), not as one burst. Every process it
 starts runs in its own process group and is stopped on the way out. Each peer runs from its own venv
 (created on first use as .venv-<name> in --venvs). Every target's CPU time (its whole process tree, from
@@ -29,7 +30,15 @@ from pathlib import Path
 
 from crossover.gateway.cli import non_negative_float, positive_float, positive_int, positive_int_list
 from crossover.loadtest.proxybench.peers import PEERS, SMG, VLLM_ROUTER, InstallFailed
-from crossover.loadtest.proxybench.report import CROSSOVER, DIRECT, Bar, check_bar, render_markdown, render_text
+from crossover.loadtest.proxybench.report import (
+    CROSSOVER,
+    DIRECT,
+    Bar,
+    check_bar,
+    combine,
+    render_markdown,
+    render_text,
+)
 from crossover.servers import process
 
 HOST = "127.0.0.1"
@@ -69,6 +78,7 @@ class Plan:
     paced_delay_ms: float = 20.0
     paced_duration: float = 10.0
     timeout: float = 60.0
+    rounds: int = 3  # each cell, every target in turn: the row is the median of its rounds
 
     def fast_cells(self) -> list[Cell]:
         return [Cell(kind, c, self.max_tokens) for kind in ("stream", "non-stream") for c in self.concurrency]
@@ -178,27 +188,35 @@ def run_cell(target: Target, cell: Cell, plan: Plan) -> dict:
 
 
 def run(plan: Plan, targets: tuple[str, ...], peers: dict[str, Path]) -> tuple[list[dict], dict[str, str]]:
-    """Every cell against every target: (rows, {target: command line}). Rows carry `kind`, `target` and
-    `ratio` (req/s over direct's)."""
+    """Every cell against every target, `plan.rounds` times in turn: (rows, {target: command line}). Rows
+    are each target's rounds of a cell `combine`d, and carry `kind`, `target` and `ratio` (req/s over
+    direct's)."""
     rows: list[dict] = []
     commands: dict[str, str] = {}
     stages = [(0.0, plan.fast_cells())] + ([(plan.paced_delay_ms, [plan.paced_cell()])] if plan.paced else [])
     for delay, cells in stages:
         with running_targets(targets, delay, peers) as started:
             commands.update({name: target.command for name, target in started.items() if delay == 0.0})
+            names = list(started)
             for cell in cells:
-                direct = None
-                for name, target in started.items():
-                    report = run_cell(target, cell, plan)
-                    direct = report["rps"] if name == DIRECT else direct
-                    ratio = round(report["rps"] / direct, 3) if direct else None
-                    rows.append({"kind": cell.kind, "target": name, "ratio": ratio, **report})
-                    print(
-                        f"proxybench: {cell.kind} C={cell.concurrency} {name}: {report['rps']} req/s, "
-                        f"{report['cpu_ms_per_request']} CPU ms/request, {report['errors']} errors",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                reports: dict[str, list[dict]] = {name: [] for name in names}
+                for turn in range(plan.rounds):
+                    # Each round starts one target later, so none always runs first (or right after another).
+                    for name in names[turn % len(names) :] + names[: turn % len(names)]:
+                        report = run_cell(started[name], cell, plan)
+                        reports[name].append(report)
+                        print(
+                            f"proxybench: {cell.kind} C={cell.concurrency} round {turn + 1}/{plan.rounds} {name}: "
+                            f"{report['rps']} req/s, {report['cpu_ms_per_request']} CPU ms/request, "
+                            f"{report['errors']} errors",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                combined = {name: combine(runs) for name, runs in reports.items()}
+                direct = combined[DIRECT]["rps"]
+                for name, row in combined.items():
+                    ratio = round(row["rps"] / direct, 3) if direct else None
+                    rows.append({"kind": cell.kind, "target": name, "ratio": ratio, **row})
     return rows, commands
 
 
@@ -237,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--paced-duration", type=positive_float, default=Plan.paced_duration, help="measured seconds")
     parser.add_argument("--timeout", type=positive_float, default=Plan.timeout, help="per request, seconds")
     parser.add_argument(
+        "--rounds", type=positive_int, default=Plan.rounds, help="runs of each cell per target, in turn (default 3)"
+    )
+    parser.add_argument(
         "--venvs", type=Path, default=REPO_ROOT, help="where the peers' venvs are made (default: the repository)"
     )
     parser.add_argument("--markdown", type=Path, help="also write the table and the bar as markdown here")
@@ -259,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         args.paced_delay_ms,
         args.paced_duration,
         args.timeout,
+        args.rounds,
     )
     try:
         peers = {name: PEERS[name].installed(args.venvs) for name in args.targets if name in PEERS}

@@ -1,13 +1,15 @@
 """The proxy benchmark's verdict: the bar checked line by line, and the table as text or markdown.
 
-Rows are `harness.run` output: loadgen reports plus `kind` (stream / non-stream / paced), `target` (direct,
-crossover, or a peer: any other name) and `ratio` (req/s over direct's in the same cell). The bar judges what
-holds whatever the core count - CPU per request, from /proc - and added latency; req/s stays in the table.
-A bar line whose inputs were not measured (a target or a cell left out) is reported as SKIP, not FAIL.
+Rows are `harness.run` output: one per cell and target, each a target's rounds of that cell `combine`d, plus
+`kind` (stream / non-stream / paced), `target` (direct, crossover, or a peer: any other name) and `ratio`
+(req/s over direct's in the same cell). The bar judges what holds whatever the core count - CPU per request,
+from /proc - and added latency, each the median of its rounds; req/s stays in the table. A bar line whose
+inputs were not measured (a target or a cell left out) is reported as SKIP, not FAIL.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 DIRECT, CROSSOVER = "direct", "crossover"
@@ -16,6 +18,32 @@ TTFC_ADDED_MAX_MS = 2.0  # crossover's added p50 time to first chunk at C=1, str
 PACED_RPS_FRACTION = 0.97  # of direct's req/s in the paced run
 PACED_TTFC_ADDED_MAX_MS = 10.0  # over direct's p50 time to first chunk in the paced run
 CPU = "cpu_ms_per_request"
+CPU_ROUNDS = "cpu_rounds"  # each round's CPU per request, in the order they ran
+_SUMMED = ("sent", "ok", "completed", "errors", "window_errors", "cpu_s", "window_s")
+_MEDIAN = ("rps", "latency_p50_ms", "latency_p99_ms", "ttfc_p50_ms", "ttfc_p99_ms", CPU)
+
+
+def combine(reports: list[dict]) -> dict:
+    """One target's rounds of one cell (loadgen reports) as one row: each rate, latency and CPU per request the
+    median of its rounds (None if no round measured it), counts and times summed, error kinds merged, and every
+    round's CPU per request kept (`cpu_rounds`) to show the spread. A median of rounds run in turn with the
+    other targets' is what one noisy window cannot be: on 2 shared cores one target's CPU per request moves by
+    up to 60% from one run to the next."""
+    row = dict(reports[0])
+    for key in _MEDIAN:
+        values = [report[key] for report in reports if report.get(key) is not None]
+        row[key] = round(statistics.median(values), 4) if values else None
+    for key in _SUMMED:
+        values = [report[key] for report in reports if report.get(key) is not None]
+        row[key] = round(sum(values), 3) if values else None
+    kinds: dict[str, int] = {}
+    for report in reports:
+        for kind, count in report.get("error_kinds", {}).items():
+            kinds[kind] = kinds.get(kind, 0) + count
+    row["error_kinds"] = kinds
+    row["rounds"] = len(reports)
+    row[CPU_ROUNDS] = [report.get(CPU) for report in reports]
+    return row
 
 
 @dataclass
@@ -76,14 +104,15 @@ def check_bar(rows: list[dict]) -> list[Bar]:
 
     paced = [r for r in rows if r["kind"] == "paced"]
     c = paced[0]["concurrency"] if paced else 0
+    cell = f"paced C={c}" if paced else "paced"
     ours, direct = _row(rows, "paced", c, CROSSOVER), _row(rows, "paced", c, DIRECT)
-    line = f"paced C={c}: crossover passes >= {PACED_RPS_FRACTION:.0%} of direct's req/s"
+    line = f"{cell}: crossover passes >= {PACED_RPS_FRACTION:.0%} of direct's req/s"
     if ours is None or direct is None:
         bars.append(Bar(line, None, "not measured"))
     else:
         bars.append(Bar(line, ours["rps"] >= PACED_RPS_FRACTION * direct["rps"], f"{ours['ratio']:.1%} of direct"))
     added = _added(rows, "paced", c, CROSSOVER, "ttfc_p50_ms")
-    line = f"paced C={c}: crossover's p50 time to first chunk <= direct's + {PACED_TTFC_ADDED_MAX_MS:g} ms"
+    line = f"{cell}: crossover's p50 time to first chunk <= direct's + {PACED_TTFC_ADDED_MAX_MS:g} ms"
     bars.append(
         Bar(line, None, "not measured")
         if added is None
@@ -107,6 +136,7 @@ HEADER = (
     "C",
     "target",
     "CPU ms/req",
+    "CPU range",
     "req/s",
     "x direct",
     "p50 ms",
@@ -123,11 +153,13 @@ def _cells(row: dict) -> tuple[str, ...]:
 
     streamed = row["kind"] != "non-stream"
     ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
+    rounds = [cpu for cpu in row.get(CPU_ROUNDS, ()) if cpu is not None]
     return (
         row["kind"],
         str(row["concurrency"]),
         row["target"],
         "-" if row.get(CPU) is None else f"{row[CPU]:.3f}",
+        f"{min(rounds):.3f}-{max(rounds):.3f}" if len(rounds) > 1 else "-",
         f"{row['rps']:.0f}",
         ratio,
         ms(row["latency_p50_ms"]),
@@ -149,7 +181,8 @@ def render_text(rows: list[dict], bars: list[Bar]) -> str:
 
 def render_markdown(rows: list[dict], bars: list[Bar], command: str, targets: dict[str, str] | None = None) -> str:
     """The command, how each target was started (`targets`: {name: command line}), the table and the bar.
-    CPU ms/req is the target's whole process tree (the backend's, for direct) over the window."""
+    CPU ms/req is the target's whole process tree (the backend's, for direct) over the window: the median of
+    the rounds, whose lowest and highest are its range."""
     lines = [f"`{command}`", ""]
     lines += [f"- {name}: `{started}`" for name, started in (targets or {}).items()]
     lines += ["", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]

@@ -60,6 +60,8 @@ def test_smoke_direct_and_crossover(tmp_path):
         "4",
         "--paced-delay-ms",
         "2",
+        "--rounds",
+        "2",
         timeout=SMOKE_TIMEOUT_S,
     )
     rows = result["rows"]
@@ -71,11 +73,15 @@ def test_smoke_direct_and_crossover(tmp_path):
     ]
     assert cells == expected
     for r in rows:
-        assert (r["sent"], r["ok"], r["completed"], r["errors"]) == (REQUESTS, REQUESTS, REQUESTS, 0), r
+        assert (r["sent"], r["ok"], r["completed"], r["errors"]) == (2 * REQUESTS, 2 * REQUESTS, 2 * REQUESTS, 0), r
+        assert r["rounds"] == 2 and len(r["cpu_rounds"]) == 2, r
         assert r["rps"] > 0 and r["ratio"] > 0
         assert 0 < r["latency_p50_ms"] <= r["latency_p99_ms"]
         assert 0 < r["ttfc_p50_ms"] <= r["ttfc_p99_ms"]
         assert r["cpu_ms_per_request"] >= 0  # 30 tiny requests may fit in one clock tick
+    # Each round starts one target later: neither always runs first.
+    order = [line.split()[5] for line in done.stderr.splitlines() if line.startswith("proxybench: stream C=1 round")]
+    assert order == ["direct:", "crossover:", "crossover:", "direct:"], done.stderr
     assert set(result["targets"]) == {"direct", "crossover"}
     assert "crossover.gateway.cli serve" in result["targets"]["crossover"]
     # Peer lines cannot be judged without peers; the others are judged (timings: not asserted here).
@@ -119,6 +125,8 @@ def test_the_peers_run_from_venvs_made_on_first_use(tmp_path):
         "1",
         "--requests",
         str(REQUESTS),
+        "--rounds",
+        "1",
         "--no-paced",
         timeout=INSTALL_TIMEOUT_S + SMOKE_TIMEOUT_S,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from crossover.loadtest.proxybench.report import check_bar, render_markdown, render_text
+from crossover.loadtest.proxybench.report import check_bar, combine, render_markdown, render_text
 
 
 def row(kind, c, target, rps=100.0, lat=1.0, ttfc=0.5, errors=0, ratio=1.0, cpu=0.2):
@@ -126,4 +126,32 @@ def test_renderings_carry_every_row_and_line():
     assert markdown.startswith("`python -m crossover.loadtest.proxybench`")
     assert "- smg: `smg launch --worker-urls http://127.0.0.1:1 --policy round_robin`" in markdown
     assert markdown.count("\n| ") == 1 + len(rows) + 1 + len(bars)
-    assert "| stream | 32 | crossover | 0.350 | 10 |" in markdown
+    assert "| stream | 32 | crossover | 0.350 | - | 10 |" in markdown
+    rows[0]["cpu_rounds"] = [0.2, None, 0.31, 0.25]  # a round whose CPU could not be read has no say in the range
+    assert "| stream | 1 | direct | 0.200 | 0.200-0.310 | 100 |" in render_markdown(rows, bars, "-")
+
+
+def test_rounds_combine_as_medians_and_sums():
+    rounds = [
+        row("non-stream", 32, "crossover", rps=900.0, lat=2.0, cpu=0.12, errors=1),
+        row("non-stream", 32, "crossover", rps=1000.0, lat=1.0, cpu=0.10),
+        row("non-stream", 32, "crossover", rps=1100.0, lat=3.0, cpu=None, errors=2),
+    ]
+    rounds[0]["error_kinds"], rounds[2]["error_kinds"] = {"http_503": 1}, {"http_503": 1, "timeout": 1}
+    combined = combine(rounds)
+    assert (combined["rps"], combined["latency_p50_ms"], combined["latency_p99_ms"]) == (1000.0, 2.0, 4.0)
+    assert combined["cpu_ms_per_request"] == 0.11  # the median of the rounds that measured it
+    assert combined["cpu_rounds"] == [0.12, 0.10, None] and combined["rounds"] == 3
+    assert (combined["sent"], combined["errors"]) == (33, 3)
+    assert combined["error_kinds"] == {"http_503": 2, "timeout": 1}
+    assert (combined["kind"], combined["concurrency"], combined["target"]) == ("non-stream", 32, "crossover")
+    assert combine([rounds[2]])["cpu_ms_per_request"] is None
+
+
+def test_a_run_without_the_paced_cell_names_no_concurrency_for_it():
+    rows = [r for r in full_run() if r["kind"] != "paced"]
+    skipped = [line for line, verdict in verdicts(rows).items() if verdict == "SKIP"]
+    assert skipped == [
+        "paced: crossover passes >= 97% of direct's req/s",
+        "paced: crossover's p50 time to first chunk <= direct's + 10 ms",
+    ]
