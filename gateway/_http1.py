@@ -292,7 +292,9 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = self.busy = self.writing_paused = self.head_only = False
         self.idle_since = 0.0
-        self.fd = -1  # plain TCP only: what closed_by_server looks at
+        # Plain TCP only: what closed_by_server looks at, a poll set of this one socket. poll(0) on it costs a
+        # third of what select.select((fd,), (), (), 0) costs (no fd_set or lists to build per call).
+        self.poller: select.poll | None = None
         self.waiter: asyncio.Future | None = None
         # While `pump` waits: takes what a read brought, in the read's own callback; False leaves it to the waiter.
         self.sink: Callable[[], bool] | None = None
@@ -370,11 +372,11 @@ class _Connection(asyncio.Protocol):
         """Whether this idle connection has something to read - an EOF or a reset not yet delivered by the
         event loop, or bytes nobody asked for: either way it cannot carry a request. One poll of the socket,
         for a close that crossed the pool's last look. (Not under TLS, whose records may come unasked.)"""
-        if self.fd < 0:
+        if self.poller is None:
             return False
         try:
-            return bool(select.select((self.fd,), (), (), 0)[0])
-        except (OSError, ValueError):
+            return bool(self.poller.poll(0))  # readable, hung up, in error, or not a descriptor (POLLNVAL)
+        except OSError:
             return True
 
     def answer(self) -> tuple[int, RawHeaders, bytes]:
@@ -413,7 +415,8 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # with TCP_NODELAY: asyncio and uvloop both set it (no 40 ms Nagle stalls)
         sock = transport.get_extra_info("socket")
         if sock is not None and transport.get_extra_info("sslcontext") is None:
-            self.fd = sock.fileno()
+            self.poller = select.poll()
+            self.poller.register(sock.fileno(), select.POLLIN)
 
     def data_received(self, data: bytes) -> None:
         self.received = True
