@@ -9,6 +9,7 @@ inputs were not measured (a target or a cell left out) is reported as SKIP, not 
 
 from __future__ import annotations
 
+import collections
 import statistics
 from dataclasses import dataclass
 
@@ -36,11 +37,10 @@ def combine(reports: list[dict]) -> dict:
     for key in _SUMMED:
         values = [report[key] for report in reports if report.get(key) is not None]
         row[key] = round(sum(values), 3) if values else None
-    kinds: dict[str, int] = {}
+    kinds: collections.Counter[str] = collections.Counter()
     for report in reports:
-        for kind, count in report.get("error_kinds", {}).items():
-            kinds[kind] = kinds.get(kind, 0) + count
-    row["error_kinds"] = kinds
+        kinds.update(report.get("error_kinds", {}))
+    row["error_kinds"] = dict(kinds)
     row["rounds"] = len(reports)
     row[CPU_ROUNDS] = [report.get(CPU) for report in reports]
     return row
