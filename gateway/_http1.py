@@ -296,8 +296,9 @@ class _Connection(asyncio.Protocol):
         # third of what select.select((fd,), (), (), 0) costs (no fd_set or lists to build per call).
         self.poller: select.poll | None = None
         self.waiter: asyncio.Future | None = None
-        # While `pump` waits: takes what a read brought, in the read's own callback; False leaves it to the waiter.
-        self.sink: Callable[[], bool] | None = None
+        # While `pump` waits: sends on the piece a read brought, in the read's own callback; False (nothing sent)
+        # leaves it to the waiter.
+        self.offer: Callable[[bytes], bool] | None = None
         # A request sent by `dispatch`, with no task waiting: told once its response is whole or has failed.
         self.settled: Callable[[_Connection], None] | None = None
         self.expired: Callable[[_Connection], None] | None = None
@@ -435,16 +436,23 @@ class _Connection(asyncio.Protocol):
             chunks.clear()
             self.close()
             return
+        # A piece of a body still under way, with nothing buffered before it (that would go out of order): offered
+        # on at once. A stream's every token costs this one callback, the offer, and the writes they make.
+        offer = self.offer
+        if offer is not None and not before and self.busy:
+            piece = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if offer(piece):
+                chunks.clear()
+                if self.wait_timeout is not None:  # the wait goes on, and its bound starts again
+                    self.wait_due = self.loop.time() + self.wait_timeout
+                return
         self.buffered += len(data)  # framing included: a high-water mark need not be exact
         # A response that completed in this read stays readable: its connection may go back to the pool. One
         # that `dispatch` sent is read whole, as `aread` would read it: nothing takes its pieces before the end.
         if self.buffered > HIGH_WATER and self.busy and not self.reading_paused and self.settled is None:
             self.reading_paused = True
             self.transport.pause_reading()
-        if self.sink is None or not self.sink():
-            self._wake()
-        elif self.wait_timeout is not None:  # the sink took it: the wait goes on, and its bound starts again
-            self.wait_due = self.loop.time() + self.wait_timeout
+        self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -518,7 +526,7 @@ class RawResponse:
 
     async def aread(self) -> bytes:
         parts: list[bytes] = []
-        await pump(self.stream, lambda piece, ended: parts.append(piece), lambda: False)
+        await pump(self.stream, lambda piece, ended: parts.append(piece))
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def ended(self) -> bool:
@@ -577,12 +585,13 @@ class _Body(httpx.AsyncByteStream):
 async def pump(
     chunks: AsyncIterator[bytes],
     deliver: Callable[[bytes, bool], Awaitable[None] | None],
-    at_once: Callable[[], bool],
+    offer: Callable[[bytes], bool] | None = None,
 ) -> None:
     """A response body to its end through `deliver(piece, ended)`, which returns None once the piece is out, or
-    an awaitable that sends it. On this transport, while `at_once()` says a piece can go out without waiting,
-    each piece is delivered from the connection's read callback itself: a stream's pieces cost no task wake-up
-    each. Any other body (another transport's) is iterated, its end delivered as an empty last piece.
+    an awaitable that sends it. On this transport, `offer(piece)` is first given each piece that is not the last,
+    from the connection's read callback itself: True means it went out, False that nothing was sent and the piece
+    goes to `deliver` (from the waiting task, in order). So while the client keeps up, a stream's pieces cost no
+    task wake-up each. Any other body (another transport's) is iterated, its end delivered as an empty last piece.
     """
     if type(chunks) is not _Body:
         async for piece in chunks:
@@ -597,13 +606,6 @@ async def pump(
     conn = body._conn
     if conn is None:
         return
-
-    def on_read() -> bool:
-        if conn.complete or conn.error is not None or not conn.chunks or not at_once():
-            return False  # the end, a failure or a client to wait for: the waiting task takes it
-        deliver(conn.take(), False)  # at_once() promised it goes out now: deliver returns None
-        return True
-
     try:
         while True:
             if conn.chunks or conn.complete:
@@ -617,11 +619,11 @@ async def pump(
                 if ended:
                     return
                 continue
-            conn.sink = on_read
+            conn.offer = offer
             try:
                 await conn.wait(body._timeout, httpx.ReadTimeout, body._request)
             finally:
-                conn.sink = None
+                conn.offer = None
     except BaseException:  # cancelled or failed: the connection cannot be reused
         body._done()
         raise

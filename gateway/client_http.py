@@ -118,20 +118,57 @@ class ClientLink:
         two: half the syscalls and none of its per-header checks, which a proxied response needs none of (the
         backend's headers passed llhttp's). False, with nothing written, if a response began or the client left.
         """
+        cycle = self._begin()
+        if cycle is None:
+            return False
+        parts = self._head(cycle, status, headers)
+        parts += (b"\r\n", body)
+        self._protocol.transport.write(b"".join(parts))
+        self._complete(cycle)
+        return True
+
+    def start_stream(self, status: int, headers: list[tuple[bytes, bytes]], first: bytes, ended: bool) -> bool:
+        """Begin a chunked response - the head as `respond` writes it, then `first` as its first piece (and its
+        end, if `ended`) - in one write, where uvicorn's `send` and `write_body` would take two. False, with
+        nothing written, if a response began, the client left or its connection asks the writer to wait, or
+        the status has no body, or the client speaks HTTP/1.0 (which has no chunked encoding)."""
+        cycle = self.cycle
+        if cycle is None or cycle.flow.write_paused or status in (204, 304) or cycle.scope["http_version"] == "1.0":
+            return False
+        cycle = self._begin()
+        if cycle is None:
+            return False
+        cycle.chunked_encoding, cycle.expected_content_length = True, 0
+        parts = self._head(cycle, status, headers)
+        parts.append(b"transfer-encoding: chunked\r\n\r\n")
+        if first:
+            parts += (b"%x\r\n" % len(first), first, b"\r\n")
+        if ended:
+            parts.append(b"0\r\n\r\n")
+        self._protocol.transport.write(b"".join(parts))
+        if ended:
+            self._complete(cycle)
+        return True
+
+    def _begin(self):
+        """uvicorn's cycle of a response that may begin now, marked begun; None if a response began already or
+        the client is gone."""
         cycle = self.cycle
         if cycle is None or cycle.response_started or cycle.disconnected or self.going():
-            return False
+            return None
         cycle.response_started = True
         cycle.waiting_for_100_continue = False
+        return cycle
+
+    @staticmethod
+    def _head(cycle, status: int, headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+        """The status line and header lines as uvicorn writes them (its own headers first), the blank line not."""
         parts = [STATUS_LINE[status]]
         for name, value in itertools.chain(cycle.default_headers, headers):
             parts += (name, b": ", value, b"\r\n")
         if not cycle.keep_alive:
             parts.append(b"connection: close\r\n")
-        parts += (b"\r\n", body)
-        self._protocol.transport.write(b"".join(parts))
-        self._complete(cycle)
-        return True
+        return parts
 
     def takes_body(self) -> bool:
         """Whether `write_body` would write now: a chunked response under way, the client there, and its
@@ -171,6 +208,27 @@ class ClientLink:
             return True
         self._protocol.transport.write(framed + b"0\r\n\r\n")
         self._complete(cycle)
+        return True
+
+    def send_piece(self, body: bytes) -> bool:
+        """`write_body(body, more_body=True)` for a stream's hot path, a token's piece from the backend's read
+        callback: `takes_body`'s checks inlined, one call in all. Where the connection is closing it writes nothing
+        and returns False, as `write_body` would, and leaves telling the request to the next `write_body` or
+        `send`. `body` is not empty."""
+        cycle, protocol = self.cycle, self._protocol
+        transport = protocol.transport
+        if (
+            cycle is None
+            or not cycle.chunked_encoding
+            or cycle.response_complete
+            or cycle.disconnected
+            or cycle.flow.write_paused
+            or transport is None
+            or transport.is_closing()
+            or protocol._lingering
+        ):
+            return False
+        transport.write(b"%x\r\n%s\r\n" % (len(body), body))
         return True
 
     def _complete(self, cycle) -> None:

@@ -415,27 +415,38 @@ class Exchange:
         if ERROR_MARK in head:
             head = self._reshape(head)
         self._watch(streaming=True)
-        await self._write(self._start(response.status_code, response_headers(response.headers)))
         # The piece that ends the backend's body also ends the client's: one write less per stream.
         ended = response.ended()
         if ended:
             head, pending = head + pending, b""
-        sending = self._put(head, ended)
-        if sending is not None:
-            await sending
+        headers = self._own(response_headers(response.headers))
+        if self.link is not None and self.link.start_stream(response.status_code, headers, head, ended):
+            self._sent(head)  # the response's head and its first piece in one write
+        else:
+            await self._write({"type": "http.response.start", "status": response.status_code, "headers": headers})
+            sending = self._put(head, ended)
+            if sending is not None:
+                await sending
         self.endpoint.metrics.first_event(self.pool, time.perf_counter() - self.started)
         if ended:
             self.outcome = labels.OK if self.stream_error is None else self.stream_error.outcome
             return usage_tokens(head)
         self.pending = pending
-        await pump(opened.chunks, self._deliver, self._takes_at_once)
+        await pump(opened.chunks, self._deliver, None if self.link is None else self._offer)
         self.outcome = labels.OK if self.stream_error is None else self.stream_error.outcome
         return usage_tokens(self.previous_chunk + self.last_chunk)
 
-    def _takes_at_once(self) -> bool:
-        """Whether the next piece can go out now, from the backend connection's own read callback: our server's
-        link takes it without waiting, and the request has not been cut."""
-        return self.cut is None and self.link is not None and self.link.takes_body()
+    def _offer(self, piece: bytes) -> bool:
+        """A piece of the backend's stream, from its connection's read callback: sent on now if it is whole events
+        that need no reshaping, the request has not been cut and our server's link takes it at once. False, with
+        nothing sent, leaves it to `_deliver`, which handles every other case."""
+        if self.cut is not None or self.pending or not piece.endswith(EVENT_ENDS) or ERROR_MARK in piece:
+            return False
+        if not self.link.send_piece(piece):
+            return False
+        self.last_chunk_at = self.loop.time()
+        self.previous_chunk, self.last_chunk = self.last_chunk, piece
+        return True
 
     def _deliver(self, chunk: bytes, ended: bool):
         """One piece of the backend's stream (`ended`: its last) on to the client, whole events only; None when
@@ -577,9 +588,6 @@ class Exchange:
             self.link.abort()
 
     # -- answers --------------------------------------------------------------------------------------
-
-    def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> dict:
-        return {"type": "http.response.start", "status": status, "headers": self._own(headers)}
 
     def _own(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         """`headers` with the gateway's own added: the response begins."""

@@ -657,7 +657,7 @@ async def read_by_iterating(stream, got: list[bytes]) -> None:
 
 
 async def read_by_pumping(stream, got: list[bytes]) -> None:
-    await http1.pump(stream, lambda piece, ended: got.append(piece), lambda: True)
+    await http1.pump(stream, lambda piece, ended: got.append(piece), lambda piece: got.append(piece) is None)
 
 
 @pytest.mark.parametrize("read", [read_by_iterating, read_by_pumping])
@@ -678,6 +678,59 @@ def test_a_body_that_stalls_is_a_read_timeout(run, read):
             await response.aclose()
             assert_settled(transport)
             assert not transport._conns
+
+    run(scenario)
+
+
+def test_a_piece_the_offer_declines_goes_to_deliver_and_nothing_overtakes_it(run):
+    # The offer declines the first piece. Before the waiting task can take it, another read arrives (fed straight
+    # into the connection, queued ahead of the task's wake-up): it must not be offered past the piece still
+    # buffered, but delivered after it. The server sends the first piece once the head is in (so it comes in a
+    # read of its own, to a pump already waiting), each later one once what came before was passed on.
+    head_in, delivered = asyncio.Event(), asyncio.Event()
+
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await head_in.wait()
+        writer.write(b"2\r\na\n\r\n")
+        await writer.drain()
+        await delivered.wait()
+        delivered.clear()
+        writer.write(b"2\r\nc\n\r\n")
+        await writer.drain()
+        await delivered.wait()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async def scenario():
+        async with raw_server(handler) as url, Http1Transport(LIMITS) as transport:
+            response = await transport.handle_async_request(post(url, timeout=30.0))
+            conn = response.stream._conn
+            offered, got = [], []
+
+            def offer(piece):
+                offered.append(piece)
+                if piece == b"a\n":
+                    conn.loop.call_soon(conn.data_received, b"2\r\nb\n\r\n")
+                    return False
+                got.append(piece)
+                delivered.set()
+                return True
+
+            def deliver(piece, ended):
+                got.append(piece)
+                if b"b\n" in piece:
+                    delivered.set()
+
+            head_in.set()  # the server runs again only once the pump below waits
+            await http1.pump(response.stream, deliver, offer)
+            assert b"".join(got) == b"a\nb\nc\n"
+            assert got[0] == b"a\nb\n"  # the declined piece and the one behind it, in order, from the task
+            assert offered == [b"a\n", b"c\n"]  # the piece behind a buffered one was never offered
+            assert_settled(transport)
 
     run(scenario)
 
@@ -708,14 +761,19 @@ def test_every_piece_a_pump_takes_restarts_its_wait_bound(run):
             got, bounds = [], []
             previous = [None]
 
-            def deliver(piece, ended):
-                if piece and previous[0] is not None:  # the bound the previous piece left behind
+            def offer(piece):
+                if previous[0] is not None:  # the bound the previous piece left behind
                     bounds.append(conn.wait_due - previous[0])
                 previous[0] = conn.loop.time()
                 got.append(piece)
                 taken.set()
+                return True
 
-            await http1.pump(response.stream, deliver, lambda: True)
+            def deliver(piece, ended):
+                got.append(piece)
+                taken.set()
+
+            await http1.pump(response.stream, deliver, offer)
             assert b"".join(got) == b"x\n" * pieces
             assert len(bounds) >= pieces - 2 and all(bound >= timeout - 1e-6 for bound in bounds), bounds
             assert_settled(transport)
