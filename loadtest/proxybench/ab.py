@@ -4,15 +4,22 @@
         --kind non-stream --concurrency 32 --rounds 4
 
 Each Python must have the crossover to time installed (a checkout's own venv, `pip install -e .`). One zero
-backend serves both; every run starts a fresh gateway - two gateways side by side measured the same code 5%
-apart by position alone - and the runs alternate A B B A A B ..., so drift on a shared machine falls on both
-alike. It prints each run's CPU per request (the gateway's process tree, from /proc, as the benchmark measures
-it), req/s and p50, then the median and range of the per-pair ratios B/A: below 1 means B costs less.
+backend serves both; every run starts a fresh gateway and the runs alternate A B B A A B ..., so drift on a
+shared machine falls on both alike. It prints each run's CPU per request (the gateway's process tree, from
+/proc, as the benchmark measures it), req/s and p50, then the median and range of the per-pair ratios B/A:
+below 1 means B costs less.
+
+On a noisy machine one run's CPU per request can move by 15% from the next's. `--together` runs each pair's two
+gateways at once instead, each under a load generator of its own, started together (the one started first
+alternates too): what the machine does to one it does to the other in the same seconds. The same build against
+itself so gave 0.97-1.01 (paced, 128 streams each, 4 pairs), where alternating runs of a paced stream ranged
+0.84-1.26. Each gateway then shares the cores with the other's load, so its figures are not the benchmark's.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import shlex
 import statistics
 import subprocess
@@ -62,8 +69,13 @@ def ratios(runs: list[Run]) -> list[float]:
     return out
 
 
-def measure(pythons: dict[str, str], cell: Cell, plan: Plan, rounds: int, chunk_delay_ms: float) -> list[Run]:
+def measure(
+    pythons: dict[str, str], cell: Cell, plan: Plan, rounds: int, chunk_delay_ms: float, together: bool = False
+) -> list[Run]:
+    """`rounds` pairs of runs, A and B in `order`; `together`: each pair's two gateways run side by side, each
+    under a load generator of its own, both started at once, so the two windows are the same seconds."""
     runs: list[Run] = []
+    sides = order(rounds)
     with tempfile.TemporaryDirectory(prefix="proxybench-ab-") as tmp:
         ports = process.free_port(HOST), process.free_port(HOST)
         backend = [sys.executable, "-m", "crossover.loadtest.proxybench.zerobackend", "--host", HOST]
@@ -72,27 +84,49 @@ def measure(pythons: dict[str, str], cell: Cell, plan: Plan, rounds: int, chunk_
         try:
             wait_serving(f"http://{HOST}:{ports[0]}", procs[0])
             config = crossover_config(Path(tmp), f"http://{HOST}:{ports[0]}", f"http://{HOST}:{ports[1]}")
-            for side in order(rounds):
-                port = process.free_port(HOST)
-                argv = [pythons[side], "-m", "crossover.gateway.cli", "serve", "--config", str(config)]
-                argv += ["--host", HOST, "--port", str(port)]
-                gateway = spawn(argv, cwd=Path(tmp))  # not this checkout: nothing of it may shadow theirs
+            batches = [sides[i : i + 2] for i in range(0, len(sides), 2)] if together else [[side] for side in sides]
+            for batch in batches:
+                gateways: list[subprocess.Popen] = []
                 try:
-                    url = f"http://{HOST}:{port}"
-                    wait_serving(url, gateway)
-                    report = run_cell(Target(url, gateway.pid, shlex.join(argv)), cell, plan)
+                    targets = [_start(pythons[side], config, Path(tmp), gateways) for side in batch]
+                    with concurrent.futures.ThreadPoolExecutor(len(targets)) as pool:
+                        reports = list(pool.map(lambda target: run_cell(target, cell, plan), targets))
                 finally:
-                    process.stop([gateway], STOP_TIMEOUT_S)
-                if report["errors"]:
-                    raise SetupError(
-                        f"{side} answered {report['errors']} requests with errors: {report['error_kinds']}"
+                    process.stop(gateways, STOP_TIMEOUT_S)
+                for side, report in zip(batch, reports, strict=True):
+                    if report["errors"]:
+                        raise SetupError(
+                            f"{side} answered {report['errors']} requests with errors: {report['error_kinds']}"
+                        )
+                    run = Run(side, report["cpu_ms_per_request"], report["rps"], report["latency_p50_ms"])
+                    runs.append(run)
+                    print(
+                        f"{side}: {run.cpu_ms_per_request:.4f} CPU ms/request, {run.rps:.0f} req/s, p50 {run.p50_ms} ms"
                     )
-                run = Run(side, report["cpu_ms_per_request"], report["rps"], report["latency_p50_ms"])
-                runs.append(run)
-                print(f"{side}: {run.cpu_ms_per_request:.4f} CPU ms/request, {run.rps:.0f} req/s, p50 {run.p50_ms} ms")
         finally:
             process.stop(procs, STOP_TIMEOUT_S)
     return runs
+
+
+def _start(python: str, config: Path, cwd: Path, started: list[subprocess.Popen]) -> Target:
+    """A fresh gateway of `python`'s build, serving; added to `started` as soon as it runs."""
+    port = process.free_port(HOST)
+    argv = [
+        python,
+        "-m",
+        "crossover.gateway.cli",
+        "serve",
+        "--config",
+        str(config),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+    ]
+    started.append(spawn(argv, cwd=cwd))  # not this checkout: nothing of it may shadow theirs
+    url = f"http://{HOST}:{port}"
+    wait_serving(url, started[-1])
+    return Target(url, started[-1].pid, shlex.join(argv))
 
 
 def summary(runs: list[Run]) -> str:
@@ -122,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--paced-delay-ms", type=non_negative_float, default=Plan.paced_delay_ms, help="gap between chunks (paced)"
     )
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="run each pair's two gateways at once, each with --concurrency of its own: the same seconds for both",
+    )
     return parser
 
 
@@ -137,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     cell = Cell(args.kind, args.concurrency, args.max_tokens)
     try:
-        runs = measure({"A": args.a, "B": args.b}, cell, plan, args.rounds, args.paced_delay_ms if paced else 0.0)
+        delay = args.paced_delay_ms if paced else 0.0
+        runs = measure({"A": args.a, "B": args.b}, cell, plan, args.rounds, delay, args.together)
     except (SetupError, process.NotReady, subprocess.TimeoutExpired, OSError) as exc:
         print(f"proxybench.ab: {exc}", file=sys.stderr)
         return 2

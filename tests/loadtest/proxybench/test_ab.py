@@ -34,6 +34,17 @@ def test_one_pair_of_real_runs_reports_both_and_their_ratio():
     assert "B/A per pair: median" in lines[-1] and "(1 pairs)" in lines[-1]
 
 
+def test_together_runs_both_gateways_of_a_pair_and_reports_their_ratio():
+    done = run_ab(
+        sys.executable, sys.executable, "--together", "--rounds", "2", "--requests", "200", "--concurrency", "4"
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines[:4]] == ["A", "B", "B", "A"]  # the first started alternates
+    assert all(float(line.split()[1]) > 0 for line in lines[:4])
+    assert "(2 pairs)" in lines[-1]
+
+
 def test_a_python_that_cannot_start_is_a_setup_error(tmp_path):
     done = run_ab(sys.executable, str(tmp_path / "no-python"), "--rounds", "1", "--requests", "10")
     assert done.returncode == 2
