@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import shlex
 import statistics
 import subprocess
@@ -140,6 +141,11 @@ def summary(runs: list[Run]) -> str:
     )
 
 
+def _absolute(python: str) -> str:
+    """A path made absolute; a bare name (found on PATH) as it is."""
+    return str(Path(python).absolute()) if os.sep in python else python
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m crossover.loadtest.proxybench.ab", description=__doc__.split("\n\n")[0]
@@ -177,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     cell = Cell(args.kind, args.concurrency, args.max_tokens)
     try:
         delay = args.paced_delay_ms if paced else 0.0
-        runs = measure({"A": args.a, "B": args.b}, cell, plan, args.rounds, delay, args.together)
+        # The gateways run in a scratch directory: a relative path must mean what it meant where this was started.
+        pythons = {"A": _absolute(args.a), "B": _absolute(args.b)}
+        runs = measure(pythons, cell, plan, args.rounds, delay, args.together)
     except (SetupError, process.NotReady, subprocess.TimeoutExpired, OSError) as exc:
         print(f"proxybench.ab: {exc}", file=sys.stderr)
         return 2

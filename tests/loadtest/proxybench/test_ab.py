@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -35,9 +36,9 @@ def test_one_pair_of_real_runs_reports_both_and_their_ratio():
 
 
 def test_together_runs_both_gateways_of_a_pair_and_reports_their_ratio():
-    done = run_ab(
-        sys.executable, sys.executable, "--together", "--rounds", "2", "--requests", "200", "--concurrency", "4"
-    )
+    # B's Python by a relative path: the gateways run elsewhere, so it must be resolved where ab was started.
+    b = os.path.relpath(sys.executable)
+    done = run_ab(sys.executable, b, "--together", "--rounds", "2", "--requests", "200", "--concurrency", "4")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert [line.split(":")[0] for line in lines[:4]] == ["A", "B", "B", "A"]  # the first started alternates
