@@ -588,10 +588,11 @@ async def pump(
     offer: Callable[[bytes], bool] | None = None,
 ) -> None:
     """A response body to its end through `deliver(piece, ended)`, which returns None once the piece is out, or
-    an awaitable that sends it. On this transport, `offer(piece)` is first given each piece that is not the last,
-    from the connection's read callback itself: True means it went out, False that nothing was sent and the piece
-    goes to `deliver` (from the waiting task, in order). So while the client keeps up, a stream's pieces cost no
-    task wake-up each. Any other body (another transport's) is iterated, its end delivered as an empty last piece.
+    an awaitable that sends it. On this transport, `offer(piece)` is first given each piece that is not the last
+    and has nothing still buffered ahead of it, from the connection's read callback itself: True means it went
+    out, False that nothing was sent and the piece goes to `deliver` (from the waiting task, in order). So while
+    the client keeps up, a stream's pieces cost no task wake-up each. Any other body (another transport's) is
+    iterated, its end delivered as an empty last piece.
     """
     if type(chunks) is not _Body:
         async for piece in chunks:

@@ -112,18 +112,8 @@ def measure(
 def _start(python: str, config: Path, cwd: Path, started: list[subprocess.Popen]) -> Target:
     """A fresh gateway of `python`'s build, serving; added to `started` as soon as it runs."""
     port = process.free_port(HOST)
-    argv = [
-        python,
-        "-m",
-        "crossover.gateway.cli",
-        "serve",
-        "--config",
-        str(config),
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-    ]
+    argv = [python, "-m", "crossover.gateway.cli", "serve", "--config", str(config)]
+    argv += ["--host", HOST, "--port", str(port)]
     started.append(spawn(argv, cwd=cwd))  # not this checkout: nothing of it may shadow theirs
     url = f"http://{HOST}:{port}"
     wait_serving(url, started[-1])
