@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crossover.gateway.cli import non_negative_float, positive_float, positive_int
+from crossover.loadtest.proxybench.cpu import CLOCK_TICKS
 from crossover.loadtest.proxybench.harness import (
     HOST,
     STOP_TIMEOUT_S,
@@ -45,6 +46,9 @@ from crossover.loadtest.proxybench.harness import (
 from crossover.servers import process
 
 KINDS = ("stream", "non-stream", "paced")
+# /proc counts CPU in clock ticks (10 ms at the usual 100 Hz): a window that spent fewer than this many is
+# rounded by 10% or more, and one that spent none would make the ratio a division by zero.
+MIN_CPU_TICKS = 10
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,7 @@ def measure(
                         raise SetupError(
                             f"{side} answered {report['errors']} requests with errors: {report['error_kinds']}"
                         )
+                    _check_measurable(side, report)
                     run = Run(side, report["cpu_ms_per_request"], report["rps"], report["latency_p50_ms"])
                     runs.append(run)
                     print(
@@ -107,6 +112,16 @@ def measure(
         finally:
             process.stop(procs, STOP_TIMEOUT_S)
     return runs
+
+
+def _check_measurable(side: str, report: dict) -> None:
+    """A run whose CPU /proc cannot resolve is a setup error: its ratio would be noise or a division by zero."""
+    ticks = round((report["cpu_s"] or 0.0) * CLOCK_TICKS)
+    if ticks < MIN_CPU_TICKS:
+        raise SetupError(
+            f"{side}'s gateway spent {ticks} clock ticks of CPU in the window, under the {MIN_CPU_TICKS} "
+            f"(1/{CLOCK_TICKS} s each) a ratio needs: give each run more --duration or --requests"
+        )
 
 
 def _start(python: str, config: Path, cwd: Path, started: list[subprocess.Popen]) -> Target:

@@ -26,8 +26,13 @@ def run_ab(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
 
 
+# A timed window, not a count of requests: a count a fast machine serves in a few ticks of CPU is refused (below),
+# a window spends CPU in proportion to its length on any machine.
+TIMED = ("--duration", "2", "--warmup", "0.3", "--concurrency", "4")
+
+
 def test_one_pair_of_real_runs_reports_both_and_their_ratio():
-    done = run_ab(sys.executable, sys.executable, "--rounds", "1", "--requests", "300", "--concurrency", "4")
+    done = run_ab(sys.executable, sys.executable, "--rounds", "1", *TIMED)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert [line.split(":")[0] for line in lines[:2]] == ["A", "B"]
@@ -38,12 +43,18 @@ def test_one_pair_of_real_runs_reports_both_and_their_ratio():
 def test_together_runs_both_gateways_of_a_pair_and_reports_their_ratio():
     # B's Python by a relative path: the gateways run elsewhere, so it must be resolved where ab was started.
     b = os.path.relpath(sys.executable)
-    done = run_ab(sys.executable, b, "--together", "--rounds", "2", "--requests", "200", "--concurrency", "4")
+    done = run_ab(sys.executable, b, "--together", "--rounds", "2", *TIMED)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert [line.split(":")[0] for line in lines[:4]] == ["A", "B", "B", "A"]  # the first started alternates
     assert all(float(line.split()[1]) > 0 for line in lines[:4])
     assert "(2 pairs)" in lines[-1]
+
+
+def test_a_window_too_short_for_procs_clock_ticks_is_a_setup_error_not_a_ratio():
+    done = run_ab(sys.executable, sys.executable, "--rounds", "1", "--requests", "3", "--concurrency", "1")
+    assert done.returncode == 2, done.stdout
+    assert "clock ticks of CPU" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_python_that_cannot_start_is_a_setup_error(tmp_path):
