@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -33,15 +32,17 @@ from crossover.gateway.cli import non_negative_float, positive_float, positive_i
 from crossover.loadtest.proxybench.cpu import CLOCK_TICKS
 from crossover.loadtest.proxybench.harness import (
     HOST,
+    REPO_ROOT,
     STOP_TIMEOUT_S,
     Cell,
     Plan,
     SetupError,
     Target,
+    crossover_argv,
     crossover_config,
     run_cell,
-    spawn,
-    wait_serving,
+    start,
+    zerobackend_argv,
 )
 from crossover.servers import process
 
@@ -83,11 +84,9 @@ def measure(
     sides = order(rounds)
     with tempfile.TemporaryDirectory(prefix="proxybench-ab-") as tmp:
         ports = process.free_port(HOST), process.free_port(HOST)
-        backend = [sys.executable, "-m", "crossover.loadtest.proxybench.zerobackend", "--host", HOST]
-        backend += ["--port", str(ports[0]), "--port", str(ports[1]), "--chunk-delay-ms", str(chunk_delay_ms)]
-        procs = [spawn(backend)]
+        procs: list[subprocess.Popen] = []
         try:
-            wait_serving(f"http://{HOST}:{ports[0]}", procs[0])
+            start(zerobackend_argv(*ports, chunk_delay_ms), f"http://{HOST}:{ports[0]}", REPO_ROOT, procs)
             config = crossover_config(Path(tmp), f"http://{HOST}:{ports[0]}", f"http://{HOST}:{ports[1]}")
             batches = [sides[i : i + 2] for i in range(0, len(sides), 2)] if together else [[side] for side in sides]
             for batch in batches:
@@ -125,14 +124,10 @@ def _check_measurable(side: str, report: dict) -> None:
 
 
 def _start(python: str, config: Path, cwd: Path, started: list[subprocess.Popen]) -> Target:
-    """A fresh gateway of `python`'s build, serving; added to `started` as soon as it runs."""
+    """A fresh gateway of `python`'s build, serving; added to `started` as soon as it runs. `cwd` is not this
+    checkout: nothing of it may shadow theirs."""
     port = process.free_port(HOST)
-    argv = [python, "-m", "crossover.gateway.cli", "serve", "--config", str(config)]
-    argv += ["--host", HOST, "--port", str(port)]
-    started.append(spawn(argv, cwd=cwd))  # not this checkout: nothing of it may shadow theirs
-    url = f"http://{HOST}:{port}"
-    wait_serving(url, started[-1])
-    return Target(url, started[-1].pid, shlex.join(argv))
+    return start(crossover_argv(python, config, port), f"http://{HOST}:{port}", cwd, started)
 
 
 def summary(runs: list[Run]) -> str:

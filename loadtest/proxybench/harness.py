@@ -116,6 +116,23 @@ class Target:
     command: str  # how it was started, for the report
 
 
+def start(argv: list[str], url: str, cwd: Path, procs: list[subprocess.Popen]) -> Target:
+    """`argv` started in `cwd` (added to `procs` as soon as it runs, for the caller to stop) and serving `url`."""
+    procs.append(spawn(argv, cwd))
+    wait_serving(url, procs[-1])
+    return Target(url, procs[-1].pid, shlex.join(argv))
+
+
+def zerobackend_argv(port: int, second_port: int, chunk_delay_ms: float) -> list[str]:
+    argv = [sys.executable, "-m", "crossover.loadtest.proxybench.zerobackend", "--host", HOST]
+    return [*argv, "--port", str(port), "--port", str(second_port), "--chunk-delay-ms", str(chunk_delay_ms)]
+
+
+def crossover_argv(python: str, config: Path, port: int) -> list[str]:
+    argv = [python, "-m", "crossover.gateway.cli", "serve", "--config", str(config)]
+    return [*argv, "--host", HOST, "--port", str(port)]
+
+
 @contextlib.contextmanager
 def running_targets(
     targets: tuple[str, ...], chunk_delay_ms: float, peers: dict[str, Path]
@@ -124,28 +141,21 @@ def running_targets(
     `peers` holds each peer target's executable."""
     procs: list[subprocess.Popen] = []
     started: dict[str, Target] = {}
-
-    def start(name: str, argv: list[str], url: str, cwd: Path) -> None:
-        procs.append(spawn(argv, cwd))
-        wait_serving(url, procs[-1])
-        started[name] = Target(url, procs[-1].pid, shlex.join(argv))
-
     with tempfile.TemporaryDirectory(prefix="proxybench-") as tmp:
         try:
             port, second_port = process.free_port(HOST), process.free_port(HOST)
             backend_url = f"http://{HOST}:{port}"
-            backend = [sys.executable, "-m", "crossover.loadtest.proxybench.zerobackend", "--host", HOST]
-            backend += ["--port", str(port), "--port", str(second_port), "--chunk-delay-ms", str(chunk_delay_ms)]
-            start(DIRECT, backend, backend_url, REPO_ROOT)
+            backend = zerobackend_argv(port, second_port, chunk_delay_ms)
+            started[DIRECT] = start(backend, backend_url, REPO_ROOT, procs)
             if CROSSOVER in targets:
                 config = crossover_config(Path(tmp), backend_url, f"http://{HOST}:{second_port}")
                 ours = process.free_port(HOST)
-                argv = [sys.executable, "-m", "crossover.gateway.cli", "serve", "--config", str(config)]
-                start(CROSSOVER, [*argv, "--host", HOST, "--port", str(ours)], f"http://{HOST}:{ours}", REPO_ROOT)
+                argv = crossover_argv(sys.executable, config, ours)
+                started[CROSSOVER] = start(argv, f"http://{HOST}:{ours}", REPO_ROOT, procs)
             for name, exe in peers.items():
                 theirs = process.free_port(HOST)
                 argv = PEERS[name].argv(exe, backend_url, HOST, theirs, process.free_port(HOST))
-                start(name, argv, f"http://{HOST}:{theirs}", Path(tmp))
+                started[name] = start(argv, f"http://{HOST}:{theirs}", Path(tmp), procs)
             yield {name: started[name] for name in targets}
         finally:
             process.stop(procs, STOP_TIMEOUT_S)
