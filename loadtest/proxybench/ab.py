@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import os
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from crossover.loadtest.proxybench.harness import (
     Plan,
     SetupError,
     Target,
+    absolute,
     crossover_argv,
     crossover_config,
     run_cell,
@@ -141,11 +141,6 @@ def summary(runs: list[Run]) -> str:
     )
 
 
-def _absolute(python: str) -> str:
-    """A path made absolute; a bare name (found on PATH) as it is."""
-    return str(Path(python).absolute()) if os.sep in python else python
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m crossover.loadtest.proxybench.ab", description=__doc__.split("\n\n")[0]
@@ -184,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         delay = args.paced_delay_ms if paced else 0.0
         # The gateways run in a scratch directory: a relative path must mean what it meant where this was started.
-        pythons = {"A": _absolute(args.a), "B": _absolute(args.b)}
+        pythons = {"A": absolute(args.a), "B": absolute(args.b)}
         runs = measure(pythons, cell, plan, args.rounds, delay, args.together)
     except (SetupError, process.NotReady, subprocess.TimeoutExpired, OSError) as exc:
         print(f"proxybench.ab: {exc}", file=sys.stderr)

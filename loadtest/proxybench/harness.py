@@ -9,9 +9,10 @@ against each target in turn, --rounds times, each round starting one target late
 shared machine hits all targets alike; a cell's row per target is the median of its rounds. The paced run's
 clients start spread over one stream's length (`loadgen --ramp`), not as one burst. Every process it
 starts runs in its own process group and is stopped on the way out. Each peer runs from its own venv
-(created on first use as .venv-<name> in --venvs). Every target's CPU time (its whole process tree, from
-/proc) is measured over each cell's window by the load generator. Exit status: 0 if every bar line that
-could be checked passed, 1 if one failed, 2 if the run could not be set up.
+(created on first use as .venv-<name> in --venvs); crossover runs on --crossover-python, this Python unless
+told (how a Python was built changes what crossover costs: README, "Performance"). Every target's CPU time
+(its whole process tree, from /proc) is measured over each cell's window by the load generator. Exit
+status: 0 if every bar line that could be checked passed, 1 if one failed, 2 if the run could not be set up.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -133,12 +135,37 @@ def crossover_argv(python: str, config: Path, port: int) -> list[str]:
     return [*argv, "--host", HOST, "--port", str(port)]
 
 
+def absolute(python: str) -> str:
+    """A path made absolute (servers run in scratch directories); a bare name (found on PATH) as it is."""
+    return str(Path(python).absolute()) if os.sep in python else python
+
+
+def check_crossover_python(python: str) -> None:
+    """SetupError unless `python` runs and imports crossover: what `crossover_argv` starts."""
+    try:
+        done = subprocess.run(
+            [python, "-c", "import crossover.gateway.cli"],
+            capture_output=True,
+            text=True,
+            timeout=READY_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SetupError(f"--crossover-python {python} does not run: {exc}") from None
+    if done.returncode != 0:
+        raise SetupError(
+            f"--crossover-python {python} cannot import crossover ({done.stderr.strip().splitlines()[-1]}): "
+            f"give it a venv made from that Python with crossover installed (`PYTHON -m venv DIR && DIR/bin/pip "
+            f"install -e {REPO_ROOT}`) and pass DIR/bin/python"
+        )
+
+
 @contextlib.contextmanager
 def running_targets(
-    targets: tuple[str, ...], chunk_delay_ms: float, peers: dict[str, Path]
+    targets: tuple[str, ...], chunk_delay_ms: float, peers: dict[str, Path], crossover_python: str = sys.executable
 ) -> Iterator[dict[str, Target]]:
     """Start the backend and the proxies in front of it; yield {target: Target}; stop them all.
-    `peers` holds each peer target's executable."""
+    `peers` holds each peer target's executable; crossover runs on `crossover_python`."""
     procs: list[subprocess.Popen] = []
     started: dict[str, Target] = {}
     with tempfile.TemporaryDirectory(prefix="proxybench-") as tmp:
@@ -150,7 +177,7 @@ def running_targets(
             if CROSSOVER in targets:
                 config = crossover_config(Path(tmp), backend_url, f"http://{HOST}:{second_port}")
                 ours = process.free_port(HOST)
-                argv = crossover_argv(sys.executable, config, ours)
+                argv = crossover_argv(crossover_python, config, ours)
                 started[CROSSOVER] = start(argv, f"http://{HOST}:{ours}", REPO_ROOT, procs)
             for name, exe in peers.items():
                 theirs = process.free_port(HOST)
@@ -197,7 +224,9 @@ def run_cell(target: Target, cell: Cell, plan: Plan) -> dict:
     return json.loads(done.stdout)
 
 
-def run(plan: Plan, targets: tuple[str, ...], peers: dict[str, Path]) -> tuple[list[dict], dict[str, str]]:
+def run(
+    plan: Plan, targets: tuple[str, ...], peers: dict[str, Path], crossover_python: str = sys.executable
+) -> tuple[list[dict], dict[str, str]]:
     """Every cell against every target, `plan.rounds` times in turn: (rows, {target: command line}). Rows
     are each target's rounds of a cell `combine`d, and carry `kind`, `target` and `ratio` (req/s over
     direct's)."""
@@ -205,7 +234,7 @@ def run(plan: Plan, targets: tuple[str, ...], peers: dict[str, Path]) -> tuple[l
     commands: dict[str, str] = {}
     stages = [(0.0, plan.fast_cells())] + ([(plan.paced_delay_ms, [plan.paced_cell()])] if plan.paced else [])
     for delay, cells in stages:
-        with running_targets(targets, delay, peers) as started:
+        with running_targets(targets, delay, peers, crossover_python) as started:
             commands.update({name: target.command for name, target in started.items() if delay == 0.0})
             names = list(started)
             for cell in cells:
@@ -268,6 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds", type=positive_int, default=Plan.rounds, help="runs of each cell per target, in turn (default 3)"
     )
     parser.add_argument(
+        "--crossover-python",
+        type=absolute,
+        default=sys.executable,
+        help="the Python crossover runs on, with crossover installed (default: this one); the deploy image's is a "
+        "PGO+LTO build, a pyenv or source build without --enable-optimizations is not",
+    )
+    parser.add_argument(
         "--venvs", type=Path, default=REPO_ROOT, help="where the peers' venvs are made (default: the repository)"
     )
     parser.add_argument("--markdown", type=Path, help="also write the table and the bar as markdown here")
@@ -293,8 +329,10 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds,
     )
     try:
+        if CROSSOVER in args.targets:
+            check_crossover_python(args.crossover_python)
         peers = {name: PEERS[name].installed(args.venvs) for name in args.targets if name in PEERS}
-        rows, commands = run(plan, args.targets, peers)
+        rows, commands = run(plan, args.targets, peers, args.crossover_python)
     except (SetupError, InstallFailed, process.NotReady, subprocess.TimeoutExpired) as exc:
         print(f"proxybench: {exc}", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -109,6 +110,42 @@ def test_bad_arguments_exit_2(tmp_path):
         timeout=60,
     )
     assert done.returncode == 2 and "must include direct" in done.stderr
+
+
+def _python_wrapper(tmp_path, name: str, *flags: str):
+    """An executable that runs this Python with `flags`: a Python of its own path, as --crossover-python takes."""
+    wrapper = tmp_path / name
+    wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {" ".join(flags)} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def test_crossover_runs_on_the_python_it_is_given(tmp_path):
+    wrapper = _python_wrapper(tmp_path, "deployed-python")
+    _, result, markdown = run_bench(
+        tmp_path,
+        *("--targets", "direct,crossover", "--crossover-python", str(wrapper), "--concurrency", "1"),
+        *("--requests", str(REQUESTS), "--max-tokens", "4", "--rounds", "1", "--no-paced"),
+        timeout=SMOKE_TIMEOUT_S,
+    )
+    assert result["targets"]["crossover"].startswith(f"{wrapper} -m crossover.gateway.cli serve")
+    assert f"- crossover: `{wrapper} -m" in markdown
+    assert all(r["errors"] == 0 and r["ok"] == REQUESTS for r in result["rows"] if r["target"] == "crossover")
+
+
+def test_a_crossover_python_without_crossover_is_a_setup_error(tmp_path):
+    # -S: no site-packages, so no crossover: the run stops before any server starts, saying what to do.
+    wrapper = _python_wrapper(tmp_path, "bare-python", "-S")
+    done = subprocess.run(
+        [sys.executable, "-m", "crossover.loadtest.proxybench", "--crossover-python", str(wrapper), "--no-paced"],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"--crossover-python {wrapper} cannot import crossover" in done.stderr and "Traceback" not in done.stderr
+    assert "pip install -e" in done.stderr and done.stdout == ""
 
 
 @pytest.mark.slow
