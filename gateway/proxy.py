@@ -412,7 +412,7 @@ class Exchange:
         # client gets whole events and then a clean error event, never half a JSON object.
         head, pending = split_events(opened.head)
         # A stream that opens with the request's own error (not queue-full: that failed over) is passed on.
-        if ERROR_MARK in head:
+        if head.find(ERROR_MARK) >= 0:
             head = self._reshape(head)
         self._watch(streaming=True)
         # The piece that ends the backend's body also ends the client's: one write less per stream.
@@ -440,7 +440,7 @@ class Exchange:
         """A piece of the backend's stream, from its connection's read callback: sent on now if it is whole events
         that need no reshaping, the request has not been cut and our server's link takes it at once. False, with
         nothing sent, leaves it to `_deliver`, which handles every other case."""
-        if self.cut is not None or self.pending or not piece.endswith(EVENT_ENDS) or ERROR_MARK in piece:
+        if self.cut is not None or self.pending or not piece.endswith(EVENT_ENDS) or piece.find(ERROR_MARK) >= 0:
             return False
         if not self.link.send_piece(piece):
             return False
@@ -460,7 +460,7 @@ class Exchange:
                 chunk, self.pending = chunk + self.pending, b""
             if not chunk:
                 return None
-        if ERROR_MARK in chunk:  # a C-level search; rare: SGLang's error event, just before [DONE]
+        if chunk.find(ERROR_MARK) >= 0:  # rare: SGLang's error event, just before [DONE]
             chunk = self._reshape(chunk)
         return self._put(chunk, ended)
 
@@ -484,7 +484,7 @@ class Exchange:
         in the gateway's error shape, their message and status kept; the first is the failure the request counts as."""
         out = []
         for event in events.split(b"\n\n"):
-            found = error_in(event) if ERROR_MARK in event else None
+            found = error_in(event) if event.find(ERROR_MARK) >= 0 else None
             if found is not None:
                 status = found.status or 500
                 event = b"data: " + json.dumps(error_body(found.message, openai_type(status), None, status)).encode()

@@ -17,7 +17,9 @@ from crossover.gateway.errors import error_body
 EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
 DONE = b"data: [DONE]\n\n"
 # What every error event holds, and generated text cannot (its quotes are escaped): a test cheap enough for
-# every chunk of a stream.
+# every chunk of a stream. Looked for with `data.find(ERROR_MARK) >= 0`, not `in`: CPython's bytes `in` first
+# tries its operand as an integer (`65 in b"A"`), formatting and dropping a TypeError for every bytes operand,
+# which made it twice the cost of `find` (gdb on a streaming gateway: the only error raised per piece).
 ERROR_MARK = b'{"error"'
 
 
