@@ -153,8 +153,9 @@ def check_crossover_python(python: str) -> None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SetupError(f"--crossover-python {python} does not run: {exc}") from None
     if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise SetupError(
-            f"--crossover-python {python} cannot import crossover ({done.stderr.strip().splitlines()[-1]}): "
+            f"--crossover-python {python} cannot import crossover ({said}): "
             f"give it a venv made from that Python with crossover installed (`PYTHON -m venv DIR && DIR/bin/pip "
             f"install -e {REPO_ROOT}`) and pass DIR/bin/python"
         )

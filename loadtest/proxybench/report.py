@@ -68,6 +68,13 @@ def _added(rows: list[dict], kind: str, concurrency: int, target: str, metric: s
     return row[metric] - direct[metric]
 
 
+def _by_round(ours: dict, theirs: dict) -> str:
+    """Our CPU per request over theirs in each round (the two ran in the same round, a few windows apart): how far
+    one round's noise reaches, beside the medians the verdict compares. Empty where a row has no rounds."""
+    pairs = zip(ours.get(CPU_ROUNDS, ()), theirs.get(CPU_ROUNDS, ()), strict=False)
+    return ", ".join(f"{a / b:.2f}" for a, b in pairs if a is not None and b)
+
+
 def peers(rows: list[dict]) -> list[str]:
     """The peer targets in `rows`, in their order."""
     return list(dict.fromkeys(r["target"] for r in rows if r["target"] not in (DIRECT, CROSSOVER)))
@@ -84,7 +91,10 @@ def check_bar(rows: list[dict]) -> list[Bar]:
             bars.append(Bar(line, None, "not measured"))
             continue
         detail = ", ".join(f"{name} {ms:.3f} ms" for name, ms in theirs.items())
-        bars.append(Bar(line, ours[CPU] <= min(theirs.values()), f"crossover {ours[CPU]:.3f} ms; {detail}"))
+        closest = min(theirs, key=theirs.__getitem__)
+        spread = _by_round(ours, _row(rows, kind, c, closest))
+        detail += f"; over {closest}, round by round: {spread}" if spread else ""
+        bars.append(Bar(line, ours[CPU] <= theirs[closest], f"crossover {ours[CPU]:.3f} ms; {detail}"))
 
     for kind in ("stream", "non-stream"):
         line = f"{kind} C=1: crossover's added p50 latency <= the best peer's"

@@ -112,16 +112,10 @@ def test_bad_arguments_exit_2(tmp_path):
     assert done.returncode == 2 and "must include direct" in done.stderr
 
 
-def _python_wrapper(tmp_path, name: str, *flags: str):
-    """An executable that runs this Python with `flags`: a Python of its own path, as --crossover-python takes."""
-    wrapper = tmp_path / name
-    wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {" ".join(flags)} "$@"\n')
-    wrapper.chmod(0o755)
-    return wrapper
-
-
 def test_crossover_runs_on_the_python_it_is_given(tmp_path):
-    wrapper = _python_wrapper(tmp_path, "deployed-python")
+    wrapper = tmp_path / "deployed-python"  # this Python under a path of its own, as a deployment's would be
+    wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    wrapper.chmod(0o755)
     _, result, markdown = run_bench(
         tmp_path,
         *("--targets", "direct,crossover", "--crossover-python", str(wrapper), "--concurrency", "1"),
@@ -133,9 +127,19 @@ def test_crossover_runs_on_the_python_it_is_given(tmp_path):
     assert all(r["errors"] == 0 and r["ok"] == REQUESTS for r in result["rows"] if r["target"] == "crossover")
 
 
-def test_a_crossover_python_without_crossover_is_a_setup_error(tmp_path):
-    # -S: no site-packages, so no crossover: the run stops before any server starts, saying what to do.
-    wrapper = _python_wrapper(tmp_path, "bare-python", "-S")
+@pytest.mark.parametrize(
+    ("script", "said"),
+    [
+        # -S: no site-packages, so no crossover.
+        (f'exec {shlex.quote(sys.executable)} -S "$@"', "ModuleNotFoundError: No module named 'crossover'"),
+        ("exit 3", "exit status 3"),  # fails saying nothing
+    ],
+)
+def test_a_crossover_python_without_crossover_is_a_setup_error(tmp_path, script, said):
+    # The run stops before any server starts, saying what to do.
+    wrapper = tmp_path / "bare-python"
+    wrapper.write_text(f"#!/bin/sh\n{script}\n")
+    wrapper.chmod(0o755)
     done = subprocess.run(
         [sys.executable, "-m", "crossover.loadtest.proxybench", "--crossover-python", str(wrapper), "--no-paced"],
         capture_output=True,
@@ -144,8 +148,8 @@ def test_a_crossover_python_without_crossover_is_a_setup_error(tmp_path):
         timeout=60,
     )
     assert done.returncode == 2, done.stderr
-    assert f"--crossover-python {wrapper} cannot import crossover" in done.stderr and "Traceback" not in done.stderr
-    assert "pip install -e" in done.stderr and done.stdout == ""
+    assert f"--crossover-python {wrapper} cannot import crossover ({said}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "pip install -e" in done.stderr and done.stdout == ""
 
 
 @pytest.mark.slow

@@ -105,6 +105,20 @@ def test_each_peer_counts():
     assert failed == ["stream C=32: crossover's CPU per request <= every peer's"]
 
 
+def test_a_cpu_line_shows_each_rounds_ratio_to_the_cheapest_peer():
+    rows = full_run()
+    rounds = {"crossover": [0.10, 0.13, None], "vllm-router": [0.11, 0.10, 0.12], "smg": [0.3, 0.3, 0.3]}
+    for r in rows:
+        if (r["kind"], r["concurrency"]) == ("non-stream", 32) and r["target"] in rounds:
+            r["cpu_rounds"] = rounds[r["target"]]
+    details = {bar.line: bar.detail for bar in check_bar(rows)}
+    # vllm-router (0.11 ms) is the cheaper peer; the round crossover's CPU was not read in has no ratio.
+    assert details["non-stream C=32: crossover's CPU per request <= every peer's"] == (
+        "crossover 0.100 ms; smg 0.250 ms, vllm-router 0.110 ms; over vllm-router, round by round: 0.91, 1.30"
+    )
+    assert "round by round" not in details["stream C=32: crossover's CPU per request <= every peer's"]
+
+
 def test_lines_without_their_targets_are_skipped_not_failed():
     rows = [r for r in full_run() if r["target"] in ("direct", "crossover")]
     result = verdicts(rows)
