@@ -3,8 +3,9 @@
 Rows are `harness.run` output: one per cell and target, each a target's rounds of that cell `combine`d, plus
 `kind` (stream / non-stream / paced), `target` (direct, crossover, or a peer: any other name) and `ratio`
 (req/s over direct's in the same cell). The bar judges what holds whatever the core count - CPU per request,
-from /proc - and added latency, each the median of its rounds; req/s stays in the table. A bar line whose
-inputs were not measured (a target or a cell left out) is reported as SKIP, not FAIL.
+from /proc - and added latency, each the median of its rounds; req/s stays in the table. A CPU line also shows
+crossover's over the cheapest peer's round by round, so a verdict inside one round's noise shows as one. A bar
+line whose inputs were not measured (a target or a cell left out) is reported as SKIP, not FAIL.
 """
 
 from __future__ import annotations
