@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds,
     )
     try:
-        if CROSSOVER in args.targets:
+        if CROSSOVER in args.targets and args.crossover_python != sys.executable:  # this one runs crossover already
             check_crossover_python(args.crossover_python)
         peers = {name: PEERS[name].installed(args.venvs) for name in args.targets if name in PEERS}
         rows, commands = run(plan, args.targets, peers, args.crossover_python)

@@ -87,13 +87,14 @@ def check_bar(rows: list[dict]) -> list[Bar]:
     for kind, c in dict.fromkeys((r["kind"], r["concurrency"]) for r in rows):
         line = f"{kind} C={c}: crossover's CPU per request <= every peer's"
         ours = _row(rows, kind, c, CROSSOVER)
-        theirs = {name: row[CPU] for name in others if (row := _row(rows, kind, c, name)) and row.get(CPU) is not None}
+        measured = {name: row for name in others if (row := _row(rows, kind, c, name)) and row.get(CPU) is not None}
+        theirs = {name: row[CPU] for name, row in measured.items()}
         if ours is None or ours.get(CPU) is None or not theirs:
             bars.append(Bar(line, None, "not measured"))
             continue
         detail = ", ".join(f"{name} {ms:.3f} ms" for name, ms in theirs.items())
         closest = min(theirs, key=theirs.__getitem__)
-        spread = _by_round(ours, _row(rows, kind, c, closest))
+        spread = _by_round(ours, measured[closest])
         detail += f"; over {closest}, round by round: {spread}" if spread else ""
         bars.append(Bar(line, ours[CPU] <= theirs[closest], f"crossover {ours[CPU]:.3f} ms; {detail}"))
 

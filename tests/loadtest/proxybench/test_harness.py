@@ -112,10 +112,16 @@ def test_bad_arguments_exit_2(tmp_path):
     assert done.returncode == 2 and "must include direct" in done.stderr
 
 
+def _script(path, line: str):
+    """An executable shell script of one line: a Python of its own path, as --crossover-python takes."""
+    path.write_text(f"#!/bin/sh\n{line}\n")
+    path.chmod(0o755)
+    return path
+
+
 def test_crossover_runs_on_the_python_it_is_given(tmp_path):
-    wrapper = tmp_path / "deployed-python"  # this Python under a path of its own, as a deployment's would be
-    wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
-    wrapper.chmod(0o755)
+    # This Python under a path of its own, as a deployment's would be.
+    wrapper = _script(tmp_path / "deployed-python", f'exec {shlex.quote(sys.executable)} "$@"')
     _, result, markdown = run_bench(
         tmp_path,
         *("--targets", "direct,crossover", "--crossover-python", str(wrapper), "--concurrency", "1"),
@@ -137,9 +143,7 @@ def test_crossover_runs_on_the_python_it_is_given(tmp_path):
 )
 def test_a_crossover_python_without_crossover_is_a_setup_error(tmp_path, script, said):
     # The run stops before any server starts, saying what to do.
-    wrapper = tmp_path / "bare-python"
-    wrapper.write_text(f"#!/bin/sh\n{script}\n")
-    wrapper.chmod(0o755)
+    wrapper = _script(tmp_path / "bare-python", script)
     done = subprocess.run(
         [sys.executable, "-m", "crossover.loadtest.proxybench", "--crossover-python", str(wrapper), "--no-paced"],
         capture_output=True,
