@@ -32,6 +32,7 @@ import select
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import httptools
 import httpx
@@ -49,6 +50,26 @@ Key = tuple[str, str, int]
 RawHeaders = list[tuple[bytes, bytes]]
 Timeouts = dict[str, float | None]  # httpx's extensions["timeout"]: connect, read, write, pool
 MaybeRequest = httpx.Request | None  # only for httpx's exceptions to carry
+
+
+class Relay(Protocol):
+    """What `pump` hands a streamed body's pieces to from the connection's read callback itself, while its task
+    waits (gateway/proxy.py's Exchange is one). While `relaying`, a piece that ends with one of `ends` and holds no
+    `mark` is written to `out` (the client's transport) as one HTTP/1.1 chunk - if `out` is not closing and holds
+    no unsent bytes - then recorded in `previous_chunk`, `last_chunk` and `last_chunk_at` (event-loop time); any
+    other piece wakes the task, which delivers it after whatever came before. A relay's owner keeps `relaying`
+    false whenever a piece must not skip its task (the request is ending, part of an event is held back).
+
+    The relay is plain data read in the read callback, not a method called: a stream pays one Python call per
+    token, the callback (README, "Performance")."""
+
+    relaying: bool
+    out: asyncio.WriteTransport
+    ends: tuple[bytes, ...]
+    mark: bytes
+    previous_chunk: bytes
+    last_chunk: bytes
+    last_chunk_at: float
 
 
 class Target:
@@ -296,9 +317,8 @@ class _Connection(asyncio.Protocol):
         # third of what select.select((fd,), (), (), 0) costs (no fd_set or lists to build per call).
         self.poller: select.poll | None = None
         self.waiter: asyncio.Future | None = None
-        # While `pump` waits: sends on the piece a read brought, in the read's own callback; False (nothing sent)
-        # leaves it to the waiter.
-        self.offer: Callable[[bytes], bool] | None = None
+        # While `pump` waits: where the pieces a read brings go on, from the read's own callback (`Relay`).
+        self.relay: Relay | None = None
         # A request sent by `dispatch`, with no task waiting: told once its response is whole or has failed.
         self.settled: Callable[[_Connection], None] | None = None
         self.expired: Callable[[_Connection], None] | None = None
@@ -349,8 +369,12 @@ class _Connection(asyncio.Protocol):
         waiter = self.waiter
         if (waiter is None or waiter.done()) and self.settled is None:  # nobody waits: the next wait arms it
             return
-        if self.loop.time() < self.wait_due:  # waiting again since it was armed
-            self.timer = self.loop.call_at(self.wait_due, self._wait_timer)
+        due = self.wait_due
+        relay = self.relay
+        if relay is not None and self.wait_timeout is not None:  # what it took on counts, and it keeps its own time
+            due = max(due, relay.last_chunk_at + self.wait_timeout)
+        if self.loop.time() < due:  # waiting again since it was armed, or a relay took a piece since
+            self.timer = self.loop.call_at(due, self._wait_timer)
             return
         if waiter is None or waiter.done():  # `dispatch`'s answer is late: its sender decides what that means
             expired, self.settled, self.expired = self.expired, None, None
@@ -432,20 +456,27 @@ class _Connection(asyncio.Protocol):
             return
         if len(chunks) == before:
             return
+        # A piece of a body still under way, with nothing buffered before it (that would go out of order): written
+        # on here and now if the relay takes it - a stream's every token costs this one Python call.
+        relay = self.relay
+        if relay is not None and not before and self.busy and relay.relaying:
+            piece = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            out = relay.out
+            if (
+                piece.endswith(relay.ends)
+                and piece.find(relay.mark) < 0
+                and not out.is_closing()
+                and not out.get_write_buffer_size()  # a client behind: its task waits for it to catch up
+            ):
+                out.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                chunks.clear()
+                relay.previous_chunk, relay.last_chunk = relay.last_chunk, piece
+                relay.last_chunk_at = self.loop.time()  # the wait's bound runs from here (`_wait_timer`)
+                return
         if self.head_only:  # a body after a HEAD response: out of step, like junk
             chunks.clear()
             self.close()
             return
-        # A piece of a body still under way, with nothing buffered before it (that would go out of order): offered
-        # on at once. A stream's every token costs this one callback, the offer, and the writes they make.
-        offer = self.offer
-        if offer is not None and not before and self.busy:
-            piece = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            if offer(piece):
-                chunks.clear()
-                if self.wait_timeout is not None:  # the wait goes on, and its bound starts again
-                    self.wait_due = self.loop.time() + self.wait_timeout
-                return
         self.buffered += len(data)  # framing included: a high-water mark need not be exact
         # A response that completed in this read stays readable: its connection may go back to the pool. One
         # that `dispatch` sent is read whole, as `aread` would read it: nothing takes its pieces before the end.
@@ -585,14 +616,14 @@ class _Body(httpx.AsyncByteStream):
 async def pump(
     chunks: AsyncIterator[bytes],
     deliver: Callable[[bytes, bool], Awaitable[None] | None],
-    offer: Callable[[bytes], bool] | None = None,
+    relay: Relay | None = None,
 ) -> None:
     """A response body to its end through `deliver(piece, ended)`, which returns None once the piece is out, or
-    an awaitable that sends it. On this transport, `offer(piece)` is first given each piece that is not the last
-    and has nothing still buffered ahead of it, from the connection's read callback itself: True means it went
-    out, False that nothing was sent and the piece goes to `deliver` (from the waiting task, in order). So while
-    the client keeps up, a stream's pieces cost no task wake-up each. Any other body (another transport's) is
-    iterated, its end delivered as an empty last piece.
+    an awaitable that sends it. On this transport, while the task waits, each piece that is not the last and has
+    nothing still buffered ahead of it goes to `relay` from the connection's read callback itself (`Relay`);
+    what the relay does not take goes to `deliver` (from the waiting task, in order). So while the client keeps
+    up, a stream's pieces cost no task wake-up each. Any other body (another transport's) is iterated, its end
+    delivered as an empty last piece.
     """
     if type(chunks) is not _Body:
         async for piece in chunks:
@@ -620,11 +651,11 @@ async def pump(
                 if ended:
                     return
                 continue
-            conn.offer = offer
+            conn.relay = relay
             try:
                 await conn.wait(body._timeout, httpx.ReadTimeout, body._request)
             finally:
-                conn.offer = None
+                conn.relay = None
     except BaseException:  # cancelled or failed: the connection cannot be reused
         body._done()
         raise

@@ -41,12 +41,16 @@ import socket
 import struct
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from crossover.gateway.errors import error_body
 from crossover.gateway.headers import REQUEST_ID, request_id
+
+if TYPE_CHECKING:
+    from crossover.gateway._http1 import Relay
 
 log = logging.getLogger("crossover.client_http")
 
@@ -210,11 +214,12 @@ class ClientLink:
         self._complete(cycle)
         return True
 
-    def send_piece(self, body: bytes) -> bool:
-        """`write_body(body, more_body=True)` for a stream's hot path, a token's piece from the backend's read
-        callback: `takes_body`'s checks inlined, one call in all. Where the connection is closing it writes nothing
-        and returns False, as `write_body` would, and leaves telling the request to the next `write_body` or
-        `send`. `body` is not empty."""
+    def relay_out(self, relay: Relay) -> asyncio.WriteTransport | None:
+        """The client's transport, for `relay` to write a stream's pieces on as HTTP chunks from the backend
+        connection's read callback (gateway/_http1.py's `Relay`), while the chunked response this request began
+        is under way and the client there; None otherwise. Refusing a request pipelined behind this one stops
+        the relay at once (`relaying`): the refusal is the connection's last word, and its transport still takes
+        writes until it closes."""
         cycle, protocol = self.cycle, self._protocol
         transport = protocol.transport
         if (
@@ -222,14 +227,13 @@ class ClientLink:
             or not cycle.chunked_encoding
             or cycle.response_complete
             or cycle.disconnected
-            or cycle.flow.write_paused
             or transport is None
             or transport.is_closing()
             or protocol._lingering
         ):
-            return False
-        transport.write(b"%x\r\n%s\r\n" % (len(body), body))
-        return True
+            return None
+        protocol._relay = relay
+        return transport
 
     def _complete(self, cycle) -> None:
         """The response is out: the request ends as uvicorn's `send` ends it (keep-alive or close, next request)."""
@@ -309,6 +313,9 @@ class _BoundedHead(HttpToolsProtocol):
         # than the rest of a request's protocol work): `_body_due` says when the body awaited must be in.
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_due: float | None = None
+        # The relay writing a stream's pieces on this connection, if one is (`ClientLink.relay_out`): one response
+        # at a time is written on a connection.
+        self._relay: Relay | None = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -372,6 +379,7 @@ class _BoundedHead(HttpToolsProtocol):
         # uvicorn's, but for its keep-alive timer: one per connection, moved only when it fires, where uvicorn
         # makes one per response and cancels it at the next request's first byte.
         self.server_state.total_requests += 1
+        self._relay = None
         if self.transport.is_closing():
             return
         self.flow.resume_reading()
@@ -438,6 +446,7 @@ class _BoundedHead(HttpToolsProtocol):
         link.cycle = self.cycle
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._relay = None  # the transport says it is closing, which stops the relay
         self._end_head()
         self._end_body()
         super().connection_lost(exc)
@@ -500,6 +509,9 @@ class _BoundedHead(HttpToolsProtocol):
             return
         log.debug("refused a request from %s: %s", self.client, message)
         self.on_refused(reason)
+        if self._relay is not None:  # a stream under way: nothing more of it goes after the refusal
+            self._relay.relaying = False
+            self._relay = None
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             # The app may be waiting in receive() for the rest of the body: it hears that the client is gone,

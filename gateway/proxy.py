@@ -160,10 +160,12 @@ class Exchange:
         "loop",
         "mode_lease",
         "opened",
+        "out",
         "outcome",
         "pending",
         "pool",
         "previous_chunk",
+        "relaying",
         "request_id",
         "response_started",
         "scope",
@@ -176,6 +178,10 @@ class Exchange:
         "timer",
         "writing_since",
     )
+    # As a stream's relay (gateway/_http1.py's `Relay`): whole events pass on from the backend connection's read
+    # callback; an error event, or part of an event, waits for the task (`_deliver`).
+    ends = EVENT_ENDS
+    mark = ERROR_MARK
 
     def __init__(self, endpoint: ProxyEndpoint, scope, send) -> None:
         self.endpoint = endpoint
@@ -216,6 +222,11 @@ class Exchange:
         # The last chunk streamed to the client: an error event must not be glued to half an event. Only the last
         # two are kept: the usage event, if any, sits just before [DONE].
         self.last_chunk = self.previous_chunk = b""
+        # As a stream's relay: the client's transport while a chunked response is under way on it, and whether
+        # the backend's pieces may go there from the read callback now (not while the request is being cut or
+        # part of an event is held back).
+        self.out: asyncio.WriteTransport | None = None
+        self.relaying = False
 
     async def run(self, receive) -> None:
         endpoint = self.endpoint
@@ -429,24 +440,28 @@ class Exchange:
                 await sending
         self.endpoint.metrics.first_event(self.pool, time.perf_counter() - self.started)
         if ended:
-            self.outcome = labels.OK if self.stream_error is None else self.stream_error.outcome
+            self._stream_ended()
             return usage_tokens(head)
         self.pending = pending
-        await pump(opened.chunks, self._deliver, None if self.link is None else self._offer)
-        self.outcome = labels.OK if self.stream_error is None else self.stream_error.outcome
+        self._relay_now()
+        await pump(opened.chunks, self._deliver, self if self.link is not None else None)
+        self._stream_ended()
         return usage_tokens(self.previous_chunk + self.last_chunk)
 
-    def _offer(self, piece: bytes) -> bool:
-        """A piece of the backend's stream, from its connection's read callback: sent on now if it is whole events
-        that need no reshaping, the request has not been cut and our server's link takes it at once. False, with
-        nothing sent, leaves it to `_deliver`, which handles every other case."""
-        if self.cut is not None or self.pending or not piece.endswith(EVENT_ENDS) or piece.find(ERROR_MARK) >= 0:
-            return False
-        if not self.link.send_piece(piece):
-            return False
-        self.last_chunk_at = self.loop.time()
-        self.previous_chunk, self.last_chunk = self.last_chunk, piece  # `_sent`'s work, a call less per token
-        return True
+    def _stream_ended(self) -> None:
+        """How a stream read to its end counts: as the backend's error event, if it sent one, or as a client that
+        left, if it left as the last pieces came (they went nowhere, and no cut reached an await to say so)."""
+        if isinstance(self.cut, ClientGone):
+            self.outcome = self.cut.outcome
+        else:
+            self.outcome = labels.OK if self.stream_error is None else self.stream_error.outcome
+
+    def _relay_now(self) -> None:
+        """Whether the backend's next pieces may skip the task, as the request's relay (`pump`): while the client's
+        connection takes them (`ClientLink.relay_out`), but not while the request is being cut (the cut is its
+        last word) nor while part of an event is held back (the next piece completes it)."""
+        self.out = None if self.link is None or self.cut is not None or self.pending else self.link.relay_out(self)
+        self.relaying = self.out is not None
 
     def _deliver(self, chunk: bytes, ended: bool):
         """One piece of the backend's stream (`ended`: its last) on to the client, whole events only; None when
@@ -458,8 +473,9 @@ class Exchange:
             chunk, self.pending = split_events(chunk)
             if len(self.pending) > MAX_PENDING_BYTES:  # not SSE after all: stop holding bytes back
                 chunk, self.pending = chunk + self.pending, b""
-            if not chunk:
-                return None
+        self._relay_now()
+        if not chunk and not ended:
+            return None
         if chunk.find(ERROR_MARK) >= 0:  # rare: SGLang's error event, just before [DONE]
             chunk = self._reshape(chunk)
         return self._put(chunk, ended)
@@ -550,6 +566,7 @@ class Exchange:
         if self.finished or self.cut is not None:
             return
         self.cut = why
+        self.relaying = False
         if self.deadline is not None and not self.deadline.expired():
             with contextlib.suppress(RuntimeError):  # the deadline's block has just ended
                 self.deadline.reschedule(self.loop.time())

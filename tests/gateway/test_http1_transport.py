@@ -657,7 +657,7 @@ async def read_by_iterating(stream, got: list[bytes]) -> None:
 
 
 async def read_by_pumping(stream, got: list[bytes]) -> None:
-    await http1.pump(stream, lambda piece, ended: got.append(piece), lambda piece: got.append(piece) is None)
+    await http1.pump(stream, lambda piece, ended: got.append(piece))
 
 
 @pytest.mark.parametrize("read", [read_by_iterating, read_by_pumping])
@@ -682,100 +682,213 @@ def test_a_body_that_stalls_is_a_read_timeout(run, read):
     run(scenario)
 
 
-def test_a_piece_the_offer_declines_goes_to_deliver_and_nothing_overtakes_it(run):
-    # The offer declines the first piece. Before the waiting task can take it, another read arrives (fed straight
-    # into the connection, queued ahead of the task's wake-up): it must not be offered past the piece still
-    # buffered, but delivered after it. The server sends the first piece once the head is in (so it comes in a
-    # read of its own, to a pump already waiting), each later one once what came before was passed on.
-    head_in, delivered = asyncio.Event(), asyncio.Event()
+class Relay:
+    """A relay (`http1.Relay`) over one end of a socket pair made a transport by the loop under test, as the
+    gateway's client connections are; `received(expected)` reads the far end until `expected` has come."""
+
+    ends = (b"\n\n",)
+    mark = b"!"
+
+    def __init__(self, out: asyncio.WriteTransport, far: socket.socket) -> None:
+        self.out, self.far = out, far
+        self.relaying = True
+        self.previous_chunk = self.last_chunk = b""
+        self.last_chunk_at = 0.0
+        self.seen = b""
+
+    async def received(self, expected: bytes) -> bytes:
+        loop = asyncio.get_running_loop()
+        while expected not in self.seen:
+            self.seen += await loop.sock_recv(self.far, 65536)
+        return self.seen
+
+
+@contextlib.asynccontextmanager
+async def relay_pair(relay_type: type[Relay] = Relay):
+    loop = asyncio.get_running_loop()
+    near, far = socket.socketpair()
+    far.setblocking(False)
+    out, _ = await loop.connect_accepted_socket(asyncio.Protocol, sock=near)
+    try:
+        yield relay_type(out, far)
+    finally:
+        out.close()
+        far.close()
+
+
+def sse_server(events: list[bytes], passed: asyncio.Event):
+    """A server that streams `events` as HTTP chunks, then ends the body: each once the test set `passed` (for the
+    first, once the reader waits; then once the last was passed on), so that each comes in a read of its own."""
+
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await writer.drain()
+        for chunk in [b"%x\r\n%s\r\n" % (len(event), event) for event in events] + [b"0\r\n\r\n"]:
+            await passed.wait()
+            passed.clear()
+            writer.write(chunk)
+            await writer.drain()
+        await reader.read()
+
+    return raw_server(handler)
+
+
+def test_a_relay_writes_whole_events_on_as_http_chunks_from_the_read_callback(run):
+    # Whole events go to the relay's transport, each as one chunk, with nothing delivered; one holding the mark,
+    # and half an event, wake the task instead, which delivers them in order; the last piece ends the body there.
+    events = [b"a\n\n", b"b!\n\n", b"c", b"\n\n", b"d\n\n"]
+    passed = asyncio.Event()
+
+    async def scenario():
+        async with sse_server(events, passed) as url, relay_pair() as relay, Http1Transport(LIMITS) as transport:
+            response = await transport.handle_async_request(post(url, timeout=30.0))
+            delivered: list[tuple[bytes, bool]] = []
+
+            def deliver(piece, ended):  # as the gateway's relay does: none while part of an event is held
+                delivered.append((piece, ended))
+                relay.relaying = piece.endswith(b"\n\n")
+                passed.set()
+
+            async def watch_relayed() -> None:  # the server goes on once the relay wrote a piece
+                for framed in (b"3\r\na\n\n\r\n", b"3\r\nd\n\n\r\n"):
+                    await relay.received(framed)
+                    passed.set()
+
+            watcher = asyncio.create_task(watch_relayed())
+            passed.set()  # the server sends the first event only once the pump below waits
+            await http1.pump(response.stream, deliver, relay)
+            await watcher
+            assert relay.seen == b"3\r\na\n\n\r\n3\r\nd\n\n\r\n"
+            assert delivered == [(b"b!\n\n", False), (b"c", False), (b"\n\n", False), (b"", True)]
+            assert (relay.previous_chunk, relay.last_chunk) == (b"a\n\n", b"d\n\n")
+            assert relay.last_chunk_at > 0
+            assert response.stream._conn is None and response.stream.ended  # read to its end, pooled again
+            assert_settled(transport)
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("why", ["not relaying", "closing", "holding unsent bytes"])
+def test_a_relay_that_cannot_write_now_leaves_the_piece_to_the_task(run, why):
+    passed = asyncio.Event()
+
+    async def scenario():
+        async with sse_server([b"a\n\n"], passed) as url, relay_pair() as relay, Http1Transport(LIMITS) as transport:
+            if why == "not relaying":
+                relay.relaying = False
+            elif why == "closing":
+                relay.out.close()
+            else:  # a client behind: the far end reads nothing while a large write waits in the transport
+                relay.out.write(b"x" * (16 * 1024 * 1024))
+                assert relay.out.get_write_buffer_size() > 0
+            response = await transport.handle_async_request(post(url, timeout=30.0))
+            delivered: list[bytes] = []
+
+            def deliver(piece, ended):
+                delivered.append(piece)
+                passed.set()
+
+            passed.set()
+            await http1.pump(response.stream, deliver, relay)
+            assert delivered == [b"a\n\n", b""]
+            assert relay.last_chunk == b"" and relay.last_chunk_at == 0.0
+            assert_settled(transport)
+
+    run(scenario)
+
+
+def test_a_piece_the_relay_declines_goes_to_deliver_and_nothing_overtakes_it(run):
+    # The relay declines the first piece (it holds the mark). Before the waiting task can take it, another read
+    # arrives (fed straight into the connection, queued ahead of the task's wake-up): it must not be relayed past
+    # the piece still buffered, but delivered after it. Later pieces are relayed again.
+    head_in, passed = asyncio.Event(), asyncio.Event()
 
     async def handler(reader, writer):
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
         await writer.drain()
         await head_in.wait()
-        writer.write(b"2\r\na\n\r\n")
+        writer.write(b"4\r\na!\n\n\r\n")
         await writer.drain()
-        await delivered.wait()
-        delivered.clear()
-        writer.write(b"2\r\nc\n\r\n")
+        await passed.wait()
+        passed.clear()
+        writer.write(b"3\r\nc\n\n\r\n")
         await writer.drain()
-        await delivered.wait()
+        await passed.wait()
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         await reader.read()
 
-    async def scenario():
-        async with raw_server(handler) as url, Http1Transport(LIMITS) as transport:
-            response = await transport.handle_async_request(post(url, timeout=30.0))
-            conn = response.stream._conn
-            offered, got = [], []
+    class Injecting(Relay):
+        """Feeds the connection one more read, queued ahead of the task's wake-up, the first time it is asked."""
 
-            def offer(piece):
-                offered.append(piece)
-                if piece == b"a\n":
-                    conn.loop.call_soon(conn.data_received, b"2\r\nb\n\r\n")
-                    return False
-                got.append(piece)
-                delivered.set()
-                return True
+        conn = None
+
+        @property
+        def relaying(self) -> bool:
+            if self.conn is not None:
+                self.conn.loop.call_soon(self.conn.data_received, b"3\r\nb\n\n\r\n")
+                self.conn = None
+            return True
+
+        @relaying.setter
+        def relaying(self, value: bool) -> None:
+            pass
+
+    async def scenario():
+        async with raw_server(handler) as url, relay_pair(Injecting) as relay, Http1Transport(LIMITS) as transport:
+            response = await transport.handle_async_request(post(url, timeout=30.0))
+            relay.conn = response.stream._conn
+            delivered: list[bytes] = []
 
             def deliver(piece, ended):
-                got.append(piece)
-                if b"b\n" in piece:
-                    delivered.set()
+                delivered.append(piece)
+                if b"b\n\n" in piece:
+                    passed.set()
 
+            async def watch_relayed() -> None:
+                await relay.received(b"3\r\nc\n\n\r\n")
+                passed.set()
+
+            watcher = asyncio.create_task(watch_relayed())
             head_in.set()  # the server runs again only once the pump below waits
-            await http1.pump(response.stream, deliver, offer)
-            assert b"".join(got) == b"a\nb\nc\n"
-            assert got[0] == b"a\nb\n"  # the declined piece and the one behind it, in order, from the task
-            assert offered == [b"a\n", b"c\n"]  # the piece behind a buffered one was never offered
+            await http1.pump(response.stream, deliver, relay)
+            await watcher
+            assert delivered == [b"a!\n\nb\n\n", b""]  # the declined piece and the one behind it, in order
+            assert relay.seen == b"3\r\nc\n\n\r\n"  # the piece behind a buffered one was never relayed
             assert_settled(transport)
 
     run(scenario)
 
 
-def test_every_piece_a_pump_takes_restarts_its_wait_bound(run):
-    # pump hands pieces on from the read callback while its task stays in one wait: each piece must restart that
-    # wait's bound, or a stream longer than the read timeout would be cut however steadily it flowed. The server
-    # sends a piece only once the last was delivered, so each comes in a read of its own; nothing is timed.
-    timeout, pieces = 30.0, 5
-    taken = asyncio.Event()
-
-    async def handler(reader, writer):
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-        for _ in range(pieces):
-            taken.clear()
-            writer.write(b"2\r\nx\n\r\n")
-            await writer.drain()
-            await taken.wait()
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-        await reader.read()
+def test_a_relayed_stream_keeps_its_wait_bound_from_its_last_piece(run):
+    # The relay takes pieces while the task stays in one wait, so the wait's bound runs from the last piece the
+    # relay took: a stream longer than the read timeout is not cut however steadily it flows, and one that stops
+    # is. Nothing is timed: the wait's timer is fired by hand, as if its time had come.
+    passed = asyncio.Event()
 
     async def scenario():
-        async with raw_server(handler) as url, Http1Transport(LIMITS) as transport:
+        timeout = 30.0
+        async with (
+            sse_server([b"a\n\n", b"b\n\n"], passed) as url,
+            relay_pair() as relay,
+            Http1Transport(LIMITS) as transport,
+        ):
             response = await transport.handle_async_request(post(url, timeout=timeout))
             conn = response.stream._conn
-            got, bounds = [], []
-            previous = [None]
-
-            def offer(piece):
-                if previous[0] is not None:  # the bound the previous piece left behind
-                    bounds.append(conn.wait_due - previous[0])
-                previous[0] = conn.loop.time()
-                got.append(piece)
-                taken.set()
-                return True
-
-            def deliver(piece, ended):
-                got.append(piece)
-                taken.set()
-
-            await http1.pump(response.stream, deliver, offer)
-            assert b"".join(got) == b"x\n" * pieces
-            assert len(bounds) >= pieces - 2 and all(bound >= timeout - 1e-6 for bound in bounds), bounds
+            pumping = asyncio.create_task(http1.pump(response.stream, lambda piece, ended: None, relay))
+            passed.set()
+            await relay.received(b"3\r\na\n\n\r\n")
+            conn.wait_due = conn.loop.time() - 1.0  # the wait began more than `timeout` ago
+            conn._wait_timer()
+            assert not pumping.done()
+            assert conn.timer.when() == pytest.approx(relay.last_chunk_at + timeout, abs=0.01)
+            relay.last_chunk_at -= timeout + 1.0  # and so did the relay's last piece: the backend is silent
+            conn._wait_timer()
+            with pytest.raises(httpx.ReadTimeout):
+                await pumping
+            await response.aclose()
             assert_settled(transport)
 
     run(scenario)

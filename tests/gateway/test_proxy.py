@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import socket
+import threading
 import time
 
 import httpx
@@ -21,6 +23,7 @@ from tests.gateway.gateway_helpers import (
     LONG,
     Scripted,
     chat,
+    raw_post,
     sglang_error,
     sim_running,
     sse_events,
@@ -132,6 +135,77 @@ def test_a_stalled_stream_ends_with_an_error_event_and_done(serve, gateway):
     assert events[-2]["error"]["type"] == "timeout_error" and "stalled" in events[-2]["error"]["message"]
     gw.settled()
     assert gw.metric("crossover_requests_total", pool="speculative", outcome="timeout") == 1
+
+
+class GatedStream(Scripted):
+    """Streams its first `gate_after` chunks, then, once the test opens `gate`, either the next one, waiting for
+    the gateway to hang up (`hung_up`) before the rest, or (`rest_at_once`) all the rest and the end in one write."""
+
+    def __init__(self, gate_after: int, rest_at_once: bool, **script) -> None:
+        super().__init__(**script)
+        self.gate_after, self.rest_at_once, self.gate = gate_after, rest_at_once, threading.Event()
+        self.hung_up = threading.Event()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] in ("/health", "/v1/models"):
+            await super().__call__(scope, receive, send)
+            return
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": self.headers})
+        for chunk in self.chunks[: self.gate_after]:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await asyncio.to_thread(self.gate.wait, 30)
+        rest = self.chunks[self.gate_after :]
+        if self.rest_at_once:
+            await send({"type": "http.response.body", "body": b"".join(rest), "more_body": False})
+            return
+        await send({"type": "http.response.body", "body": rest[0], "more_body": True})
+        if await self._disconnected(receive, 30):
+            self.hung_up.set()
+            return
+        for chunk in rest[1:]:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+@pytest.mark.parametrize("rest_at_once", [False, True], ids=["piece-by-piece", "the-rest-at-once"])
+def test_junk_pipelined_behind_a_stream_stops_it_and_nothing_of_it_follows_the_refusal(
+    serve, gateway, caplog, rest_at_once
+):
+    """A stream under way goes from the backend's read callback to the client's connection. A request and junk
+    pipelined behind it are refused at once (400, the connection shut for writing): nothing more of the stream is
+    written after the refusal, and the stream ends as a client that left - whether what the backend sends next is
+    one more piece (it hears the gateway hang up) or all the rest with the end."""
+    events = [b'data: {"choices":[{"index":0,"delta":{"content":"%d"}}]}\n\n' % i for i in range(8)]
+    backend = GatedStream(gate_after=2, rest_at_once=rest_at_once, chunks=events, headers=SSE)
+    url = serve(backend).url
+    gw = gateway([url], [url], health={"interval": 60})
+    port = int(gw.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(raw_post(json.dumps(chat(stream=True)).encode()))
+        received = b""
+        while b'"content":"1"' not in received:  # the stream is under way
+            received += sock.recv(65536)
+        # A request pipelined behind it (the connection's newest), then junk: only the newest hears the refusal.
+        sock.sendall(raw_post(json.dumps(chat()).encode()) + b"junk\r\n\r\n")
+        while True:  # the refusal, then the connection shut for writing
+            data = sock.recv(65536)
+            if not data:
+                break
+            received += data
+        backend.gate.set()
+        wait_until(lambda: not gw.app.live.requests, what="the stream ended")
+    if not rest_at_once:
+        assert backend.hung_up.wait(10), "the backend never heard that the stream was cut"
+    _, refusal = received.split(b"HTTP/1.1 400 ", 1)
+    head, _, rest = refusal.partition(b"\r\n\r\n")
+    length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))[15:])
+    assert json.loads(rest[:length])["error"]["code"] == "invalid_http_request"
+    assert rest[length:] == b""  # nothing of the stream after the refusal
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="client_disconnect") == 1
+    errors = [record for record in caplog.records if record.levelno >= logging.WARNING]
+    assert not errors, [record.getMessage() for record in errors]
 
 
 @pytest.mark.parametrize("status", [500, 400])
