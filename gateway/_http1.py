@@ -54,17 +54,17 @@ MaybeRequest = httpx.Request | None  # only for httpx's exceptions to carry
 
 class Relay(Protocol):
     """What `pump` hands a streamed body's pieces to from the connection's read callback itself, while its task
-    waits (gateway/proxy.py's Exchange is one). While `relaying`, a piece that ends with one of `ends` and holds no
-    `mark` is written to `out` (the client's transport) as one HTTP/1.1 chunk - if `out` is not closing and holds
-    no unsent bytes - then recorded in `previous_chunk`, `last_chunk` and `last_chunk_at` (event-loop time); any
-    other piece wakes the task, which delivers it after whatever came before. A relay's owner keeps `relaying`
-    false whenever a piece must not skip its task (the request is ending, part of an event is held back).
+    waits (gateway/proxy.py's Exchange is one). While `out` (the client's transport) is set, a piece that ends with
+    one of `ends` and holds no `mark` is written to it as one HTTP/1.1 chunk - if it is not closing and holds no
+    unsent bytes - then recorded in `previous_chunk`, `last_chunk` and `last_chunk_at` (event-loop time); any other
+    piece wakes the task, which delivers it after whatever came before. `out` is None whenever a piece must not
+    skip its task: the request is ending, part of an event is held back, the client's connection refused a
+    request behind it.
 
     The relay is plain data read in the read callback, not a method called: a stream pays one Python call per
     token, the callback (README, "Performance")."""
 
-    relaying: bool
-    out: asyncio.WriteTransport
+    out: asyncio.WriteTransport | None
     ends: tuple[bytes, ...]
     mark: bytes
     previous_chunk: bytes
@@ -459,9 +459,9 @@ class _Connection(asyncio.Protocol):
         # A piece of a body still under way, with nothing buffered before it (that would go out of order): written
         # on here and now if the relay takes it - a stream's every token costs this one Python call.
         relay = self.relay
-        if relay is not None and not before and self.busy and relay.relaying:
+        out = None if relay is None else relay.out
+        if out is not None and not before and self.busy:
             piece = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            out = relay.out
             if (
                 piece.endswith(relay.ends)
                 and piece.find(relay.mark) < 0

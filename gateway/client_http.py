@@ -217,9 +217,9 @@ class ClientLink:
     def relay_out(self, relay: Relay) -> asyncio.WriteTransport | None:
         """The client's transport, for `relay` to write a stream's pieces on as HTTP chunks from the backend
         connection's read callback (gateway/_http1.py's `Relay`), while the chunked response this request began
-        is under way and the client there; None otherwise. Refusing a request pipelined behind this one stops
-        the relay at once (`relaying`): the refusal is the connection's last word, and its transport still takes
-        writes until it closes."""
+        is under way and the client there; None otherwise. Refusing a request pipelined behind this one takes the
+        transport back from the relay at once (its `out`): the refusal is the connection's last word, and the
+        transport still takes writes until it closes."""
         cycle, protocol = self.cycle, self._protocol
         transport = protocol.transport
         if (
@@ -510,7 +510,7 @@ class _BoundedHead(HttpToolsProtocol):
         log.debug("refused a request from %s: %s", self.client, message)
         self.on_refused(reason)
         if self._relay is not None:  # a stream under way: nothing more of it goes after the refusal
-            self._relay.relaying = False
+            self._relay.out = None
             self._relay = None
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:

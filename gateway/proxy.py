@@ -165,7 +165,6 @@ class Exchange:
         "pending",
         "pool",
         "previous_chunk",
-        "relaying",
         "request_id",
         "response_started",
         "scope",
@@ -222,11 +221,9 @@ class Exchange:
         # The last chunk streamed to the client: an error event must not be glued to half an event. Only the last
         # two are kept: the usage event, if any, sits just before [DONE].
         self.last_chunk = self.previous_chunk = b""
-        # As a stream's relay: the client's transport while a chunked response is under way on it, and whether
-        # the backend's pieces may go there from the read callback now (not while the request is being cut or
-        # part of an event is held back).
+        # As a stream's relay: the client's transport while the backend's pieces may go there from the read
+        # callback (a chunked response under way, the request not being cut, no part of an event held back).
         self.out: asyncio.WriteTransport | None = None
-        self.relaying = False
 
     async def run(self, receive) -> None:
         endpoint = self.endpoint
@@ -461,7 +458,6 @@ class Exchange:
         connection takes them (`ClientLink.relay_out`), but not while the request is being cut (the cut is its
         last word) nor while part of an event is held back (the next piece completes it)."""
         self.out = None if self.link is None or self.cut is not None or self.pending else self.link.relay_out(self)
-        self.relaying = self.out is not None
 
     def _deliver(self, chunk: bytes, ended: bool):
         """One piece of the backend's stream (`ended`: its last) on to the client, whole events only; None when
@@ -473,9 +469,12 @@ class Exchange:
             chunk, self.pending = split_events(chunk)
             if len(self.pending) > MAX_PENDING_BYTES:  # not SSE after all: stop holding bytes back
                 chunk, self.pending = chunk + self.pending, b""
-        self._relay_now()
-        if not chunk and not ended:
-            return None
+        if ended:  # the pump is over: nothing more goes to the relay
+            self.out = None
+        else:
+            self._relay_now()
+            if not chunk:
+                return None
         if chunk.find(ERROR_MARK) >= 0:  # rare: SGLang's error event, just before [DONE]
             chunk = self._reshape(chunk)
         return self._put(chunk, ended)
@@ -566,7 +565,7 @@ class Exchange:
         if self.finished or self.cut is not None:
             return
         self.cut = why
-        self.relaying = False
+        self.out = None
         if self.deadline is not None and not self.deadline.expired():
             with contextlib.suppress(RuntimeError):  # the deadline's block has just ended
                 self.deadline.reschedule(self.loop.time())
