@@ -168,13 +168,16 @@ class HealthMonitor:
             task.add_done_callback(lambda _: self._probing.pop(backend, None))
 
     async def run(self) -> None:
-        """Check forever (until cancelled): health every `interval`, engine load every `load_interval`."""
-        loops = [self._every(self.settings.interval, self.check_all)]
+        """Check forever (until cancelled): health every `interval`, engine load every `load_interval`. The first
+        health round is the caller's (`check_all` before serving): repeating it at once would hold the pooled
+        connections it left while the first requests want them, for nothing learned."""
+        loops = [self._every(self.settings.interval, self.check_all, first_after=self.settings.interval)]
         if self.scrape:
             loops.append(self._every(self.settings.load_interval, self.scrape_all))
         await asyncio.gather(*loops)
 
-    async def _every(self, period: float, step: Callable[[], Awaitable[None]]) -> None:
+    async def _every(self, period: float, step: Callable[[], Awaitable[None]], first_after: float = 0.0) -> None:
+        await asyncio.sleep(first_after)
         while True:
             started = time.monotonic()
             try:

@@ -8,8 +8,8 @@ import time
 import httpx
 import pytest
 
-from crossover.gateway.config import Settings
-from crossover.gateway.health import PASSIVE, PROBE, Breaker, load_from_loads, load_from_metrics
+from crossover.gateway.config import HealthSettings, Settings
+from crossover.gateway.health import PASSIVE, PROBE, Breaker, HealthMonitor, load_from_loads, load_from_metrics
 from crossover.gateway.pools import Backend, Pools
 from tests.gateway.gateway_helpers import LONG, MODEL, chat, wait_until
 
@@ -129,6 +129,33 @@ def make_breaker(backends: int = 2, failure_threshold: int = 3, eject_seconds: f
     for backend in pools.all():
         breaker.succeeded(backend, probe=True)
     return pools, breaker, ejected, probed
+
+
+def test_the_checks_leave_the_first_health_round_to_the_caller_and_scrape_load_at_once():
+    """The app probes every backend before serving; a second round at once would only hold the pooled
+    connections the first requests want (the direct lane sends only on one)."""
+    pools, breaker, _, _ = make_breaker()
+    paths: list[str] = []
+
+    async def scenario() -> None:
+        scraped = asyncio.Event()
+
+        def answer(request: httpx.Request) -> httpx.Response:
+            paths.append(request.url.path)
+            if paths.count("/v1/loads") == len(pools.all()):
+                scraped.set()
+            return httpx.Response(200, json={"loads": []})
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            monitor = HealthMonitor(pools, breaker, client, HealthSettings(interval=60), scrape=True)
+            checks = asyncio.create_task(monitor.run())
+            try:
+                await asyncio.wait_for(scraped.wait(), 10)
+            finally:
+                checks.cancel()
+
+    asyncio.run(scenario())
+    assert "/health" not in paths and paths.count("/v1/loads") == len(pools.all()), paths
 
 
 def test_unknown_backends_are_usable_until_a_probe_fails():
