@@ -28,6 +28,24 @@ ERROR_EVENT = b'data: {"error": {"message": "boom", "code": 500}}\n\n'
 
 
 @pytest.fixture
+def serve(serve):
+    """Backends that keep an idle connection open long after a busy machine gets round to the test's request."""
+    return lambda app, **config: serve(app, **{"timeout_keep_alive": 60, **config})
+
+
+@pytest.fixture
+def gateway(gateway):
+    """The lane sends only on a pooled connection: the gateway keeps the first health round's as long (the
+    default expiry is 2 s, which a busy machine may take between starting the gateway and sending a request)."""
+
+    def start(*args, **overrides):
+        overrides["timeouts"] = {"backend_keepalive": 60, **overrides.get("timeouts", {})}
+        return gateway(*args, **overrides)
+
+    return start
+
+
+@pytest.fixture
 def lanes(monkeypatch):
     """What `DirectExchange.offer` answered, request by request; `lanes.off = True` makes it decline all."""
 
@@ -128,14 +146,14 @@ def test_a_deadline_on_a_reused_connection_is_its_own_request_s(serve, gateway, 
     """The backend connection's one timer was set for the first request; the second, sent on the same
     connection later, still ends at its own deadline."""
     backend = Scripted(body=ANSWER, delays=[0], delay_s=30)
-    gw = gateway([serve(backend).url], [serve(backend).url], health={"interval": 60}, timeouts={"non_stream": 1})
+    gw = gateway([serve(backend).url], [serve(backend).url], health={"interval": 60}, timeouts={"non_stream": 2})
     with httpx.Client(base_url=gw.url, timeout=20, trust_env=False) as client:
         first = client.post("/v1/chat/completions", json=chat())
         second = client.post("/v1/chat/completions", json=chat())
     assert lanes == [True, True]
     assert first.status_code == 200
     assert second.status_code == 504
-    assert second.json()["error"]["message"] == "no response from the backend within 1 s"
+    assert second.json()["error"]["message"] == "no response from the backend within 2 s"
     wait_until(lambda: backend.hangups == 1, what="the backend heard the gateway hang up")
 
 

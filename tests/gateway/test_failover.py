@@ -27,6 +27,7 @@ from tests.gateway.gateway_helpers import (
     sse_events,
     stream_text,
     unused_url,
+    wait_until,
 )
 
 
@@ -67,7 +68,7 @@ def test_a_backend_killed_mid_test(sim, gateway):
     assert [response.status_code for response in after] == [200] * 6
     assert {response.headers["x-crossover-pool"] for response in after} == {"plain"}
     # The failed requests asked for a probe at once, and the probe (connection refused) decided.
-    assert gw.state.pools.speculative[0].healthy is False
+    wait_until(lambda: gw.state.pools.speculative[0].healthy is False, what="the probe to eject the dead backend")
     assert (
         gw.metric("crossover_backend_ejections_total", pool="speculative", backend=speculative.url, source="probe") == 1
     )

@@ -45,7 +45,8 @@ def test_scraped_load_sees_requests_that_bypass_this_gateway(sims, gateway):
         load_signal="scraped",
         threshold=2,
         hysteresis=0,
-        health={"interval": 60, "load_interval": 0.05},
+        # Scraped load counts while it is under three intervals old: 3 s covers a slow answer on a busy machine.
+        health={"interval": 60, "load_interval": 1.0},
     )
     backend = gw.state.pools.speculative[0]
 
@@ -82,7 +83,7 @@ def test_the_prometheus_endpoint_is_the_last_resort_for_load(serve, gateway):
         await send({"type": "http.response.body", "body": body or b'{"detail": "Not Found"}'})
 
     url = serve(engine).url
-    gw = gateway([url], [url], load_signal="max", health={"interval": 60, "load_interval": 0.05})
+    gw = gateway([url], [url], load_signal="max", health={"interval": 60, "load_interval": 1.0})
     wait_until(lambda: all(backend.scraped == 9 for backend in gw.state.pools.all()), what="load from /metrics")
     assert gw.state.pools.pool_load("speculative") == 9
     assert gw.state.pools.model_names() == {"m"}
@@ -167,7 +168,7 @@ def test_unknown_backends_are_usable_until_a_probe_fails():
 
 
 def test_periodic_probes_eject_after_consecutive_failures_and_bring_back_after_the_ejection():
-    pools, breaker, ejected, _ = make_breaker(failure_threshold=3, eject_seconds=0.2)
+    pools, breaker, ejected, _ = make_breaker(failure_threshold=3, eject_seconds=30)
     backend = pools.speculative[0]
     breaker.failed_probe(backend)
     breaker.failed_probe(backend)
@@ -179,7 +180,7 @@ def test_periodic_probes_eject_after_consecutive_failures_and_bring_back_after_t
     assert backend.healthy is False and ejected == [(backend.url, PROBE)]
     breaker.succeeded(backend, probe=True)
     assert backend.healthy is False  # the ejection runs its time
-    wait_until(lambda: time.monotonic() >= backend.ejected_until, what="the ejection to run out")
+    backend.ejected_until = time.monotonic()  # ... which has run out (set, not waited for on a busy machine)
     breaker.succeeded(backend, probe=True)
     assert backend.healthy is True and backend.failures == 0
 

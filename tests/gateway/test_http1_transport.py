@@ -1060,11 +1060,11 @@ def test_a_connection_whose_last_bytes_paused_reading_is_pooled_readable(run):
 
     async def scenario():
         async with raw_server(handler) as url, Http1Transport(LIMITS) as transport:
-            response = await transport.handle_async_request(post(url, timeout=SHORT))
+            response = await transport.handle_async_request(post(url))
             conn = response.stream._conn
             await wait_for_condition(lambda: conn.complete, "the whole body buffered")
             await response.aclose()
-            response = await transport.handle_async_request(post(url, timeout=SHORT))
+            response = await transport.handle_async_request(post(url))
             assert len(await response.aread()) == HIGH_WATER + 1
             assert transport._conns == {conn}
             assert_settled(transport)

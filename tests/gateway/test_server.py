@@ -127,7 +127,7 @@ def assert_cut_cleanly(streamed: bytes, gw) -> None:
 
 
 def test_shutdown_turns_health_503_first_then_ends_streams_cleanly(sims, gateway_process):
-    gw = gateway_process(gateway_config(sims, "[timeouts]\nshutdown_delay = 1.0\ngraceful_shutdown = 1.0\n"))
+    gw = gateway_process(gateway_config(sims, "[timeouts]\nshutdown_delay = 3.0\ngraceful_shutdown = 2.0\n"))
     served = []
 
     async def scenario():

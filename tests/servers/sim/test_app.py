@@ -182,11 +182,11 @@ def test_release_while_paused_with_queued_requests_is_allowed(sim_app, client):
 
 
 def test_startup_delay(sim_app, client):
-    server = sim_app(startup_delay_s=0.5)
+    server = sim_app(startup_delay_s=5)  # long enough for the two requests below, however busy the machine
     assert client.get(server.url + "/health").status_code == 503
     starting = client.post(server.url + "/v1/chat/completions", json=CHAT)
     assert starting.status_code == 503 and "starting" in starting.json()["message"]
-    wait_until(lambda: client.get(server.url + "/health").status_code == 200, timeout=5.0)
+    wait_until(lambda: client.get(server.url + "/health").status_code == 200, timeout=30.0)
     assert client.post(server.url + "/v1/chat/completions", json=CHAT).status_code == 200
 
 

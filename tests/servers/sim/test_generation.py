@@ -130,8 +130,10 @@ def test_client_disconnect_aborts_in_the_engine(sim_app):
             blocking = asyncio.create_task(
                 client.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 5_000})
             )
-            await asyncio.sleep(0.3)
-            assert (await client.get(f"{server.url}/v1/loads")).json()["loads"][0]["num_running_reqs"] == 6
+            deadline = time.monotonic() + 10
+            while (await client.get(f"{server.url}/v1/loads")).json()["loads"][0]["num_running_reqs"] < 6:
+                assert time.monotonic() < deadline, "the sixth request never ran"
+                await asyncio.sleep(0.02)
             for response, _ in streams:
                 await response.aclose()
             blocking.cancel()  # the non-streaming client goes away too
