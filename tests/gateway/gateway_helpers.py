@@ -126,6 +126,15 @@ def raw_post(body: bytes, request_id: bytes = b"raw") -> bytes:
     )
 
 
+def content_length(head: bytes, missing: int | None = None) -> int:
+    """The Content-Length a message head declares; `missing` if it declares none (None: it must declare one)."""
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line[15:])
+    assert missing is not None, f"no content-length in {head!r}"
+    return missing
+
+
 def read_response(sock) -> bytes:
     """One whole response with a content-length from `sock`, leaving the connection open."""
 
@@ -139,7 +148,7 @@ def read_response(sock) -> bytes:
     while b"\r\n\r\n" not in data:
         data += more()
     head, _, rest = data.partition(b"\r\n\r\n")
-    length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))[15:])
+    length = content_length(head)
     while len(rest) < length:
         rest += more()
     return head + b"\r\n\r\n" + rest[:length]
@@ -274,15 +283,7 @@ class _RawBackend:
     async def read_request(reader: asyncio.StreamReader) -> bytes:
         """One request's head (the body is read and dropped)."""
         head = await reader.readuntil(b"\r\n\r\n")
-        length = next(
-            (
-                int(line.split(b":", 1)[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            ),
-            0,
-        )
-        await reader.readexactly(length)
+        await reader.readexactly(content_length(head, missing=0))
         return head
 
     def record(self, head: bytes) -> None:

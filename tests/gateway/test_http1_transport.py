@@ -22,7 +22,7 @@ import uvloop
 
 from crossover.gateway import _http1 as http1
 from crossover.gateway._http1 import HIGH_WATER, Http1Transport
-from tests.gateway.gateway_helpers import LONG, chat, sim_running, sse_events, wait_until
+from tests.gateway.gateway_helpers import LONG, chat, content_length, sim_running, sse_events, wait_until
 from tests.gateway.gateway_helpers import read_all as read_request_body
 
 SCENARIO_TIMEOUT_S = 30.0
@@ -402,11 +402,7 @@ async def read_request(reader: asyncio.StreamReader) -> bytes | None:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError:
         return None
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    return head + await reader.readexactly(length)
+    return head + await reader.readexactly(content_length(head, missing=0))
 
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"

@@ -23,6 +23,7 @@ from tests.gateway.gateway_helpers import (
     LONG,
     Scripted,
     chat,
+    content_length,
     raw_post,
     sglang_error,
     sim_running,
@@ -199,7 +200,7 @@ def test_junk_pipelined_behind_a_stream_stops_it_and_nothing_of_it_follows_the_r
         assert backend.hung_up.wait(10), "the backend never heard that the stream was cut"
     _, refusal = received.split(b"HTTP/1.1 400 ", 1)
     head, _, rest = refusal.partition(b"\r\n\r\n")
-    length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))[15:])
+    length = content_length(head)
     assert json.loads(rest[:length])["error"]["code"] == "invalid_http_request"
     assert rest[length:] == b""  # nothing of the stream after the refusal
     gw.settled()
