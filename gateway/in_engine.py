@@ -6,7 +6,7 @@ request would join fewer than T others", i.e. a batch of at most T: so the gate 
 
     sync = GateSync(pools, routing, client, client_timeout_s, interval_s)
     await sync.start()              # refuses a backend without the endpoint; sets the gate on every backend
-    await sync.apply_threshold()    # after PUT /admin/threshold: set, then read back, on every backend
+    await sync.threshold_changed()  # after PUT /admin/threshold moved it: set, then read back, on every backend
     await sync.force("plain", pin=True)   # PUT /admin/mode: every engine's gate 0 until {"pin": false}
     sync.view()                     # each backend's gate, for /admin/state
 
