@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from crossover.gateway.auth import authorize_admin
 from crossover.gateway.config import MAX_THRESHOLD, POOL_NAMES, Mode, Policy, ThresholdError
-from crossover.gateway.errors import BackendFailed, BodyTooLarge, InvalidRequest, RequestTimeout, StateNotSaved
+from crossover.gateway.errors import BodyTooLarge, InvalidRequest, RequestTimeout, StateNotSaved
 from crossover.gateway.state import GatewayState
 
 MAX_ADMIN_BODY_BYTES = 64 * 1024
@@ -92,18 +92,19 @@ async def read_admin_body(request: Request) -> bytes:
 
 def threshold_view(state: GatewayState) -> dict:
     pools = state.pools
-    view = {
+    return {
         **state.routing.state(),
         "load_signal": pools.load_signal,
         "loads": {name: pools.pool_load(name) for name in POOL_NAMES},
+        **state.topology.threshold_view(),
     }
-    if state.in_engine is not None:
-        view.update(state.in_engine.view())  # the threshold as each engine's gate, read back
-    return view
 
 
 def admin_routes(state: GatewayState) -> list[Route]:
+    """What the threshold, a mode and a pin mean is the topology's (gateway/topology.py); what it cannot honour it
+    refuses with a 409."""
     token = state.settings.admin_token
+    topology = state.topology
 
     async def get_threshold(request: Request) -> JSONResponse:
         authorize_admin(request.headers.get("authorization"), token)
@@ -112,59 +113,32 @@ def admin_routes(state: GatewayState) -> list[Route]:
     async def put_threshold(request: Request) -> JSONResponse:
         authorize_admin(request.headers.get("authorization"), token)
         update = parse_body(ThresholdUpdate, await read_admin_body(request))
+        fields = set(update.model_fields_set)
+        topology.check_threshold_update(fields)
         try:
             state.routing.update(update.threshold, update.hysteresis, update.policy)
         except ThresholdError as exc:
             raise InvalidRequest(str(exc), param=exc.field, code="invalid_value") from None
         except OSError as exc:
             raise StateNotSaved(f"the change is live but could not be saved to the state file: {exc}") from None
-        if state.in_engine is not None:
-            failed = await state.in_engine.force(None)  # a threshold change ends a forced mode
-            if failed:
-                raise BackendFailed(
-                    "the threshold is live, but these backends' gates are not (held out of rotation until they "
-                    "are): " + "; ".join(failed)
-                )
+        await topology.threshold_changed(fields)
         return JSONResponse(threshold_view(state))
 
     async def get_state(request: Request) -> JSONResponse:
         authorize_admin(request.headers.get("authorization"), token)
-        snapshot = state.snapshot()
-        snapshot["topology"] = state.settings.topology
-        switching = state.switching
-        if switching is not None:
-            # One GPU set serves everything: no routing policy applies, whatever [routing] says.
-            snapshot["policy"] = "time-shared"
-            # A request held by the switch queue holds an admission slot too: count it once, as queued.
-            snapshot["inflight"] -= switching.queued
-            snapshot["queued"] += switching.queued
-            snapshot.update(switching.view())
-        if state.in_engine is not None:
-            snapshot.update(state.in_engine.view())
-        return JSONResponse(snapshot)
+        return JSONResponse(state.snapshot())
 
     async def get_mode(request: Request) -> JSONResponse:
         authorize_admin(request.headers.get("authorization"), token)
-        if state.in_engine is not None:
-            return JSONResponse(state.in_engine.view())
-        if state.switching is None:
-            raise InvalidRequest("mode switching needs topology = 'time-shared'", code="not_time_shared")
-        return JSONResponse(state.switching.view())
+        return JSONResponse(topology.mode_view())
 
     async def put_mode(request: Request) -> JSONResponse:
-        """Force a mode now (the policy is bypassed): 202 while the switch runs, 200 if it already serves."""
+        """Force a mode now and/or pin it: the status and view are the topology's (time-shared: 202 while the
+        switch runs, 200 if it already serves)."""
         authorize_admin(request.headers.get("authorization"), token)
         update = parse_body(ModeUpdate, await read_admin_body(request))
-        if state.in_engine is not None:
-            # In-engine: the mode is every engine's gate (plain: 0, speculative: none) until the next threshold.
-            failed = await state.in_engine.force(update.mode)
-            if failed:
-                raise BackendFailed("the mode is live, but these backends' gates are not: " + "; ".join(failed))
-            return JSONResponse(state.in_engine.view())
-        if state.switching is None:
-            raise InvalidRequest("mode switching needs topology = 'time-shared'", code="not_time_shared")
-        started = state.switching.request_switch(update.mode, pin=update.pin)
-        return JSONResponse(state.switching.view(), status_code=202 if started else 200)
+        view, status = await topology.set_mode(update.mode, update.pin)
+        return JSONResponse(view, status_code=status)
 
     return [
         Route("/admin/threshold", get_threshold, methods=["GET"]),

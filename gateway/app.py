@@ -28,42 +28,42 @@ from crossover.gateway.direct import DirectExchange
 from crossover.gateway.errors import EXCEPTION_HANDLERS, ModelNotFound
 from crossover.gateway.failover import Failover
 from crossover.gateway.headers import RequestIdMiddleware
-from crossover.gateway.health import Breaker, HealthMonitor
-from crossover.gateway.in_engine import GateSync
+from crossover.gateway.health import HealthMonitor
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.pools import Pools
 from crossover.gateway.proxy import Live, ProxyEndpoint
 from crossover.gateway.routing import Routing
 from crossover.gateway.state import GatewayState
-from crossover.gateway.switching import SwitchController
+from crossover.gateway.topology import make_topology
 from crossover.gateway.transport import make_client, make_transport, proxy_sender
 from crossover.gateway.validation import CHAT, COMPLETIONS
 
 
-def build_state(settings: Settings, registry: CollectorRegistry | None = None) -> GatewayState:
+def build_state(
+    settings: Settings,
+    registry: CollectorRegistry | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> GatewayState:
+    """Every object the gateway runs on, each built whole: nothing is wired in afterwards (the lifespan only starts
+    and stops them). Nothing here touches an event loop: connections open on the serving one."""
     pools = Pools.from_settings(settings)
     routing = Routing.from_settings(settings)
     limits = settings.limits
     admission = Admission(limits.max_inflight, limits.max_queued, settings.timeouts.queue)
     metrics = Metrics(registry if registry is not None else CollectorRegistry(), pools, routing, admission)
-    breaker = Breaker(
+    backend_transport = make_transport(settings, transport, on_stale=metrics.stale_connections.inc)
+    client = make_client(settings, backend_transport)
+    monitor = HealthMonitor(
         pools,
+        client,
         settings.health,
+        scrape=settings.load_signal != "local",
         on_eject=lambda backend, source: metrics.ejections.labels(backend.pool, backend.url, source).inc(),
     )
-    failover = Failover(pools, breaker, metrics, limits.max_failovers)
-    switching = (
-        SwitchController(settings, pools, routing, metrics, breaker, queued_elsewhere=lambda: admission.queued)
-        if settings.topology == "time-shared"
-        else None
-    )
-    in_engine = None
-    if settings.topology == "in-engine":
-        in_engine = GateSync(pools, routing, settings.health.timeout, settings.health.interval)
-        metrics.registry.register(in_engine.collector())
-    return GatewayState(
-        settings, pools, routing, metrics, admission, breaker, failover, switching=switching, in_engine=in_engine
-    )
+    breaker = monitor.breaker
+    failover = Failover(pools, breaker, metrics, limits.max_failovers, proxy_sender(backend_transport))
+    topology = make_topology(settings, pools, routing, metrics, breaker, admission, client)
+    return GatewayState(settings, pools, routing, metrics, admission, breaker, failover, monitor, client, topology)
 
 
 def create_app(
@@ -72,34 +72,21 @@ def create_app(
     transport: httpx.AsyncBaseTransport | None = None,
     registry: CollectorRegistry | None = None,
 ) -> GatewayApp:
-    """The gateway app; its lifespan owns the backend client and the health checks."""
-    state = build_state(settings, registry)
+    """The gateway app; its lifespan runs the backend client, the health checks and the topology."""
+    state = build_state(settings, registry, transport)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        backend_transport = make_transport(settings, transport, on_stale=state.metrics.stale_connections.inc)
-        state.failover.sender = proxy_sender(backend_transport)
-        async with make_client(settings, backend_transport) as client:
-            state.client = client
-            monitor = HealthMonitor(
-                state.pools, state.breaker, client, settings.health, scrape=settings.load_signal != "local"
-            )
-            monitor.attach()
+        async with state.client:
             # One round before serving, so /health and routing start from what the backends really say.
-            await monitor.check_all()
-            checks = asyncio.create_task(monitor.run())
-            if state.switching is not None:
-                await state.switching.start(client)
-            if state.in_engine is not None:
-                await state.in_engine.start(client)  # NotPatched: refuse to serve, naming the patch
+            await state.monitor.check_all()
+            checks = asyncio.create_task(state.monitor.run())
             try:
+                await state.topology.start()  # what it raises refuses to serve (in-engine: NotPatched)
                 yield
             finally:
-                if state.in_engine is not None:
-                    await state.in_engine.stop()
-                if state.switching is not None:
-                    await state.switching.stop()
-                monitor.detach()
+                await state.topology.stop()
+                state.monitor.stop()
                 checks.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await checks
@@ -141,7 +128,7 @@ def create_app(
             state.failover,
             state.metrics,
             live,
-            switching=state.switching,
+            state.topology,
         )
         for path in (CHAT, COMPLETIONS)
     }

@@ -60,7 +60,7 @@ class DirectExchange(Exchange):
         sender = endpoint.failover.sender
         if (
             type(sender) is not Http1Transport
-            or endpoint.switching is not None
+            or not endpoint.topology.direct_lane
             or endpoint.live.shutting_down
             or scope.get("http_version") == "1.0"
             or len(body) > endpoint.settings.limits.max_body_bytes

@@ -15,6 +15,7 @@ GatewayError ..................... 500  api_error              backend_error
 ├── HeadersTooLarge .............. 431  invalid_request_error  bad_request       (the head exceeds its limit)
 ├── ClientGone ................... 499  -                      client_disconnect (never sent: nobody listens)
 ├── SwitchConflict ............... 409  invalid_request_error  bad_request       (PUT /admin/mode mid-switch)
+├── NotForTopology ............... 409  invalid_request_error  bad_request       (admin API: meaningless here)
 ├── Overloaded ................... 429  rate_limit_error       overloaded        (over max_inflight + max_queued)
 ├── SwitchRateLimited ............ 429  rate_limit_error       bad_request       (PUT /admin/mode too soon)
 ├── StatusError .................. any  by status              by status         (bad_request below 500)
@@ -207,6 +208,13 @@ class SwitchUnavailable(Unavailable):
 
 class SwitchConflict(GatewayError):
     status, type, code, outcome = 409, "invalid_request_error", "switch_in_progress", BAD_REQUEST
+
+
+class NotForTopology(GatewayError):
+    """An admin change the deployment's topology cannot honour (a mode on partitioned pools, a routing policy on
+    one GPU set): refused, never answered 200 with nothing done. `code` says which."""
+
+    status, type, code, outcome = 409, "invalid_request_error", "not_for_topology", BAD_REQUEST
 
 
 class SwitchRateLimited(GatewayError):

@@ -167,12 +167,14 @@ class Outgoing:
 class Failover:
     """Opens a backend response for one request, trying other backends on failures that allow it."""
 
-    def __init__(self, pools: Pools, breaker: Breaker, metrics: Metrics, max_failovers: int) -> None:
+    def __init__(
+        self, pools: Pools, breaker: Breaker, metrics: Metrics, max_failovers: int, sender: ProxySender
+    ) -> None:
         self.pools = pools
         self.breaker = breaker
         self.metrics = metrics
         self.max_failovers = max_failovers
-        self.sender: ProxySender | None = None  # set when the app starts serving
+        self.sender = sender
 
     async def open(
         self, pool: str, outgoing: Outgoing, *, other_pool: bool = True, tried: set[Backend] | None = None

@@ -44,12 +44,13 @@ class Breaker:
         pools: Pools,
         settings: HealthSettings,
         on_eject: Callable[[Backend, str], None] = lambda backend, source: None,
+        probe: Callable[[Backend], None] = lambda backend: None,
     ) -> None:
         self.pools = pools
         self.settings = settings
         self.on_eject = on_eject
-        # Set by the HealthMonitor while it runs: probe this backend now (no-op if a probe is under way).
-        self.probe: Callable[[Backend], None] = lambda backend: None
+        # Probe this backend now (the HealthMonitor's, which made this breaker; a no-op if one is under way).
+        self.probe = probe
         self.suspects: set[Backend] = set()
         # Backends put out of service on purpose (the mode a time-shared GPU set does not serve): their failed
         # probes are expected, not ejections - no warning, no ejection counted.
@@ -139,30 +140,41 @@ LOAD_SOURCES: tuple[tuple[str, Callable[[httpx.Response], int]], ...] = (
 
 
 class HealthMonitor:
-    """Probes every backend on a schedule, and any one at once when the breaker asks."""
+    """Probes every backend on a schedule, and any one at once when its breaker asks.
+
+    monitor = HealthMonitor(pools, client, settings.health, scrape=False, on_eject=count)
+    monitor.breaker                 # what failover and the switch controller report to
+    await monitor.check_all(); task = asyncio.create_task(monitor.run())   # the app's lifespan
+    monitor.stop()                  # no more probes on request
+    """
 
     def __init__(
-        self, pools: Pools, breaker: Breaker, client: httpx.AsyncClient, settings: HealthSettings, scrape: bool
+        self,
+        pools: Pools,
+        client: httpx.AsyncClient,
+        settings: HealthSettings,
+        scrape: bool,
+        on_eject: Callable[[Backend, str], None] = lambda backend, source: None,
     ) -> None:
         self.pools = pools
-        self.breaker = breaker
+        # The breaker asks this monitor for probes: made here, so neither is wired to the other afterwards.
+        self.breaker = Breaker(pools, settings, on_eject, probe=self.probe_now)
         self.client = client
         self.settings = settings
         self.scrape = scrape
         self._load_source: dict[Backend, int] = {}
         self._probing: dict[Backend, asyncio.Task] = {}
+        self._stopped = False
 
-    def attach(self) -> None:
-        """Take the breaker's requests for immediate probes (call on the serving event loop)."""
-        self.breaker.probe = self.probe_now
-
-    def detach(self) -> None:
-        self.breaker.probe = lambda backend: None
+    def stop(self) -> None:
+        """At shutdown: the probes under way end, and none starts on request."""
+        self._stopped = True
         for task in self._probing.values():
             task.cancel()
 
     def probe_now(self, backend: Backend) -> None:
-        if backend not in self._probing:
+        """On the serving event loop (the breaker asks while a request fails)."""
+        if not self._stopped and backend not in self._probing:
             task = asyncio.get_running_loop().create_task(self.check(backend))
             self._probing[backend] = task
             task.add_done_callback(lambda _: self._probing.pop(backend, None))

@@ -4,10 +4,15 @@ A server patched with patches/sglang-0.5.23 answers `GET/POST /speculative/adapt
 runs batches of more than N requests with zero draft steps. The gateway's threshold T means "speculate while a
 request would join fewer than T others", i.e. a batch of at most T: so the gate is T itself (T = 0: never).
 
-    sync = GateSync(pools, routing, client_timeout_s)
-    await sync.start(client)        # refuses a backend without the endpoint; sets the gate on every backend
-    await sync.apply_threshold()    # after PUT /admin/threshold: set, then read back, on every backend
-    sync.view()                     # each backend's gate, for /admin/state; sync.collector() for /metrics
+    sync = GateSync(pools, routing, client, client_timeout_s, interval_s)
+    await sync.start()              # refuses a backend without the endpoint; sets the gate on every backend
+    await sync.threshold_changed()  # after PUT /admin/threshold moved it: set, then read back, on every backend
+    await sync.force("plain", pin=True)   # PUT /admin/mode: every engine's gate 0 until {"pin": false}
+    sync.view()                     # each backend's gate, for /admin/state
+
+A forced mode (`PUT /admin/mode {"mode": ...}`) holds until the next threshold change; a pinned one until it is
+unpinned (`{"pin": false}`, which hands the gate back to the threshold). A change of hysteresis alone moves no
+gate and ends nothing.
 
 A backend whose gate is not the gateway's (it restarted: the gate reverts to its start-up config, generation 0;
 or it was unreachable) is held out of rotation (`Backend.gate_pending`) until the gate is re-applied and read
@@ -22,7 +27,6 @@ import contextlib
 import logging
 
 import httpx
-from prometheus_client.core import GaugeMetricFamily
 
 from crossover.gateway.config import PLAIN
 from crossover.gateway.headers import bearer
@@ -36,19 +40,22 @@ logger = logging.getLogger("crossover.in_engine")
 class GateSync:
     """Keeps every backend's gate at the live threshold (see the module docstring)."""
 
-    def __init__(self, pools: Pools, routing: Routing, timeout_s: float, interval_s: float) -> None:
+    def __init__(
+        self, pools: Pools, routing: Routing, client: httpx.AsyncClient, timeout_s: float, interval_s: float
+    ) -> None:
         self.pools = pools
         self.routing = routing
         self.timeout_s = timeout_s
         self.interval_s = interval_s
         self.gates: dict[str, Gate] = {}
         self.errors: dict[str, str] = {}
-        self._client: httpx.AsyncClient | None = None
+        self._client = client
         self._task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
         # PUT /admin/mode: a mode forced on every engine (plain: gate 0; speculative: no gate) until the next
-        # threshold change; None: the gate follows the threshold.
+        # threshold change, or while pinned until unpinned; None: the gate follows the threshold.
         self.forced: str | None = None
+        self.pinned = False
 
     @property
     def wanted(self) -> int | None:
@@ -56,14 +63,28 @@ class GateSync:
             return 0 if self.forced == PLAIN else None
         return self.routing.threshold
 
-    async def force(self, mode: str | None) -> list[str]:
-        """Force `mode` on every engine (None: back to the threshold); the backends that failed, why."""
-        self.forced = mode
+    async def force(self, mode: str | None, *, pin: bool | None = None) -> list[str]:
+        """PUT /admin/mode: force `mode` on every engine and/or pin (True) or unpin (False) the forced mode; unpinning
+        with no mode hands the gate back to the threshold. The backends that failed, why."""
+        if pin is False:
+            self.pinned = False
+            if mode is None:
+                self.forced = None
+        if mode is not None:
+            self.forced = mode
+        if pin:
+            self.pinned = True
         return await self.apply_threshold()
 
-    async def start(self, client: httpx.AsyncClient) -> None:
+    async def threshold_changed(self) -> list[str]:
+        """After PUT /admin/threshold moved the threshold: an unpinned forced mode ends; the gates follow."""
+        if not self.pinned:
+            self.forced = None
+        return await self.apply_threshold()
+
+    async def start(self) -> None:
         """Refuse to serve without the patch on every backend; then set the gate everywhere and keep it."""
-        self._client = client
+        client = self._client
         for backend in self.pools.speculative:
             backend.gate_pending = True
         results = await asyncio.gather(
@@ -101,7 +122,6 @@ class GateSync:
                 await asyncio.gather(*(self._sync(b, force=False) for b in self.pools.speculative))
 
     async def _sync(self, backend: Backend, *, force: bool) -> None:
-        assert self._client is not None
         wanted = self.wanted
         if backend.healthy is False:
             backend.gate_pending = True  # it may come back restarted, with its start-up gate: write it again
@@ -129,7 +149,7 @@ class GateSync:
 
     def view(self) -> dict:
         return {
-            "gate": {"zero_steps_above_bs": self.wanted, "forced_mode": self.forced},
+            "gate": {"zero_steps_above_bs": self.wanted, "forced_mode": self.forced, "pinned": self.pinned},
             "backend_gates": {
                 backend.url: {
                     "zero_steps_above_bs": gate.zero_steps_above_bs if (gate := self.gates.get(backend.url)) else None,
@@ -141,30 +161,3 @@ class GateSync:
                 for backend in self.pools.speculative
             },
         }
-
-    def collector(self) -> GateCollector:
-        return GateCollector(self)
-
-
-class GateCollector:
-    """Each backend's gate at scrape time: -1 for none (never read back, or no gate)."""
-
-    def __init__(self, sync: GateSync) -> None:
-        self.sync = sync
-
-    def collect(self):
-        gate = GaugeMetricFamily(
-            "crossover_backend_speculation_gate",
-            "Each backend's zero-step gate as read back (batches above it run no draft steps; -1 none).",
-            labels=["backend"],
-        )
-        synced = GaugeMetricFamily(
-            "crossover_backend_gate_in_sync", "1 if the backend's gate is the live threshold.", labels=["backend"]
-        )
-        for backend in self.sync.pools.speculative:
-            read = self.sync.gates.get(backend.url)
-            value = read.zero_steps_above_bs if read and read.zero_steps_above_bs is not None else -1
-            gate.add_metric([backend.url], value)
-            synced.add_metric([backend.url], 0 if backend.gate_pending else 1)
-        yield gate
-        yield synced

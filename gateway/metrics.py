@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -32,6 +33,9 @@ from crossover.gateway.errors import (  # noqa: F401  (the outcomes: re-exported
 )
 from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
+
+if TYPE_CHECKING:
+    from crossover.gateway.in_engine import GateSync
 
 # LLM requests: first tokens from tens of ms (idle) to minutes (deep queues); whole requests up to the total timeout.
 TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -134,10 +138,7 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
-        # Set by the switch controller (time-shared topology): () -> (active mode or None, queued requests).
-        self.switch_source: Callable[[], tuple[str | None, int]] | None = None
         registry.register(_StateCollector(pools, routing, admission))
-        registry.register(_SwitchCollector(self))
 
     def refused(self, reason: str) -> None:
         self.refused_requests.labels(reason).inc()
@@ -261,14 +262,15 @@ class _StateCollector(Collector):
         yield scraped
 
 
-class _SwitchCollector(Collector):
-    """The switch controller's live state; partitioned gateways report no mode and an empty queue."""
+class SwitchCollector(Collector):
+    """A time-shared GPU set's live state from `source()` -> (the mode that serves or None, requests held); with no
+    source (the other topologies) no mode and an empty queue. Registered by the topology (gateway/topology.py)."""
 
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
+    def __init__(self, source: Callable[[], tuple[str | None, int]] | None = None) -> None:
+        self.source = source
 
     def collect(self) -> Iterator[Metric]:
-        source = self.metrics.switch_source
+        source = self.source
         mode, queued = source() if source is not None else (None, 0)
         active = GaugeMetricFamily(
             "crossover_active_mode", "1 for the mode a time-shared GPU set serves, else 0.", labels=["mode"]
@@ -280,3 +282,28 @@ class _SwitchCollector(Collector):
         yield GaugeMetricFamily(
             "crossover_switch_queued_requests", "Requests held while the GPU set switches modes.", value=queued
         )
+
+
+class GateCollector(Collector):
+    """An in-engine pool's gates at scrape time (gateway/in_engine.py): each backend's as read back, -1 for none
+    (never read back, or no gate), and whether it is the live one."""
+
+    def __init__(self, sync: GateSync) -> None:
+        self.sync = sync
+
+    def collect(self) -> Iterator[Metric]:
+        gate = GaugeMetricFamily(
+            "crossover_backend_speculation_gate",
+            "Each backend's zero-step gate as read back (batches above it run no draft steps; -1 none).",
+            labels=["backend"],
+        )
+        synced = GaugeMetricFamily(
+            "crossover_backend_gate_in_sync", "1 if the backend's gate is the live threshold.", labels=["backend"]
+        )
+        for backend in self.sync.pools.speculative:
+            read = self.sync.gates.get(backend.url)
+            value = read.zero_steps_above_bs if read and read.zero_steps_above_bs is not None else -1
+            gate.add_metric([backend.url], value)
+            synced.add_metric([backend.url], 0 if backend.gate_pending else 1)
+        yield gate
+        yield synced

@@ -66,8 +66,9 @@ from crossover.gateway.sse import (
     split_events,
     usage_tokens,
 )
-from crossover.gateway.switching import ACTIVE_MODE, SwitchController, SwitchUnavailable
 from crossover.gateway.switching import Lease as ModeLease
+from crossover.gateway.switching import SwitchUnavailable
+from crossover.gateway.topology import Topology
 from crossover.gateway.transport import backend_timeout
 from crossover.gateway.validation import parse_generation
 
@@ -116,7 +117,7 @@ class ProxyEndpoint:
         failover: Failover,
         metrics: Metrics,
         live: Live,
-        switching: SwitchController | None = None,
+        topology: Topology,
     ) -> None:
         self.path = path
         self.settings = settings
@@ -126,8 +127,8 @@ class ProxyEndpoint:
         self.failover = failover
         self.metrics = metrics
         self.live = live
-        # Time-shared topology: the switch controller says which mode serves (and holds requests during a switch).
-        self.switching = switching
+        # Which pool a request goes to, and whether it must hold a place on a mode first (gateway/topology.py).
+        self.topology = topology
         self.api_keys = client_keys(settings.api_keys)
         self.socket_timeout = backend_timeout(settings.timeouts).as_dict()
 
@@ -138,8 +139,7 @@ class ProxyEndpoint:
 
     def route(self) -> tuple[str, str]:
         """(pool, reason) for a new request."""
-        decision = self.routing.decide(self.pools)
-        return decision.pool, decision.reason
+        return self.topology.route(None)
 
 
 class Exchange:
@@ -350,15 +350,13 @@ class Exchange:
 
     async def _relay(self, body: bytes, stream: bool) -> int:
         endpoint, timeouts = self.endpoint, self.timeouts
-        if endpoint.switching is not None:
-            # Time-shared: the active mode takes every request; during a switch this waits in the switch queue
-            # (bounded in length and time), before the first-byte clock starts.
-            self.mode_lease = await endpoint.switching.admit()
-            self.mode_lease.on_cut(self.cut_for_switch)
+        # Time-shared: the active mode takes every request; during a switch this waits in the switch queue
+        # (bounded in length and time), before the first-byte clock starts. Elsewhere: no lease.
+        self.mode_lease = await endpoint.topology.admit(self.cut_for_switch)
         now = self.loop.time()
         total_deadline = now + timeouts.total
         self._move_deadline(now + first_wait_s(timeouts, stream))
-        pool, reason = (self.mode_lease.mode, ACTIVE_MODE) if self.mode_lease is not None else endpoint.route()
+        pool, reason = endpoint.topology.route(self.mode_lease)
         self.pool = pool  # until a backend answers: where the request was headed when it failed
         outgoing = Outgoing(
             self.target(), body, self.scope["headers"], self.request_id, stream, endpoint.socket_timeout
@@ -372,13 +370,11 @@ class Exchange:
         # A time-shared GPU set serves one mode: the other mode's server is stopped or asleep.
         try:
             self.opened = opened = await endpoint.failover.open(
-                pool, outgoing, other_pool=self.mode_lease is None, tried=tried
+                pool, outgoing, other_pool=endpoint.topology.other_pool, tried=tried
             )
-        except (BackendFailed, Unavailable):
-            if self.mode_lease is None:
-                raise
-            # Its one server failed it (dead, say): a 503 that says the GPU set is on it, with Retry-After.
-            raise endpoint.switching.serving_failed(pool) from None
+        except (BackendFailed, Unavailable) as exc:
+            # Time-shared: its one server failed it (dead, say): a 503 that says the GPU set is on it, with Retry-After.
+            raise endpoint.topology.open_failed(pool, exc) from None
         self.pool = opened.backend.pool
         endpoint.metrics.routed(self.pool, reason if self.pool == pool else FALLBACK)
         self._move_deadline(total_deadline)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crossover.gateway.config import SPECULATIVE, Policy, Settings, ThresholdError, check_threshold, fit_hysteresis
-from crossover.gateway.policy import IN_ENGINE, Decision, spillover, switch
+from crossover.gateway.policy import Decision, spillover, switch
 from crossover.gateway.pools import Pools
 
 log = logging.getLogger("crossover.routing")
@@ -34,8 +34,6 @@ class Routing:
     # The side the switch policy chose last; an input to the next decision, kept here between requests.
     side: str = SPECULATIVE
     state_file: Path | None = None
-    # In-engine: one pool; the threshold moves the engines' gate instead (gateway/in_engine.py).
-    one_pool: bool = False
     # Why the state file was not restored at start, or the last save failed; None once a save succeeds.
     state_file_problem: str | None = None
 
@@ -46,7 +44,6 @@ class Routing:
             settings.threshold,
             settings.hysteresis,
             state_file=settings.state_file,
-            one_pool=settings.topology == "in-engine",
         )
         if routing.state_file is not None and routing.state_file.exists():
             try:
@@ -57,8 +54,6 @@ class Routing:
         return routing
 
     def decide(self, pools: Pools) -> Decision:
-        if self.one_pool:
-            return Decision(SPECULATIVE, IN_ENGINE)
         if self.policy == "spillover":
             return spillover(pools.pool_load(SPECULATIVE), self.threshold)
         decision = switch(pools.total_load(), self.threshold, self.hysteresis, self.side)

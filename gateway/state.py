@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import httpx
 
 from crossover.gateway.admission import Admission
 from crossover.gateway.config import Settings
 from crossover.gateway.failover import Failover
-from crossover.gateway.health import Breaker
+from crossover.gateway.health import Breaker, HealthMonitor
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
-
-if TYPE_CHECKING:
-    from crossover.gateway.in_engine import GateSync
-    from crossover.gateway.switching import SwitchController
+from crossover.gateway.topology import Topology
 
 
 @dataclass
@@ -31,23 +27,24 @@ class GatewayState:
     admission: Admission
     breaker: Breaker
     failover: Failover
+    monitor: HealthMonitor
+    # Over the transport that carries generation requests: health checks, load scrapes and the topology's calls.
+    # Its connections open on the serving loop; the app's lifespan closes it.
+    client: httpx.AsyncClient
+    topology: Topology
     started_at: float = field(default_factory=time.time)
-    # Made in the app's lifespan (on the serving event loop), closed when it ends; the transport carries
-    # generation requests, the client (over the same transport) health checks and the switch controller's calls.
-    client: httpx.AsyncClient | None = None
-    # The switch controller of a time-shared GPU set (topology = "time-shared"), else None.
-    switching: SwitchController | None = None
-    # The engines' speculation gate of an in-engine pool (topology = "in-engine"), else None.
-    in_engine: GateSync | None = None
     # Set at SIGTERM: /health answers 503 so load balancers stop sending before connections close.
     draining: bool = False
 
     def snapshot(self) -> dict:
-        return {
+        """/admin/state, as the topology sees it."""
+        snapshot = {
             **self.routing.state(),
             "load_signal": self.pools.load_signal,
             "inflight": self.admission.active,
             "queued": self.admission.queued,
             "models": sorted(self.pools.model_names()),
             "pools": self.pools.state(),
+            "topology": self.topology.name,
         }
+        return self.topology.state_view(snapshot)

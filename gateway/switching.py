@@ -1,7 +1,7 @@
 """The switch controller of a time-shared GPU set: one mode serves at a time and takes all traffic.
 
-    controller = SwitchController(settings, pools, routing, metrics, breaker)  # built with the gateway's state
-    await controller.start(client)          # in the app's lifespan: adopt the mode that serves, start the timer
+    controller = SwitchController(settings, pools, routing, metrics, breaker, client)  # with the gateway's state
+    await controller.start()                # in the app's lifespan: adopt the mode that serves, start the timer
     lease = await controller.admit()        # per request: the mode that serves it (waits during a switch)
     lease.on_cut(callback)                  # called if the drain deadline cuts the request
     ...; lease.close()                      # in `finally`
@@ -10,7 +10,10 @@
 
 What the controller does is the run of a switch; the rest is beside it: *when* is the pure stepper
 (`switch_policy.Switcher`, which `crossover sim replay` runs too), *how* the mechanism
-(gateway/switch_mechanisms.py), *holding requests meanwhile* the switch queue (gateway/switch_queue.py).
+(gateway/switch_mechanisms.py), *holding requests meanwhile* the switch queue (gateway/switch_queue.py), *which
+mode serves at start-up* adoption (gateway/switch_adoption.py), *when the serving mode is dead and how a mode comes
+back* recovery (gateway/switch_recovery.py), *how far apart failed attempts are* the backoff
+(gateway/switch_backoff.py).
 
 One switch, each step bounded by a named timeout:
 
@@ -52,8 +55,11 @@ from crossover.gateway.metrics import Metrics
 from crossover.gateway.modes import MODES, Mode, other
 from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
-from crossover.gateway.switch_mechanisms import Mechanism, ModeState, SwitchFailed, Target, make_mechanism
+from crossover.gateway.switch_adoption import find_serving
+from crossover.gateway.switch_backoff import Backoff
+from crossover.gateway.switch_mechanisms import ModeState, SwitchFailed, Target, make_mechanism
 from crossover.gateway.switch_queue import SwitchQueue
+from crossover.gateway.switch_recovery import ServingWatch, after_failed_switch, bring_up
 
 __all__ = ["ACTIVE_MODE", "Lease", "Phase", "SwitchController", "SwitchUnavailable"]
 
@@ -153,28 +159,6 @@ class SwitchRecord:
         }
 
 
-@dataclass
-class Backoff:
-    """Capped exponential spacing of failed attempts: base, 2 x base, 4 x base ... up to `cap`."""
-
-    base: float
-    cap: float
-    failures: int = 0
-    next_at: float = -math.inf
-
-    def failed(self, now: float) -> float:
-        delay = min(self.cap, self.base * 2**self.failures)
-        self.failures += 1
-        self.next_at = now + delay
-        return delay
-
-    def succeeded(self) -> None:
-        self.failures, self.next_at = 0, -math.inf
-
-    def ready(self, now: float) -> bool:
-        return now >= self.next_at
-
-
 class SwitchController:
     """Owns the active mode of a time-shared GPU set; see the module docstring."""
 
@@ -185,6 +169,7 @@ class SwitchController:
         routing: Routing,
         metrics: Metrics,
         breaker: Breaker,
+        client: httpx.AsyncClient,
         *,
         queued_elsewhere: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.monotonic,
@@ -208,7 +193,7 @@ class SwitchController:
         self.switcher = switch_policy.Switcher(switch_policy.SwitchCost(prior_s=self.settings.initial_cost))
         self.backoff = Backoff(self.settings.backoff, self.settings.backoff_max)
         self.pinned = False
-        self.dead_since: float | None = None
+        self.watch = ServingWatch(self.settings.dead_after_probes * self.health_interval)
         self.targets = {mode: Target(pools.pool(mode)[0].url, bearer(pools.pool(mode)[0].api_key)) for mode in MODES}
         self.leases: dict[Mode, set[Lease]] = {mode: set() for mode in MODES}
         self.queue = SwitchQueue(
@@ -216,18 +201,16 @@ class SwitchController:
             self.settings.queue_timeout,
             on_drop=lambda reason: metrics.switch_dropped.labels(reason).inc(),
         )
-        self._mechanism: Mechanism | None = None
+        self._mechanism = make_mechanism(self.settings, self.targets, client, self.inflight)
         self._timer: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
         self._last_operator = -math.inf
         self._closed = False
-        metrics.switch_source = lambda: (self.mode if self.phase is not Phase.UNAVAILABLE else None, self.queued)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    async def start(self, client: httpx.AsyncClient) -> None:
+    async def start(self) -> None:
         """Begin serving: adopt whichever mode serves (or bring one up) in the background; start the timer."""
-        self._mechanism = make_mechanism(self.settings, self.targets, client, self.inflight)
         self._task = asyncio.create_task(self._adopt())
         self._timer = asyncio.create_task(self._run())
 
@@ -242,6 +225,11 @@ class SwitchController:
         self.queue.settle()
 
     # -- the request path -----------------------------------------------------------------------
+
+    @property
+    def serving(self) -> Mode | None:
+        """The mode that serves (None while none does)."""
+        return self.mode if self.phase is not Phase.UNAVAILABLE else None
 
     @property
     def queued(self) -> int:
@@ -333,7 +321,7 @@ class SwitchController:
         decision = self.last_decision
         now = self.clock()
         return {
-            "mode": self.mode if self.phase is not Phase.UNAVAILABLE else None,
+            "mode": self.serving,
             "phase": str(self.phase),
             "target": self.target,
             "mechanism": self.settings.mechanism,
@@ -343,11 +331,8 @@ class SwitchController:
             "switches": self.switches,
             "recoveries": self.recoveries,
             "switch_cost_s": round(self.switcher.cost.estimate_s, 4),
-            "backoff": {
-                "failures": self.backoff.failures,
-                "next_attempt_in_s": round(max(0.0, self.backoff.next_at - now), 3) if self.backoff.failures else 0.0,
-            },
-            "serving_dead_for_s": None if self.dead_since is None else round(now - self.dead_since, 3),
+            "backoff": self.backoff.view(now),
+            "serving_dead_for_s": None if self.watch.dead_since is None else round(now - self.watch.dead_since, 3),
             "last_switch": self.last_switch.view() if self.last_switch else None,
             "last_decision": None
             if decision is None
@@ -390,7 +375,7 @@ class SwitchController:
             return
         if self.phase is not Phase.ACTIVE:
             return
-        if self._serving_dead(now):
+        if self.watch.dead(now, self.mode, self.pools.pool(self.mode)):
             if self.backoff.ready(now):
                 self._task = asyncio.create_task(self._recover_task(self.mode))
             return
@@ -412,16 +397,6 @@ class SwitchController:
         if decision.switch:
             self._begin(decision.mode, decision.reason)
 
-    def _serving_dead(self, now: float) -> bool:
-        """No usable backend in the serving mode for `dead_after_probes` health intervals."""
-        if any(backend.usable for backend in self.pools.pool(self.mode)):
-            self.dead_since = None
-            return False
-        if self.dead_since is None:
-            self.dead_since = now
-            log.warning("%s mode has no usable backend: recovering if it stays so", self.mode)
-        return now - self.dead_since >= self.settings.dead_after_probes * self.health_interval
-
     # -- one switch -----------------------------------------------------------------------------
 
     def _begin(self, target: Mode, reason: str) -> None:
@@ -438,7 +413,7 @@ class SwitchController:
             self.mode_since = self.clock()
         self.mode = mode
         self.target = None
-        self.dead_since = None
+        self.watch.reset()
         self._mechanism.adopted(mode)
         for backend in self.pools.pool(mode):
             self.breaker.wake(backend)  # it just generated: any failure from its off time is over
@@ -513,12 +488,12 @@ class SwitchController:
                 "switch %s -> %s (%s) failed at %s: %s; recovering", old, target, mechanism.name, failure.step, failure
             )
             self._enter(Phase.RECOVERING)
-            serving = await self._recover_safely(old, target)
+            serving = await after_failed_switch(mechanism, old, target)
         except Exception as exc:  # a bug must not leave the gateway holding requests forever
             record.failed_step, record.error = "internal", repr(exc)
             log.exception("switch %s -> %s failed unexpectedly; recovering", old, target)
             self._enter(Phase.RECOVERING)
-            serving = await self._recover_safely(old, target)
+            serving = await after_failed_switch(mechanism, old, target)
         else:
             serving = target
         self._finish(record, serving, started)
@@ -547,56 +522,12 @@ class SwitchController:
             await asyncio.sleep(DRAIN_POLL_S)
         return len(leases)
 
-    async def _recover_safely(self, old: Mode | None, target: Mode) -> Mode | None:
-        try:
-            return await self._recover(old, target)
-        except Exception:
-            log.exception("recovery from the failed switch to %s failed unexpectedly", target)
-            return None
-
-    async def _recover(self, old: Mode | None, target: Mode) -> Mode | None:
-        """After a failed switch, the first of these that verifies: old as it is, old restored, the target."""
-        mechanism = self._mechanism
-        candidates = [old] if old is not None and old != target else []
-        for mode in candidates:
-            with contextlib.suppress(SwitchFailed):
-                await mechanism.wake(mode)
-            try:
-                await mechanism.verify(mode)
-                return mode
-            except SwitchFailed as failure:
-                log.warning("%s mode does not serve as it is (%s); restoring it", mode, failure)
-            try:
-                await mechanism.restore(mode, failed=target)
-                await mechanism.verify(mode)
-                return mode
-            except SwitchFailed as failure:
-                log.error("%s mode could not be restored: %s", mode, failure)
-        try:
-            await mechanism.verify(target)
-            return target
-        except SwitchFailed as failure:
-            log.error("%s mode does not serve either: %s", target, failure)
-        return None
-
     async def _adopt(self) -> None:
         """At start-up: serve the mode that really serves (the initial one first), else bring one up."""
-        mechanism = self._mechanism
-        initial = self.settings.initial_mode
-        states = {mode: await mechanism.mode_state(mode) for mode in MODES}
-        # What the mechanism believes before anything was seen is a presumption (which mode `servers up` left
-        # asleep): only a generation says which mode serves. Modes believed serving are asked first.
-        order = sorted((initial, other(initial)), key=lambda mode: states[mode] is not ModeState.SERVING)
-        for mode in order:
-            if states[mode] in (ModeState.DEAD, ModeState.STOPPED):
-                continue
-            try:
-                await mechanism.verify(mode)
-            except SwitchFailed as failure:
-                log.warning("%s mode does not serve: %s", mode, failure)
-                continue
-            log.info("serving %s mode (found serving at start-up)", mode)
-            self._activate(mode)
+        serving, states = await find_serving(self._mechanism, self.settings.initial_mode)
+        if serving is not None:
+            log.info("serving %s mode (found serving at start-up)", serving)
+            self._activate(serving)
             return
         log.warning("no mode serves at start-up (%s): bringing one up", ", ".join(f"{m} {states[m]}" for m in MODES))
         await self._recover_task(None, reason=STARTUP)
@@ -615,7 +546,7 @@ class SwitchController:
             log.error(
                 "%s mode has had no usable backend for %.3g s: recovering without an operator (trying %s)",
                 dead,
-                self.clock() - (self.dead_since or started),
+                self.clock() - (self.watch.dead_since or started),
                 ", then ".join(order),
             )
         self.target = order[0]
@@ -625,9 +556,7 @@ class SwitchController:
         for mode in order:
             record.to_mode = self.target = mode
             try:
-                await mechanism.preflight(None, mode)
-                await mechanism.hand_over(None, mode)
-                await mechanism.verify(mode)
+                await bring_up(mechanism, mode)
             except SwitchFailed as failure:
                 record.failed_step, record.error = failure.step, failure.message
                 log.error("recovery: %s mode does not come up: %s", mode, failure)

@@ -98,8 +98,8 @@ def test_the_layer_check_sees_every_form_of_an_upward_import():
 
 
 def test_app_builds_its_objects_whole():
-    """No collaborator wired into an object after it was built, outside the lifespan (which builds what needs
-    the running loop: the backend client and the proxy's sender)."""
+    """No collaborator wired into an object after it was built (tests/gateway/test_app.py checks every object of
+    the graph at run time, through start-up and shutdown, for each topology)."""
     import ast
 
     tree = ast.parse((ROOT / "gateway" / "app.py").read_text())

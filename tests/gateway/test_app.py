@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import enum
+import importlib
+import inspect
 import json
+import pkgutil
+import sys
 
 import httpx
 import openai
+import pydantic
 import pytest
+from prometheus_client import CollectorRegistry
 
-from tests.gateway.gateway_helpers import MODEL, chat, unused_url
+from crossover.gateway.app import create_app
+from crossover.gateway.config import Settings
+from tests.gateway.gateway_helpers import MODEL, SIM_SCALE, chat, unused_url
 
 BAD_INPUTS = [
     # (what, method, path, body, status, code); code None: the backend's own answer, reshaped like OpenAI's
@@ -148,3 +158,88 @@ def test_openai_sdk_sync_and_async_match_the_backend_directly(sims, gateway):
         through.chat.completions.create(model="gpt-5", messages=messages)
     assert caught.value.code == "model_not_found"
     gw.settled()
+
+
+# --- every object of the app's graph built whole -----------------------------------------------------------------
+
+PLAIN_DATA = (type(None), bool, int, float, str, bytes, enum.Enum)
+
+
+def plain(value) -> bool:
+    """State, not a collaborator: what a backend's health, a mode or a count is made of."""
+    if isinstance(value, tuple | frozenset):
+        return all(plain(item) for item in value)
+    return isinstance(value, PLAIN_DATA)
+
+
+def gateway_classes() -> list[type]:
+    """Every class the gateway's modules define whose instances take attribute assignments."""
+    import crossover.gateway as package
+
+    classes = []
+    for module_info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{module_info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__ or issubclass(cls, BaseException | enum.Enum | pydantic.BaseModel):
+                continue
+            params = getattr(cls, "__dataclass_params__", None)
+            if params is not None and params.frozen:
+                continue
+            classes.append(cls)
+    return classes
+
+
+@contextlib.contextmanager
+def tripwire(wired: list[str]):
+    """While it is on, a collaborator (anything but plain data) set on a public attribute of a gateway object by
+    code other than that object's own methods is recorded in `wired`: wiring after construction."""
+    originals = {cls: cls.__dict__.get("__setattr__") for cls in gateway_classes()}
+
+    def checked(obj, name: str, value) -> None:
+        frame = sys._getframe(1)
+        if not name.startswith("_") and frame.f_locals.get("self") is not obj and not plain(value):
+            where = f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+            wired.append(f"{type(obj).__name__}.{name} = {type(value).__name__} ({where})")
+        object.__setattr__(obj, name, value)
+
+    for cls in originals:
+        cls.__setattr__ = checked
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            if original is None:
+                del cls.__setattr__
+            else:
+                cls.__setattr__ = original
+
+
+def test_no_object_of_the_app_is_wired_after_it_was_built(sim, sims):
+    """For each topology: build the app and run its start-up (until the topology serves) and shutdown; no object
+    of the graph gets a collaborator assigned by anyone but itself (`x.sender = ...`, `breaker.probe = ...`)."""
+    speculative, plain_sim = sims
+    gated = sim("k25-eagle3", *SIM_SCALE, "--speculation-gate")
+    pools = {"speculative": {"backends": [speculative.url]}, "plain": {"backends": [plain_sim.url]}}
+    topologies = {
+        "partitioned": Settings(pools=pools),
+        "time-shared": Settings(topology="time-shared", pools=pools, switching={"mechanism": "manual"}),
+        "in-engine": Settings(topology="in-engine", pools={"speculative": {"backends": [gated.url]}}),
+    }
+    for name, settings in topologies.items():
+        wired: list[str] = []
+
+        async def run(settings=settings) -> None:
+            app = create_app(settings, registry=CollectorRegistry())
+            starlette = app.rest.app
+            async with starlette.router.lifespan_context(starlette):
+                state = app.state.snapshot()
+                deadline = asyncio.get_running_loop().time() + 30
+                while state.get("phase", "active") != "active":  # time-shared: adopted in the background
+                    assert asyncio.get_running_loop().time() < deadline, state
+                    await asyncio.sleep(0.02)
+                    state = app.state.snapshot()
+
+        with tripwire(wired):
+            asyncio.run(run())
+        assert wired == [], f"{name}: wired after construction: {wired}"
+    assert gateway_classes(), "the tripwire sees no class"

@@ -125,8 +125,12 @@ def make_breaker(backends: int = 2, failure_threshold: int = 3, eject_seconds: f
     pools = Pools.from_settings(settings)
     ejected: list[tuple[str, str]] = []
     probed: list[str] = []
-    breaker = Breaker(pools, settings.health, on_eject=lambda backend, source: ejected.append((backend.url, source)))
-    breaker.probe = lambda backend: probed.append(backend.url)
+    breaker = Breaker(
+        pools,
+        settings.health,
+        on_eject=lambda backend, source: ejected.append((backend.url, source)),
+        probe=lambda backend: probed.append(backend.url),
+    )
     for backend in pools.all():
         breaker.succeeded(backend, probe=True)
     return pools, breaker, ejected, probed
@@ -135,7 +139,7 @@ def make_breaker(backends: int = 2, failure_threshold: int = 3, eject_seconds: f
 def test_the_checks_leave_the_first_health_round_to_the_caller_and_scrape_load_at_once():
     """The app probes every backend before serving; a second round at once would only hold the pooled
     connections the first requests want (the direct lane sends only on one)."""
-    pools, breaker, _, _ = make_breaker()
+    pools, _, _, _ = make_breaker()
     paths: list[str] = []
 
     async def scenario() -> None:
@@ -148,7 +152,7 @@ def test_the_checks_leave_the_first_health_round_to_the_caller_and_scrape_load_a
             return httpx.Response(200, json={"loads": []})
 
         async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-            monitor = HealthMonitor(pools, breaker, client, HealthSettings(interval=60), scrape=True)
+            monitor = HealthMonitor(pools, client, HealthSettings(interval=60), scrape=True)
             checks = asyncio.create_task(monitor.run())
             try:
                 await asyncio.wait_for(scraped.wait(), 10)

@@ -47,7 +47,7 @@ def test_the_threshold_is_every_engines_gate_and_reads_back(gateway, gated):
     response = httpx.put(gw.url + "/admin/threshold", json={"threshold": 12}, headers=ADMIN, timeout=10)
     assert response.status_code == 200, response.text
     view = response.json()
-    assert view["gate"] == {"zero_steps_above_bs": 12, "forced_mode": None}
+    assert view["gate"] == {"zero_steps_above_bs": 12, "forced_mode": None, "pinned": False}
     assert {g["zero_steps_above_bs"] for g in view["backend_gates"].values()} == {12}  # read back
     assert all(g["in_sync"] for g in view["backend_gates"].values())
     assert [engine_gate(s.url)["zero_steps_above_bs"] for s in gated] == [12, 12]
@@ -127,11 +127,11 @@ def test_a_mode_is_forced_on_every_engine_until_the_next_threshold(gateway, gate
     for mode, gate in (("plain", 0), ("speculative", None)):
         response = httpx.put(gw.url + "/admin/mode", json={"mode": mode}, headers=ADMIN, timeout=10)
         assert response.status_code == 200, response.text
-        assert response.json()["gate"] == {"zero_steps_above_bs": gate, "forced_mode": mode}
+        assert response.json()["gate"] == {"zero_steps_above_bs": gate, "forced_mode": mode, "pinned": False}
         assert [engine_gate(s.url)["zero_steps_above_bs"] for s in gated] == [gate, gate]
     assert httpx.get(gw.url + "/admin/mode", headers=ADMIN, timeout=10).json()["gate"]["forced_mode"] == "speculative"
     response = httpx.put(gw.url + "/admin/threshold", json={"threshold": 5}, headers=ADMIN, timeout=10)
-    assert response.json()["gate"] == {"zero_steps_above_bs": 5, "forced_mode": None}
+    assert response.json()["gate"] == {"zero_steps_above_bs": 5, "forced_mode": None, "pinned": False}
     assert [engine_gate(s.url)["zero_steps_above_bs"] for s in gated] == [5, 5]
 
 
@@ -146,3 +146,57 @@ def test_a_patched_server_without_adaptive_speculation_is_refused_at_start(serve
     backend = serve(Starlette(routes=[Route("/speculative/adaptive", no_gate), Route("/health", health)]))
     with pytest.raises(NotPatched, match="adaptive speculation is off"):
         start_in_engine([backend.url])
+
+
+def put(gw, path: str, body: dict) -> httpx.Response:
+    return httpx.put(gw.url + path, json=body, headers=ADMIN, timeout=10, trust_env=False)
+
+
+def test_a_pinned_mode_holds_until_it_is_unpinned(gateway, gated):
+    gw = in_engine(gateway, [s.url for s in gated], threshold=6)
+
+    def engines() -> list:
+        return [engine_gate(s.url)["zero_steps_above_bs"] for s in gated]
+
+    # Nothing forced: nothing to pin, and saying so is a refusal, not a 200 that ends or starts anything.
+    refused = put(gw, "/admin/mode", {"pin": True})
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "nothing_to_pin", refused.text
+    assert engines() == [6, 6]
+
+    forced = put(gw, "/admin/mode", {"mode": "plain"})
+    assert forced.json()["gate"] == {"zero_steps_above_bs": 0, "forced_mode": "plain", "pinned": False}
+    pinned = put(gw, "/admin/mode", {"pin": True})  # pins the forced mode (it used to end it)
+    assert pinned.status_code == 200, pinned.text
+    assert pinned.json()["gate"] == {"zero_steps_above_bs": 0, "forced_mode": "plain", "pinned": True}
+    assert engines() == [0, 0]
+
+    for change in ({"hysteresis": 2}, {"threshold": 9}, {"threshold": 8, "hysteresis": 1}):
+        response = put(gw, "/admin/threshold", change)
+        assert response.status_code == 200, (change, response.text)
+        assert response.json()["gate"] == {"zero_steps_above_bs": 0, "forced_mode": "plain", "pinned": True}, change
+        assert engines() == [0, 0], change
+    assert put(gw, "/admin/mode", {"pin": True}).json()["gate"]["forced_mode"] == "plain"  # again: still held
+
+    unpinned = put(gw, "/admin/mode", {"pin": False})  # the gate follows the threshold again
+    assert unpinned.json()["gate"] == {"zero_steps_above_bs": 8, "forced_mode": None, "pinned": False}
+    assert engines() == [8, 8]
+
+    # Forced and pinned at once; a hysteresis change alone ends no forced mode, a threshold ends an unpinned one.
+    both = put(gw, "/admin/mode", {"mode": "speculative", "pin": True}).json()["gate"]
+    assert both == {"zero_steps_above_bs": None, "forced_mode": "speculative", "pinned": True}
+    assert engines() == [None, None]
+    put(gw, "/admin/mode", {"mode": "plain", "pin": False})
+    assert put(gw, "/admin/threshold", {"hysteresis": 0}).json()["gate"]["forced_mode"] == "plain"
+    after = put(gw, "/admin/threshold", {"threshold": 4}).json()["gate"]
+    assert after == {"zero_steps_above_bs": 4, "forced_mode": None, "pinned": False}
+    assert engines() == [4, 4]
+
+
+def test_a_routing_policy_is_refused_on_one_pool(gateway, gated):
+    gw = in_engine(gateway, [s.url for s in gated], threshold=6)
+    response = put(gw, "/admin/threshold", {"threshold": 3, "policy": "switch"})
+    assert response.status_code == 409, response.text
+    error = response.json()["error"]
+    assert error["code"] == "no_routing_policy" and error["param"] == "policy" and "one pool" in error["message"]
+    assert gw.state.routing.threshold == 6  # all or nothing
+    assert [engine_gate(s.url)["zero_steps_above_bs"] for s in gated] == [6, 6]

@@ -114,13 +114,13 @@ async def until(condition, timeout: float = SWITCH_WAIT_S, what: str = "conditio
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            state = f"; switching: {gw.state.switching.view()}" if gw is not None else ""
+            state = f"; switching: {gw.state.topology.controller.view()}" if gw is not None else ""
             raise AssertionError(f"timed out after {timeout} s waiting for {what}{state}")
         await asyncio.sleep(0.02)
 
 
 def serving(gw, mode: str):
-    controller = gw.state.switching
+    controller = gw.state.topology.controller
     return lambda: controller.phase == "active" and controller.mode == mode
 
 
@@ -286,7 +286,7 @@ def run_load_step(gw, mechanism: str) -> None:
     assert not problems, problems[:3]
     assert len(load.results) > 50
     assert sum(gw.metric("crossover_switch_dropped_total", reason=reason) for reason in DROP_REASONS) == 0
-    assert gw.state.switching.queued == 0 and gw.inflight() == 0
+    assert gw.state.topology.controller.queued == 0 and gw.inflight() == 0
 
 
 def test_a_load_step_up_and_back_switches_once_each_way_and_every_request_completes(sleep_pair, time_shared):
@@ -372,7 +372,7 @@ def test_the_switch_queue_holds_requests_up_to_its_bound_and_a_client_that_leave
     speculative, plain = slow_wake
     gw = time_shared(speculative.url, plain.url, dwell=3600.0, queue_max=2)
     wait_phase(gw, "active", "speculative")
-    controller = gw.state.switching
+    controller = gw.state.topology.controller
 
     async def scenario() -> None:
         async with httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False) as client:
@@ -404,7 +404,7 @@ def test_a_request_held_past_the_queue_deadline_gets_503_with_retry_after(slow_w
     gw = time_shared(speculative.url, plain.url, dwell=3600.0, queue_timeout=0.5)
     wait_phase(gw, "active", "speculative")
     assert put_mode(gw, "plain").status_code == 202
-    wait_until(lambda: gw.state.switching.phase == "switching", what="the switch under way")
+    wait_until(lambda: gw.state.topology.controller.phase == "switching", what="the switch under way")
     response = httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=30, trust_env=False)
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "switch_queue_timeout"
@@ -460,9 +460,9 @@ def test_the_state_of_a_time_shared_gateway_says_time_shared_and_counts_held_req
     async def scenario() -> None:
         async with httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False) as client:
             assert (await client.put("/admin/mode", json={"mode": "plain"}, headers=AUTH)).status_code == 202
-            await until(lambda: gw.state.switching.phase == "switching", what="the switch under way")
+            await until(lambda: gw.state.topology.controller.phase == "switching", what="the switch under way")
             held = [asyncio.create_task(client.post("/v1/chat/completions", json=chat())) for _ in range(2)]
-            await until(lambda: gw.state.switching.queued == 2, what="two requests held")
+            await until(lambda: gw.state.topology.controller.queued == 2, what="two requests held")
             state = (await client.get("/admin/state", headers=AUTH)).json()
             assert (state["inflight"], state["queued"], state["switch_queued"]) == (0, 2, 2), state
             assert all(r.status_code == 200 for r in await asyncio.gather(*held))

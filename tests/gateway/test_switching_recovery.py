@@ -185,10 +185,10 @@ def run_kill_during_drain(gw, kill) -> None:
             await until(lambda: gw.inflight() == 1, what="a stream in flight")
             switched = await client.put("/admin/mode", json={"mode": "plain"}, headers=AUTH)
             assert switched.status_code == 202
-            await until(lambda: gw.state.switching.phase == "draining", what="the drain")
+            await until(lambda: gw.state.topology.controller.phase == "draining", what="the drain")
             kill()
             raw = await asyncio.wait_for(streaming, RECOVERY_WAIT_S)  # the cut stream ends, it does not hang
-            await until(lambda: gw.state.switching.phase == "active", RECOVERY_WAIT_S, what="serving", gw=gw)
+            await until(lambda: gw.state.topology.controller.phase == "active", RECOVERY_WAIT_S, what="serving", gw=gw)
             after = await client.post("/v1/chat/completions", json=chat())
             assert after.status_code == 200 and after.headers["x-crossover-pool"] == "plain", after.text
             return raw

@@ -112,6 +112,10 @@ def test_the_mode_api_checks_its_caller_and_its_body(sims, gateway):
             error = response.json()["error"]
             assert error["type"] == "invalid_request_error" and error["param"] == param, error
         assert client.put("/admin/mode", content=b"{", headers=AUTH).json()["error"]["code"] == "invalid_json"
+        # One GPU set serves one mode: a routing policy means nothing here, and is refused (all or nothing).
+        policy = client.put("/admin/threshold", json={"threshold": 9, "policy": "switch"}, headers=AUTH)
+        assert policy.status_code == 409 and policy.json()["error"]["code"] == "no_routing_policy", policy.text
+        assert client.get("/admin/threshold", headers=AUTH).json()["threshold"] == gw.settings.threshold
         assert client.get("/admin/mode", headers=AUTH).json()["mode"] == "speculative"
         state = client.get("/admin/state", headers=AUTH).json()
         assert (state["topology"], state["mode"], state["phase"], state["mechanism"]) == (
@@ -134,8 +138,13 @@ def test_a_partitioned_gateway_has_no_mode_to_switch(sims, gateway):
     speculative, plain = sims
     gw = gateway([speculative.url], [plain.url], admin_token=TOKEN)
     with httpx.Client(base_url=gw.url, timeout=10, trust_env=False) as client:
-        response = client.put("/admin/mode", json={"mode": "plain"}, headers=AUTH)
-        assert response.status_code == 400
-        assert response.json()["error"]["code"] == "not_time_shared"
+        # Both modes serve at once: a mode or a pin means nothing, and is refused with a reason, never a 200.
+        asks = (("PUT", {"mode": "plain"}), ("PUT", {"pin": True}), ("PUT", {"pin": False}), ("GET", None))
+        for method, body in asks:
+            response = client.request(method, "/admin/mode", json=body, headers=AUTH)
+            assert response.status_code == 409, (body, response.text)
+            error = response.json()["error"]
+            assert error["code"] == "no_mode_to_switch" and "partitioned" in error["message"], error
         assert client.get("/admin/state", headers=AUTH).json()["topology"] == "partitioned"
+        assert client.put("/admin/threshold", json={"policy": "switch"}, headers=AUTH).status_code == 200
     assert gw.metric("crossover_switch_queued_requests") == 0

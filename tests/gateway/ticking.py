@@ -8,6 +8,7 @@ sleeping. The run of a switch is not under test here: a switch the policy starts
 
 from __future__ import annotations
 
+import httpx
 from prometheus_client import CollectorRegistry
 
 from crossover.gateway.admission import Admission
@@ -43,6 +44,7 @@ class TickingController:
             routing,
             metrics,
             Breaker(self.pools, settings.health),
+            httpx.AsyncClient(),  # never opened: the run of a switch is not under test
             switches=self.switches,
             clock=lambda: self.now,
         )

@@ -138,12 +138,12 @@ async def until(condition, what: str, gw) -> None:
     deadline = asyncio.get_running_loop().time() + SWITCH_WAIT_S
     while not condition():
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; switching: {gw.state.switching.view()}")
+            raise AssertionError(f"timed out waiting for {what}; switching: {gw.state.topology.controller.view()}")
         await asyncio.sleep(0.05)
 
 
 def serving(gw, mode: str):
-    controller = gw.state.switching
+    controller = gw.state.topology.controller
     return lambda: controller.phase == "active" and controller.mode == mode
 
 
@@ -210,7 +210,7 @@ def test_a_load_step_restarts_between_two_real_servers_and_back_losing_nothing_a
     assert len(load.results) == load.sent > 20
     assert [result for result in load.results if result != (200, "")] == []
     assert gw.metric("crossover_switch_dropped_total", reason="cut") == 0
-    assert gw.state.switching.queued == 0 and gw.inflight() == 0
+    assert gw.state.topology.controller.queued == 0 and gw.inflight() == 0
     assert loads(urls["speculative"])["max_running_requests"] == CONFIGS["speculative"]["max_running_requests"]
 
     # While SGLang loads, nothing listens: connections are refused until its HTTP process runs (the stand-in

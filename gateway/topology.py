@@ -1,0 +1,255 @@
+"""The deployment's shape behind one interface: partitioned pools, a time-shared GPU set, or in-engine gates.
+
+    topology = make_topology(settings, pools, routing, metrics, breaker, admission, client)   # build_state
+    await topology.start() ... await topology.stop()       # the app's lifespan
+    lease = await topology.admit(on_cut)                    # a request: its place on the mode that serves (or None)
+    pool, reason = topology.route(lease)                    # ... and the pool it goes to
+    topology.direct_lane                                    # may the direct lane take a request here?
+    await topology.set_mode("plain", pin=True)              # PUT /admin/mode: (view, status), or NotForTopology
+
+What the routing asks, what the admin API's threshold, mode and pin mean, the state view, the metrics it adds, its
+start-up and shutdown: each topology answers for itself, so the app, the admin API and the request path ask the
+topology and never which one it is. What a topology cannot honour it refuses with a 409 that says why
+(`NotForTopology`), never a 200 with nothing done.
+
+- partitioned: the routing policy picks a pool per request; threshold, hysteresis and policy are its; a mode or a
+  pin is refused (both modes serve at once).
+- time-shared: every request goes to the mode that serves (held during a switch); threshold and hysteresis are the
+  switch policy's, a routing policy is refused; a mode switches now, a pin keeps the policy off it.
+- in-engine: one pool; the threshold is every engine's gate (hysteresis is kept and moves nothing), a routing
+  policy is refused; a mode forces every gate until the next threshold change, pinned until `{"pin": false}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+
+from crossover.gateway.admission import Admission
+from crossover.gateway.config import SPECULATIVE, Settings
+from crossover.gateway.errors import BackendFailed, GatewayError, NotForTopology
+from crossover.gateway.health import Breaker
+from crossover.gateway.in_engine import GateSync
+from crossover.gateway.metrics import GateCollector, Metrics, SwitchCollector
+from crossover.gateway.modes import Mode
+from crossover.gateway.policy import IN_ENGINE
+from crossover.gateway.pools import Pools
+from crossover.gateway.routing import Routing
+from crossover.gateway.switching import ACTIVE_MODE, Lease, SwitchController
+
+# What a PUT /admin/threshold may name (gateway/admin.py's ThresholdUpdate).
+THRESHOLD, HYSTERESIS, POLICY = "threshold", "hysteresis", "policy"
+
+
+class Topology:
+    """The interface, and what the partitioned topology does (the others say where they differ)."""
+
+    name = "partitioned"
+    # Whether the direct lane (gateway/direct.py) may take a request: it waits on nothing, so not where a request
+    # may have to wait for a mode.
+    direct_lane = True
+    # Whether a request its pool cannot serve may go to the other pool.
+    other_pool = True
+    # Why a routing policy (PUT /admin/threshold's `policy`) means nothing here; None: it is this topology's.
+    no_policy: str | None = None
+
+    def __init__(self, pools: Pools, routing: Routing, metrics: Metrics) -> None:
+        self.pools = pools
+        self.routing = routing
+        # Every topology exposes the switch families (none serves a mode here), so dashboards need no topology.
+        metrics.registry.register(SwitchCollector())
+
+    # -- lifespan -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Once the first health round is in, before serving; what it raises refuses to serve."""
+
+    async def stop(self) -> None:
+        """At shutdown; safe after a `start` that raised."""
+
+    # -- the request path -----------------------------------------------------------------------
+
+    async def admit(self, on_cut: Callable[[str], None]) -> Lease | None:
+        """The request's place on the mode that serves it (`on_cut(reason)` ends it early); None: nothing to hold."""
+        return None
+
+    def route(self, lease: Lease | None) -> tuple[str, str]:
+        """(pool, reason) for a new request."""
+        decision = self.routing.decide(self.pools)
+        return decision.pool, decision.reason
+
+    def open_failed(self, pool: str, error: GatewayError) -> GatewayError:
+        """What the client gets when no backend of `pool` (and, where allowed, of the other) opened a response."""
+        return error
+
+    # -- the admin API --------------------------------------------------------------------------
+
+    def check_threshold_update(self, fields: set[str]) -> None:
+        """Before PUT /admin/threshold applies `fields`: NotForTopology for what means nothing here."""
+        if POLICY in fields and self.no_policy is not None:
+            raise NotForTopology(
+                f"topology {self.name!r} {self.no_policy}: no routing policy applies",
+                param=POLICY,
+                code="no_routing_policy",
+            )
+
+    async def threshold_changed(self, fields: set[str]) -> None:
+        """After PUT /admin/threshold applied `fields`; BackendFailed if the backends did not all follow."""
+
+    def threshold_view(self) -> dict:
+        """What GET/PUT /admin/threshold adds to the routing state."""
+        return {}
+
+    def state_view(self, snapshot: dict) -> dict:
+        """/admin/state: the gateway's snapshot as this topology sees it."""
+        return snapshot
+
+    def mode_view(self) -> dict:
+        """GET /admin/mode."""
+        raise self._no_mode()
+
+    async def set_mode(self, mode: Mode | None, pin: bool | None) -> tuple[dict, int]:
+        """PUT /admin/mode: (the view after it, the HTTP status)."""
+        raise self._no_mode()
+
+    def _no_mode(self) -> NotForTopology:
+        return NotForTopology(
+            "topology 'partitioned' serves both modes at once, each from its own pool: there is no mode to switch "
+            "or pin (move the threshold instead: PUT /admin/threshold)",
+            code="no_mode_to_switch",
+        )
+
+
+class Partitioned(Topology):
+    """Both pools serve at once; the routing policy (spillover or switch) picks one per request."""
+
+
+class TimeShared(Topology):
+    """One GPU set, one mode at a time: the switch controller (gateway/switching.py) owns which."""
+
+    name = "time-shared"
+    direct_lane = False  # a request may have to wait for a switch
+    other_pool = False  # the other mode's server is asleep or stopped
+    no_policy = "serves one mode at a time, and its switch controller decides when to switch"
+
+    def __init__(self, pools: Pools, routing: Routing, metrics: Metrics, controller: SwitchController) -> None:
+        self.pools = pools
+        self.routing = routing
+        self.controller = controller
+        metrics.registry.register(SwitchCollector(lambda: (controller.serving, controller.queued)))
+
+    async def start(self) -> None:
+        await self.controller.start()
+
+    async def stop(self) -> None:
+        await self.controller.stop()
+
+    async def admit(self, on_cut: Callable[[str], None]) -> Lease:
+        # During a switch this waits in the switch queue (bounded in length and time).
+        lease = await self.controller.admit()
+        lease.on_cut(on_cut)
+        return lease
+
+    def route(self, lease: Lease | None) -> tuple[str, str]:
+        return lease.mode, ACTIVE_MODE
+
+    def open_failed(self, pool: str, error: GatewayError) -> GatewayError:
+        # Its one server failed it (dead, say): a 503 that says the GPU set is on it, with Retry-After.
+        return self.controller.serving_failed(pool)
+
+    def state_view(self, snapshot: dict) -> dict:
+        controller = self.controller
+        # One GPU set serves everything: no routing policy applies, whatever [routing] says.
+        snapshot["policy"] = "time-shared"
+        # A request held by the switch queue holds an admission slot too: count it once, as queued.
+        snapshot["inflight"] -= controller.queued
+        snapshot["queued"] += controller.queued
+        snapshot.update(controller.view())
+        return snapshot
+
+    def mode_view(self) -> dict:
+        return self.controller.view()
+
+    async def set_mode(self, mode: Mode | None, pin: bool | None) -> tuple[dict, int]:
+        """202 while the switch runs, 200 if the mode already serves (or only the pin changed)."""
+        started = self.controller.request_switch(mode, pin=pin)
+        return self.controller.view(), 202 if started else 200
+
+
+class InEngine(Topology):
+    """One pool of patched EAGLE-3 servers whose zero-step gate is the threshold (gateway/in_engine.py)."""
+
+    name = "in-engine"
+    no_policy = "has one pool, whose engines' zero-step gate is the threshold"
+
+    def __init__(self, pools: Pools, routing: Routing, metrics: Metrics, gates: GateSync) -> None:
+        self.pools = pools
+        self.routing = routing
+        self.gates = gates
+        metrics.registry.register(SwitchCollector())
+        metrics.registry.register(GateCollector(gates))
+
+    async def start(self) -> None:
+        await self.gates.start()  # NotPatched: refuse to serve, naming the patch
+
+    async def stop(self) -> None:
+        await self.gates.stop()
+
+    def route(self, lease: Lease | None) -> tuple[str, str]:
+        return SPECULATIVE, IN_ENGINE
+
+    async def threshold_changed(self, fields: set[str]) -> None:
+        if THRESHOLD not in fields:
+            return  # hysteresis alone moves no gate (and ends no forced mode)
+        failed = await self.gates.threshold_changed()
+        if failed:
+            raise BackendFailed(
+                "the threshold is live, but these backends' gates are not (held out of rotation until they are): "
+                + "; ".join(failed)
+            )
+
+    def threshold_view(self) -> dict:
+        return self.gates.view()  # the threshold as each engine's gate, read back
+
+    def state_view(self, snapshot: dict) -> dict:
+        snapshot.update(self.gates.view())
+        return snapshot
+
+    def mode_view(self) -> dict:
+        return self.gates.view()
+
+    async def set_mode(self, mode: Mode | None, pin: bool | None) -> tuple[dict, int]:
+        """The mode is every engine's gate (plain: 0, speculative: none) until the next threshold change, or pinned
+        until `{"pin": false}`."""
+        if pin and mode is None and self.gates.forced is None:
+            raise NotForTopology(
+                'no mode is forced, so there is none to pin: send the mode with it ({"mode": ..., "pin": true})',
+                param="pin",
+                code="nothing_to_pin",
+            )
+        failed = await self.gates.force(mode, pin=pin)
+        if failed:
+            raise BackendFailed("the mode is live, but these backends' gates are not: " + "; ".join(failed))
+        return self.gates.view(), 200
+
+
+def make_topology(
+    settings: Settings,
+    pools: Pools,
+    routing: Routing,
+    metrics: Metrics,
+    breaker: Breaker,
+    admission: Admission,
+    client: httpx.AsyncClient,
+) -> Topology:
+    """The topology `settings` names, built whole with what it needs of the gateway's state."""
+    if settings.topology == "time-shared":
+        controller = SwitchController(
+            settings, pools, routing, metrics, breaker, client, queued_elsewhere=lambda: admission.queued
+        )
+        return TimeShared(pools, routing, metrics, controller)
+    if settings.topology == "in-engine":
+        gates = GateSync(pools, routing, client, settings.health.timeout, settings.health.interval)
+        return InEngine(pools, routing, metrics, gates)
+    return Partitioned(pools, routing, metrics)
