@@ -97,6 +97,7 @@ def protocol_options(settings: Settings, app: GatewayApp) -> dict:
             settings.timeouts.request_body,
             on_refused=app.state.metrics.refused,
             direct=app.direct,
+            max_body_bytes=settings.limits.max_body_bytes,
         ),
         # A line per request costs more than the proxying itself; /metrics counts requests instead.
         "access_log": False,
