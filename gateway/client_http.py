@@ -73,6 +73,73 @@ _BYTES_ACKED_AT = 120
 _LITTLE = sys.byteorder == "little"
 
 
+# uvicorn's internals this module and gateway/server.py build on, by owner: none is public API, so each is
+# checked in the installed uvicorn (tests/gateway/test_client_http_uvicorn.py, also at the floor pyproject.toml
+# allows). `_start_asgi_task` first exists in 0.45.0; `RequestResponseCycle.keep_alive` says whether the client
+# asked to close (its Connection header), which `ClientLink` answers by, from 0.53.0.
+UVICORN_INTERNALS: dict[str, tuple[str, ...]] = {
+    "httptools_impl": ("STATUS_LINE", "HttpToolsProtocol", "RequestResponseCycle"),
+    "HttpToolsProtocol": (
+        # what _BoundedHead overrides or calls
+        "_start_asgi_task",
+        "_should_upgrade",
+        "_unsupported_upgrade_warning",
+        "handle_websocket_upgrade",
+        "on_message_begin",
+        "on_headers_complete",
+        "on_message_complete",
+        "on_response_complete",
+        "send_400_response",
+        "timeout_keep_alive_handler",
+        "shutdown",
+        # what it reads and sets
+        "loop",
+        "transport",
+        "parser",
+        "flow",
+        "client",
+        "url",
+        "headers",
+        "scope",
+        "cycle",
+        "pipeline",
+        "server_state",
+        "timeout_keep_alive",
+        "timeout_keep_alive_task",
+    ),
+    "RequestResponseCycle": (
+        "scope",
+        "flow",
+        "body",
+        "more_body",
+        "message_event",
+        "on_response",
+        "default_headers",
+        "keep_alive",
+        "disconnected",
+        "waiting_for_100_continue",
+        "response_started",
+        "response_complete",
+        "chunked_encoding",
+        "expected_content_length",
+        "send",
+    ),
+    "FlowControl": ("write_paused", "resume_reading"),
+    "ServerState": ("total_requests", "connections", "tasks"),
+    # gateway/server.py's GatewayServer
+    "Server": (
+        "capture_signals",
+        "_captured_signals",
+        "startup",
+        "shutdown",
+        "servers",
+        "server_state",
+        "force_exit",
+        "lifespan",
+    ),
+    "config": ("LOGGING_CONFIG",),
+}
+
 # The largest body a request may have to be offered to `direct`: one that needs no flow control.
 DIRECT_MAX_BODY_BYTES = 32 * 1024
 # `direct(scope, body, link)`: True if the app took a request whose body is all here, without an ASGI task.
