@@ -25,7 +25,7 @@ buffers nor its descriptor outlive the request.
 A POST whose body is small is held back from uvicorn's task until its body is in, then offered to `direct`
 (the gateway's direct lane, gateway/direct.py): a request it takes costs no task and no ASGI messages; one it
 declines, a body that grows past `DIRECT_MAX_BODY_BYTES`, a client that leaves or is refused first, get their
-task as before, with everything that arrived.
+task as before, with everything that arrived; one that declares a larger body gets its task at once.
 
     config = uvicorn.Config(app, http=client_protocol(65536, 10.0, 30.0, on_refused=metrics.refused), ...)
 """
@@ -73,6 +73,73 @@ _BYTES_ACKED_AT = 120
 _LITTLE = sys.byteorder == "little"
 
 
+# uvicorn's internals this module and gateway/server.py build on, by owner: none is public API, so each is
+# checked in the installed uvicorn (tests/gateway/test_client_http_uvicorn.py, also at the floor pyproject.toml
+# allows). `_start_asgi_task` first exists in 0.45.0; `RequestResponseCycle.keep_alive` says whether the client
+# asked to close (its Connection header), which `ClientLink` answers by, from 0.53.0.
+UVICORN_INTERNALS: dict[str, tuple[str, ...]] = {
+    "httptools_impl": ("STATUS_LINE", "HttpToolsProtocol", "RequestResponseCycle"),
+    "HttpToolsProtocol": (
+        # what _BoundedHead overrides or calls
+        "_start_asgi_task",
+        "_should_upgrade",
+        "_unsupported_upgrade_warning",
+        "handle_websocket_upgrade",
+        "on_message_begin",
+        "on_headers_complete",
+        "on_message_complete",
+        "on_response_complete",
+        "send_400_response",
+        "timeout_keep_alive_handler",
+        "shutdown",
+        # what it reads and sets
+        "loop",
+        "transport",
+        "parser",
+        "flow",
+        "client",
+        "url",
+        "headers",
+        "scope",
+        "cycle",
+        "pipeline",
+        "server_state",
+        "timeout_keep_alive",
+        "timeout_keep_alive_task",
+    ),
+    "RequestResponseCycle": (
+        "scope",
+        "flow",
+        "body",
+        "more_body",
+        "message_event",
+        "on_response",
+        "default_headers",
+        "keep_alive",
+        "disconnected",
+        "waiting_for_100_continue",
+        "response_started",
+        "response_complete",
+        "chunked_encoding",
+        "expected_content_length",
+        "send",
+    ),
+    "FlowControl": ("write_paused", "resume_reading"),
+    "ServerState": ("total_requests", "connections", "tasks"),
+    # gateway/server.py's GatewayServer
+    "Server": (
+        "capture_signals",
+        "_captured_signals",
+        "startup",
+        "shutdown",
+        "servers",
+        "server_state",
+        "force_exit",
+        "lifespan",
+    ),
+    "config": ("LOGGING_CONFIG",),
+}
+
 # The largest body a request may have to be offered to `direct`: one that needs no flow control.
 DIRECT_MAX_BODY_BYTES = 32 * 1024
 # `direct(scope, body, link)`: True if the app took a request whose body is all here, without an ASGI task.
@@ -85,9 +152,11 @@ def client_protocol(
     body_timeout: float,
     on_refused: Callable[[str], None] = lambda reason: None,
     direct: Direct | None = None,
+    max_body_bytes: int = DIRECT_MAX_BODY_BYTES,
 ) -> type[HttpToolsProtocol]:
     """The protocol class for `uvicorn.Config(http=...)`, with these bounds; `on_refused` hears of each refusal;
-    `direct` is offered each POST with a small body, once it is all in, before an ASGI task is made for it."""
+    `direct` is offered each POST with a small body (at most `DIRECT_MAX_BODY_BYTES` and `max_body_bytes`, the
+    app's own limit), once it is all in, before an ASGI task is made for it."""
 
     class ClientProtocol(_BoundedHead):
         pass
@@ -97,6 +166,7 @@ def client_protocol(
     ClientProtocol.body_timeout = body_timeout
     ClientProtocol.on_refused = staticmethod(on_refused)
     ClientProtocol.direct = staticmethod(direct) if direct is not None else None
+    ClientProtocol.direct_max_body = min(DIRECT_MAX_BODY_BYTES, max_body_bytes)
     return ClientProtocol
 
 
@@ -290,12 +360,21 @@ class _HeadTooLarge(Exception):
     """Raised from a parser callback: the parser stops, and uvicorn asks for a 400, which becomes a 431."""
 
 
+def _declares_more_than(headers: list[tuple[bytes, bytes]], size: int) -> bool:
+    """Whether a request head declares a body (Content-Length) larger than `size`; a chunked one declares none."""
+    for name, value in headers:
+        if name == b"content-length":
+            return value.isdigit() and int(value) > size  # llhttp refuses (400) a length that is not digits
+    return False
+
+
 class _BoundedHead(HttpToolsProtocol):
     max_head_bytes = 64 * 1024
     head_timeout = 10.0
     body_timeout = 30.0
     on_refused: Callable[[str], None] = staticmethod(lambda reason: None)
     direct: Direct | None = None
+    direct_max_body = DIRECT_MAX_BODY_BYTES
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -405,12 +484,15 @@ class _BoundedHead(HttpToolsProtocol):
         # Called by uvicorn once a request's head is parsed. A POST's small body comes with it or just after:
         # the app may take it whole at the end of a read, with no task, no coroutine and no ASGI messages.
         # (Not one that waits for "100 Continue": uvicorn sends it when the app first asks for the body.)
+        # One that declares a larger body gets its task at once: the app refuses one over its limit (413) from
+        # the head alone, where waiting for a body that may never come would end in a 408.
         if (
             self._feeding
             and self._deferred is None
             and self.direct is not None
             and cycle.scope["method"] == "POST"
             and not cycle.waiting_for_100_continue
+            and not _declares_more_than(cycle.scope["headers"], self.direct_max_body)
         ):
             self._deferred = (cycle, app)
             return
@@ -418,7 +500,7 @@ class _BoundedHead(HttpToolsProtocol):
 
     def _start_deferred(self) -> None:
         cycle, app = self._deferred
-        if cycle.more_body and not cycle.disconnected and len(cycle.body) <= DIRECT_MAX_BODY_BYTES:
+        if cycle.more_body and not cycle.disconnected and len(cycle.body) <= self.direct_max_body:
             return  # the rest of a small body is on its way (clients often write head and body apart)
         self._deferred = None
         scope = cycle.scope
@@ -450,9 +532,19 @@ class _BoundedHead(HttpToolsProtocol):
         self._end_head()
         self._end_body()
         super().connection_lost(exc)
+        if self.timeout_keep_alive_task is not None:  # uvicorn leaves it armed after a reset
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
         self._start_deferred_task()
-        if self.cycle is not None and self.cycle.disconnected:
-            _client_gone(self.cycle)
+        cycle = self.cycle
+        if cycle is not None and cycle.disconnected:
+            _client_gone(cycle)
+        # A connection's requests refer back to it (their scope's ClientLink; uvicorn's `on_response`, which only
+        # a task resets): let go of them, and the connection is freed by reference counting now, not by the
+        # cyclic collector, which runs seldom here (server.py's GC_THRESHOLDS): 24 MB over 3,800 connections
+        # waited for it. A request still running keeps what it uses.
+        self.cycle = self.scope = self.headers = None
+        self.pipeline.clear()
 
     def send_400_response(self, msg: str) -> None:
         if self._head_parsed > self.max_head_bytes:

@@ -43,7 +43,12 @@ POLL_S = 0.1
 # not freed at once: a request leaves some behind in cycles), every few requests here, and a full pass over the
 # whole heap after every 100 of those. With the start-up heap frozen and these thresholds, non-streamed requests
 # cost 3-12% less CPU each (the medians of three alternating runs at C=32 on the zero backend: 0.88, 0.89 and
-# 0.97 of before); streams and C=1, no change measurable on shared cores.
+# 0.97 of before); streams and C=1, no change measurable on shared cores. Re-measured with the direct lane
+# (proxybench.ab --together, 4 pairs; CPU per request with Python's defaults over with these): non-streamed
+# C=256 1.054 (1.018-1.084), C=32 0.921 and 1.043 in two runs, streamed C=32 1.014 (0.788-1.097). The price:
+# garbage in cycles waits for a collection, up to ~100,000 objects, so nothing made per connection or request may
+# be left in a cycle (client_http.py breaks a connection's when it is lost: without that, 4,000 one-connection
+# requests took RSS from 54 to 79 MB; tests/gateway/test_client_http.py's soak holds it flat).
 GC_THRESHOLDS = (100_000, 50, 50)
 
 
@@ -97,6 +102,7 @@ def protocol_options(settings: Settings, app: GatewayApp) -> dict:
             settings.timeouts.request_body,
             on_refused=app.state.metrics.refused,
             direct=app.direct,
+            max_body_bytes=settings.limits.max_body_bytes,
         ),
         # A line per request costs more than the proxying itself; /metrics counts requests instead.
         "access_log": False,
