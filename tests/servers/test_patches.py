@@ -1,7 +1,8 @@
 """patches/sglang-0.5.23 on the real 0.5.23 release (the one in the SGLang venv .ci/run builds), through
 `crossover patches`: applies, is idempotent, checks, reverts to the release byte for byte, refuses other releases
 and foreign edits. Then, on the patched tree and on CPU (GPU-only packages stubbed at import, nothing else), the
-suites in sglang_inside/ run in that venv: policy and validation, the controller, and the control path from the
+tests shipped beside the patch in SGLang's layout (patches/sglang-0.5.23/test/srt/) run in that venv: policy and
+validation, the controller, and the control path from the
 HTTP handler through the tokenizer side and SGLang's own scheduler dispatcher back to the reply.
 
 Writing is all or nothing: a write failing part-way, a planted temp-name link, a FIFO or undecodable bytes in the
@@ -35,6 +36,8 @@ from tests.servers.sglang_inside.gate_bodies import BODIES
 HERE = Path(__file__).resolve().parent
 STUBS = HERE / "sglang_stubs"
 INSIDE = HERE / "sglang_inside"
+# The patch's own unittest files, in SGLang's test/srt/ layout: what an upstream PR would add.
+SRT_TESTS = patches.patch_dir() / "test" / "srt"
 SUITE_TIMEOUT_S = 600.0
 # On CPU the touched modules import with the GPU-only packages stubbed and the patch tests' packages added.
 CPU_IMPORT_PATH = os.pathsep.join(map(str, (STUBS, patch_test_site(SGLANG_VENV))))
@@ -269,8 +272,8 @@ def patched(release: Path, patch_python: Path, tmp_path_factory) -> Path:
 
 
 def run_inside(patched: Path, patch_python: Path, *argv: str) -> subprocess.CompletedProcess:
-    """`patch_python argv...` on the patched tree, on CPU, with sglang_inside/ importable."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (patched, CPU_IMPORT_PATH, INSIDE)))}
+    """`patch_python argv...` on the patched tree, on CPU, with the patch's tests and sglang_inside/ importable."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (patched, CPU_IMPORT_PATH, SRT_TESTS, INSIDE)))}
     return subprocess.run(
         [str(patch_python), *argv],
         capture_output=True,
@@ -282,7 +285,7 @@ def run_inside(patched: Path, patch_python: Path, *argv: str) -> subprocess.Comp
     )
 
 
-@pytest.mark.parametrize("suite", ["check_policy", "check_controller", "check_control_path"])
+@pytest.mark.parametrize("suite", sorted(path.stem for path in SRT_TESTS.glob("test_*.py")))
 def test_patched_source_on_cpu(suite, patched, patch_python):
     result = run_inside(patched, patch_python, "-m", "unittest", "-v", suite)
     assert result.returncode == 0, result.stderr[-6000:]

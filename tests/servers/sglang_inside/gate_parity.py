@@ -4,10 +4,10 @@ Prints JSON for tests/servers/test_patches.py to compare with the stand-in."""
 
 import json
 
-from check_controller import started_controller
 from gate_bodies import BODIES
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveUpdateConflict
 from sglang.srt.speculative.adaptive_spec_params import parse_runtime_update_body
+from test_adaptive_spec_runtime_controller import started_controller
 
 STAND_IN_CONFIG = {"1": {"candidate_steps": [3]}, "2": {"candidate_steps": [0]}}
 
