@@ -498,23 +498,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         command.set_defaults(run=_run)
 
 
-def _report_starlette(root: Path, python: str | None) -> int:
-    """Say which Starlette the target serves with: 1 if it is below the floor, else 0."""
+def _report_starlette(root: Path, python: str | None) -> bool:
+    """Say which Starlette the target serves with; whether it is below the floor."""
     version = starlette_version(root, python)
     floor = ".".join(map(str, STARLETTE_FLOOR))
     if version is None:
         print(f"Starlette: not found beside {root} (pass --python, the interpreter that runs SGLang, to check it)")
-        return 0
+        return False
     if starlette_ok(version):
         print(f"Starlette {version} (>= {floor})")
-        return 0
+        return False
     print(
         f"error: Starlette {version} serves this SGLang: below {floor}, a `Host: x/health?` header passes SGLang's "
         f"API-key check on every endpoint (the patch's POST checks its admin key itself, the rest of SGLang does "
         f"not). Install starlette>={floor} in SGLang's environment.",
         file=sys.stderr,
     )
-    return 1
+    return True
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -524,8 +524,9 @@ def _run(args: argparse.Namespace) -> int:
             state, states = check(root)
             for s in states:
                 print(f"{s.state:17} {s.path}")
+            starlette_refused = _report_starlette(root, args.python)
             print(f"SGLang {SGLANG_VERSION} at {root / 'sglang'}: patches {state}")
-            return min(1, (state != "applied") + _report_starlette(root, args.python))
+            return 0 if state == "applied" and not starlette_refused else 1
         if args.patches_command == "apply":
             outcome = apply(root, verify=not args.no_import_check, python=args.python)
         else:
