@@ -285,6 +285,7 @@ def run_inside(patched: Path, patch_python: Path, *argv: str) -> subprocess.Comp
     )
 
 
+@pytest.mark.timeout(SUITE_TIMEOUT_S)  # the TP suite starts two scheduler ranks, each importing SGLang
 @pytest.mark.parametrize("suite", sorted(path.stem for path in SRT_TESTS.glob("test_*.py")))
 def test_patched_source_on_cpu(suite, patched, patch_python):
     result = run_inside(patched, patch_python, "-m", "unittest", "-v", suite)
