@@ -1,15 +1,24 @@
 """`crossover patches`: the SGLang patches a deployment needs (patches/ at the top of the repository), applied to,
 checked on and reverted from an installed SGLang tree - the pinned release only.
 
-    crossover patches check  [--sglang PATH]   # applied / not applied / conflicts, per file; exit 0 only if applied
+    crossover patches check  [--sglang PATH]   # applied / not applied / conflicts per file, and the target's
+                                               # Starlette; exit 0 only if applied on Starlette >= 1.0.1
     crossover patches apply  [--sglang PATH]   # idempotent; verifies by importing every touched module
-    crossover patches revert [--sglang PATH]
+    crossover patches revert [--sglang PATH]   # also repairs a half-applied tree
 
 PATH is the `sglang` package directory or a directory that holds it (site-packages, an unzipped wheel); without
 it, the tree the given `--python` (default: this interpreter) would import. The patch is applied in Python, hunk
 by hunk with exact context (no fuzz, no offsets guessed across other code), to every file or to none: a tree
-that matches neither the release nor the patched release is refused with the hunks that differ. After `apply`,
-every touched module is imported in a fresh interpreter; if that fails the files are put back.
+that matches neither the release nor the patched release is refused with the hunks that differ. A tree where
+some files are patched and the rest are the release's (a run cut short) is finished by `apply` and undone by
+`revert`. After `apply`, every touched module is imported in a fresh interpreter; if that fails the files are
+put back.
+
+Writing is all or nothing under any failure: every new file is first written beside its target under a fresh
+name (O_CREAT|O_EXCL|O_NOFOLLOW: never through a link someone planted) and the old entry kept as a hard link;
+only then are the targets replaced, one rename each, and a failed rename puts back every entry already replaced.
+A target that is not a regular file (a FIFO, a directory) or not UTF-8 text is refused before anything is
+written.
 
 Exit codes: 0 done (check: applied), 1 failed (check: not applied), 2 bad input (no tree, wrong version).
 """
@@ -21,6 +30,8 @@ import ast
 import importlib.util
 import os
 import re
+import secrets
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -35,10 +46,16 @@ IMPORT_TIMEOUT_S = 300.0
 _VERSION_RE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.MULTILINE)
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
+# Below 1.0.1 Starlette builds request.url from the Host header, so `Host: x/health?` makes SGLang's auth
+# middleware see a /health path and let a request through without a key.
+STARLETTE_FLOOR = (1, 0, 1)
+_STARLETTE_SCRIPT = "import starlette; print(starlette.__version__)"
+_TEMP_ATTEMPTS = 8
+
 _FIND_SCRIPT = (
     "import importlib.util as u; s = u.find_spec('sglang'); print(s.submodule_search_locations[0] if s else '')"
 )
-TreeState = Literal["applied", "not applied", "conflict"]
+TreeState = Literal["applied", "not applied", "partially applied", "conflict"]
 
 
 class PatchError(RuntimeError):
@@ -201,14 +218,35 @@ class FileState:
     state: TreeState
 
 
+def read_source(file: Path) -> str:
+    """A touched file's text, exactly (no newline translation); PatchError for anything but a regular UTF-8
+    file - checked before opening, so a FIFO planted there cannot block the read."""
+    try:
+        mode = os.stat(file).st_mode
+    except OSError as exc:
+        raise PatchError(f"{file}: cannot read it ({exc.strerror})") from None
+    if not stat.S_ISREG(mode):
+        raise PatchError(f"{file}: not a regular file; reinstall the release (the patches only edit its files)")
+    try:
+        return file.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PatchError(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start}); reinstall the release") from None
+    except OSError as exc:
+        raise PatchError(f"{file}: cannot read it ({exc.strerror})") from None
+
+
+def _lines(file: Path) -> list[str]:
+    return read_source(file).splitlines(keepends=True)
+
+
 def inspect(root: Path, patches: list[FilePatch]) -> list[FileState]:
     states: list[FileState] = []
     for fp in patches:
         file = root / fp.path
-        if not file.exists():
+        if not os.path.lexists(file):
             states.append(FileState(fp.path, "conflict"))
             continue
-        lines = file.read_text().splitlines(keepends=True)
+        lines = _lines(file)
         if _hunk_ok(lines, fp.hunks, reverse=False):
             states.append(FileState(fp.path, "not applied"))
         elif _hunk_ok(lines, fp.hunks, reverse=True):
@@ -220,7 +258,9 @@ def inspect(root: Path, patches: list[FilePatch]) -> list[FileState]:
 
 def overall(states: list[FileState]) -> TreeState:
     kinds = {s.state for s in states}
-    return kinds.pop() if len(kinds) == 1 else "conflict"
+    if "conflict" in kinds:
+        return "conflict"
+    return kinds.pop() if len(kinds) == 1 else "partially applied"
 
 
 def _require_release(root: Path, version: str) -> None:
@@ -238,23 +278,121 @@ def check(root: Path, version: str = SGLANG_VERSION) -> tuple[TreeState, list[Fi
     return overall(states), states
 
 
+def starlette_version(root: Path, python: str | None = None) -> str | None:
+    """The Starlette the SGLang at `root` serves with: what `python` imports, else the copy beside `sglang/` in
+    its site-packages; None when neither says."""
+    if python is not None:
+        try:
+            found = subprocess.run(
+                [python, "-c", _STARLETTE_SCRIPT], capture_output=True, text=True, timeout=60, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            found = None
+        if found is not None and found.returncode == 0 and found.stdout.strip():
+            return found.stdout.strip()
+    init = root / "starlette" / "__init__.py"
+    if init.is_file():
+        match = re.search(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", init.read_text(errors="replace"), re.MULTILINE)
+        if match:
+            return match.group(1)
+    return None
+
+
+def starlette_ok(version: str) -> bool:
+    numbers = tuple(int(n) for n in re.findall(r"\d+", version)[:3])
+    return numbers >= STARLETTE_FLOOR
+
+
+def _exclusive(directory: Path, stem: str, suffix: str, create) -> Path:
+    """A fresh name in `directory` made by `create(path)`, which must fail with FileExistsError when the name
+    is taken (so nothing already there - a planted link - is ever opened or followed)."""
+    for _ in range(_TEMP_ATTEMPTS):
+        path = directory / f".{stem}.{secrets.token_hex(6)}.{suffix}"
+        try:
+            create(path)
+        except FileExistsError:
+            continue
+        return path
+    raise PatchError(f"cannot make a temporary file beside {directory / stem}: every name tried was taken")
+
+
+def _write_new(file: Path, text: str) -> Path:
+    """`text` in a new file beside `file`, with `file`'s permissions, synced."""
+    mode = os.stat(file).st_mode & 0o777
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fds: list[int] = []
+    temp = _exclusive(file.parent, file.name, "crossover-new", lambda path: fds.append(os.open(path, flags, 0o600)))
+    try:
+        with os.fdopen(fds[0], "wb") as out:
+            out.write(text.encode("utf-8"))
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temp, mode)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    return temp
+
+
+def _keep_old(file: Path) -> Path:
+    """A second name for `file`'s entry as it is (a regular file or a link), to put back on failure."""
+    return _exclusive(file.parent, file.name, "crossover-old", lambda path: os.link(file, path, follow_symlinks=False))
+
+
 def _rewrite(root: Path, patches: list[FilePatch], reverse: bool) -> list[str]:
-    """Compute every file first (all or nothing), check each parses, then replace each atomically."""
+    """Compute every file first and check each parses, write them all beside their targets, then swap them in;
+    any failure leaves every target as it was."""
     contents: dict[Path, str] = {}
     for fp in patches:
         file = root / fp.path
-        new = _apply_hunks(file.read_text().splitlines(keepends=True), fp.hunks, reverse)
+        new = _apply_hunks(_lines(file), fp.hunks, reverse)
         if new is None:
             raise PatchError(f"{fp.path}: the patch's context is not there (the file was changed by something else)")
         text = "".join(new)
         ast.parse(text, filename=str(file))
         contents[file] = text
-    for file, text in contents.items():
-        temp = file.with_name(f".{file.name}.crossover-tmp")
-        temp.write_text(text)
-        os.chmod(temp, file.stat().st_mode & 0o777)
-        os.replace(temp, file)
-    return [fp.path for fp in patches]
+    staged: list[tuple[Path, Path, Path]] = []  # (target, new, old)
+    replaced: list[tuple[Path, Path]] = []
+    try:
+        for file, text in contents.items():
+            new = _write_new(file, text)
+            try:
+                old = _keep_old(file)
+            except BaseException:
+                new.unlink(missing_ok=True)
+                raise
+            staged.append((file, new, old))
+        for file, new, old in staged:
+            os.replace(new, file)
+            replaced.append((file, old))
+    except (OSError, PatchError) as exc:
+        undone = _put_back(replaced)
+        for _file, new, old in staged:
+            new.unlink(missing_ok=True)
+            old.unlink(missing_ok=True)
+        what = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        where = f" ({exc.filename})" if isinstance(exc, OSError) and exc.filename else ""
+        if undone:
+            raise PatchError(
+                f"writing the patched files failed: {what}{where}; these could not be put back: "
+                + ", ".join(map(str, undone))
+                + ". Run `crossover patches revert`, or reinstall the release."
+            ) from None
+        raise PatchError(f"writing the patched files failed: {what}{where}; nothing was changed") from None
+    for _file, _new, old in staged:
+        old.unlink(missing_ok=True)
+    return [str(file.relative_to(root)) for file in contents]
+
+
+def _put_back(replaced: list[tuple[Path, Path]]) -> list[Path]:
+    """Every replaced target back to its old entry, newest first; the targets that could not be."""
+    failed: list[Path] = []
+    for file, old in reversed(replaced):
+        try:
+            os.replace(old, file)
+        except OSError:
+            failed.append(file)
+    return failed
 
 
 def import_check(root: Path, modules: list[str], python: str | None = None, env: dict | None = None) -> str | None:
@@ -293,20 +431,22 @@ def apply(
     env: dict | None = None,
 ) -> Outcome:
     """Apply the release's patches: already applied -> nothing changes; a conflict -> PatchError, nothing
-    changes; an import failure afterwards -> the files are restored and PatchError says why."""
+    changes; partially applied -> the rest is applied; an import failure afterwards -> the files this run
+    changed are restored and PatchError says why."""
     state, states = check(root, version)
-    patches = load_patches(version)
     if state == "applied":
         return Outcome(False, f"already applied to SGLang {version} at {root / 'sglang'}; nothing changed")
     if state == "conflict":
         raise PatchError(_conflict_message(root, states))
-    touched = _rewrite(root, patches, reverse=False)
+    todo = _files_in(version, states, "not applied")
+    touched = _rewrite(root, todo, reverse=False)
     if verify:
-        error = import_check(root, [fp.module for fp in patches], python, env)
+        error = import_check(root, [fp.module for fp in load_patches(version)], python, env)
         if error is not None:
-            _rewrite(root, patches, reverse=True)
+            _rewrite(root, todo, reverse=True)
             raise PatchError(f"patched modules do not import ({error}); the files were restored")
-    return Outcome(True, f"applied to SGLang {version} at {root / 'sglang'}: " + ", ".join(touched))
+    finished = " (finished a partial apply)" if state == "partially applied" else ""
+    return Outcome(True, f"applied to SGLang {version} at {root / 'sglang'}{finished}: " + ", ".join(touched))
 
 
 def revert(root: Path, version: str = SGLANG_VERSION) -> Outcome:
@@ -315,12 +455,17 @@ def revert(root: Path, version: str = SGLANG_VERSION) -> Outcome:
         return Outcome(False, f"not applied at {root / 'sglang'}; nothing changed")
     if state == "conflict":
         raise PatchError(_conflict_message(root, states))
-    touched = _rewrite(root, load_patches(version), reverse=True)
+    touched = _rewrite(root, _files_in(version, states, "applied"), reverse=True)
     return Outcome(True, f"reverted at {root / 'sglang'}: " + ", ".join(touched))
 
 
+def _files_in(version: str, states: list[FileState], state: TreeState) -> list[FilePatch]:
+    wanted = {s.path for s in states if s.state == state}
+    return [fp for fp in load_patches(version) if fp.path in wanted]
+
+
 def _conflict_message(root: Path, states: list[FileState]) -> str:
-    detail = ", ".join(f"{s.path} ({s.state})" for s in states if s.state != "applied")
+    detail = ", ".join(f"{s.path} ({s.state})" for s in states if s.state == "conflict")
     return (
         f"the tree at {root / 'sglang'} is neither the SGLang release nor the patched release: {detail}. "
         "Reinstall the release (pip install --force-reinstall --no-deps sglang=="
@@ -353,15 +498,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         command.set_defaults(run=_run)
 
 
+def _report_starlette(root: Path, python: str | None) -> bool:
+    """Say which Starlette the target serves with; whether it is below the floor."""
+    version = starlette_version(root, python)
+    floor = ".".join(map(str, STARLETTE_FLOOR))
+    if version is None:
+        print(f"Starlette: not found beside {root} (pass --python, the interpreter that runs SGLang, to check it)")
+        return False
+    if starlette_ok(version):
+        print(f"Starlette {version} (>= {floor})")
+        return False
+    print(
+        f"error: Starlette {version} serves this SGLang: below {floor}, a `Host: x/health?` header passes SGLang's "
+        f"API-key check on every endpoint (the patch's POST checks its admin key itself, the rest of SGLang does "
+        f"not). Install starlette>={floor} in SGLang's environment.",
+        file=sys.stderr,
+    )
+    return True
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         root = locate(args.sglang, args.python)
         if args.patches_command == "check":
             state, states = check(root)
             for s in states:
-                print(f"{s.state:12} {s.path}")
+                print(f"{s.state:17} {s.path}")
+            starlette_refused = _report_starlette(root, args.python)
             print(f"SGLang {SGLANG_VERSION} at {root / 'sglang'}: patches {state}")
-            return 0 if state == "applied" else 1
+            return 0 if state == "applied" and not starlette_refused else 1
         if args.patches_command == "apply":
             outcome = apply(root, verify=not args.no_import_check, python=args.python)
         else:

@@ -34,7 +34,7 @@ from crossover.servers.sim.live import MEMORY_TAGS, Busy, LiveEngine
 from crossover.servers.sim.metrics import SimMetrics
 from crossover.servers.sim.openai_format import WEIGHT_VERSION, BadRequest, error_body
 from crossover.servers.sim.profile import Profile
-from crossover.servers.sim.speculation_gate import StandInGate, gate_routes
+from crossover.servers.sim.speculation_gate import GateMetrics, StandInGate, gate_routes
 
 SGLANG_VERSION = "0.5.23"  # the release whose surface the stand-in mirrors
 LOAD_SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")
@@ -56,6 +56,8 @@ class SimSettings:
     extra_metric_labels: dict[str, str] = field(default_factory=dict)
     # Serve /speculative/adaptive as a server patched with patches/sglang-0.5.23 (speculative profiles only).
     speculation_gate: bool = False
+    # SGLang's --admin-api-key: the gate's POST then needs it (speculation_gate.py says what it does without one).
+    admin_api_key: str | None = None
 
 
 def run(settings: SimSettings, *, log_level: str = "warning") -> None:
@@ -268,7 +270,9 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
     if settings.speculation_gate:
         if spec is None:
             raise ValueError("--speculation-gate needs a speculative profile (the gate sends batches to zero steps)")
-        routes += gate_routes(StandInGate(live.engine, spec.num_steps))
+        gate = StandInGate(live.engine, spec.num_steps, admin_api_key=settings.admin_api_key)
+        metrics.registry.register(GateMetrics(gate, {"model_name": profile.model_name, **settings.extra_metric_labels}))
+        routes += gate_routes(gate)
     routes += [
         ("/health", health, ["GET"]),
         ("/health_generate", health, ["GET"]),

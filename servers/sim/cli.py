@@ -81,6 +81,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="serve GET/POST /speculative/adaptive as an SGLang patched with patches/sglang-0.5.23 does",
     )
+    serve.add_argument(
+        "--admin-api-key", metavar="KEY", help="as SGLang's: POST /speculative/adaptive then needs this bearer token"
+    )
     serve.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(run=_serve)
 
@@ -233,6 +236,7 @@ def _serve(args: argparse.Namespace) -> int:
             seed=args.seed,
             extra_metric_labels=args.extra_metric_labels,
             speculation_gate=args.speculation_gate,
+            admin_api_key=args.admin_api_key,
         ),
         log_level=args.log_level,
     )

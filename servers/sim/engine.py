@@ -106,6 +106,13 @@ class Engine:
         # The patched engine's run-time gate (patches/sglang-0.5.23): decode batches of more than this many
         # running requests take zero draft steps. None: no gate. Only meaningful on a speculative profile.
         self.zero_steps_above_bs: int | None = None
+        # Its hysteresis (the patch's gate_min_dwell_steps): a flip waits until the state has held this many
+        # decode batches; a new threshold decides at once. 0: every batch decides (what the replay assumes).
+        self.gate_min_dwell_steps = 0
+        self.gate_engaged = False
+        self.gate_flips_total = 0
+        self._gate_held = 0
+        self._gate_for: int | None = None
         self.skip_zero_step_draft_extend = False
         self.zero_step_batches_total = 0
         self.decode_batches_total = 0
@@ -220,12 +227,31 @@ class Engine:
         return None
 
     def gated(self, batch: int) -> bool:
+        """Whether a decode batch of `batch` requests takes zero steps now."""
         gate = self.zero_steps_above_bs
-        return self.acceptance is not None and gate is not None and batch > gate
+        if self.acceptance is None or gate is None:
+            return False
+        return self.gate_engaged if self.gate_min_dwell_steps else batch > gate
+
+    def set_gate(self, threshold: int | None, min_dwell_steps: int) -> None:
+        """A new gate setting: the next decode batch decides at once, whatever the dwell."""
+        self.zero_steps_above_bs, self.gate_min_dwell_steps = threshold, min_dwell_steps
+        self._gate_held = min_dwell_steps
+
+    def _gate_decide(self, batch: int) -> bool:
+        gate = self.zero_steps_above_bs
+        want = self.acceptance is not None and gate is not None and batch > gate
+        free = gate is None or gate != self._gate_for or self._gate_held >= self.gate_min_dwell_steps
+        self._gate_for = gate
+        if want != self.gate_engaged and free:
+            self.gate_engaged, self._gate_held = want, 0
+            self.gate_flips_total += 1
+        self._gate_held += 1
+        return self.gate_engaged
 
     def _decode_step(self, in_flight: int) -> Step:
         batch = len(self._running)
-        if self.gated(batch):
+        if self._gate_decide(batch):
             duration = self.costs.zero_step_s(batch, self._used, self.skip_zero_step_draft_extend)
             return Step("decode", list(self._running), duration, zero_step=True)
         return Step("decode", list(self._running), self.costs.decode_s(batch, self._used, in_flight))

@@ -1,14 +1,24 @@
 """`GET/POST /speculative/adaptive` as patches/sglang-0.5.23 serves it, on the stand-in (`crossover sim serve
---speculation-gate`): the zero-step gate with the patch's validation and replies; decode batches above the gate
-cost a zero-step step (servers/sim/costs.py, ZERO_STEP_MODEL). The stand-in has one step count, so slot configs
-(`config`, `reset_config`) are refused with a reason; everything else answers as the patch does.
+--speculation-gate`): the zero-step gate with the patch's validation, bounds, replies (status and `reason`), GET
+fields and metrics; decode batches above the gate cost a zero-step step (servers/sim/costs.py, ZERO_STEP_MODEL).
+
+The stand-in captured two step counts (0 and the profile's), has no CUDA graphs and one speculative step count,
+so a slot `config` is checked as the patch checks it and kept (GET shows it) but does not change the engine's
+steps. One deliberate difference: without `--admin-api-key` the stand-in's POST is open, where the patch answers
+403 (`admin_api_key_required`) - so that a gateway that sends no admin credential still drives it; with a key,
+it answers 401 as the patch does.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import secrets
+from collections.abc import Iterator
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -16,52 +26,194 @@ from crossover.servers.sim.engine import Engine
 
 # The patch's bounds and fields (sglang/srt/speculative/adaptive_spec_params.py, patched).
 MAX_RUNTIME_INT = 2**31 - 1
-FIELDS = (
-    "config",
-    "reset_config",
-    "zero_steps_above_bs",
-    "allow_eager_fallback",
-    "skip_zero_step_draft_extend",
-    "expected_generation",
-    "dry_run",
+MAX_CANDIDATE_STEP = 64
+MAX_HYSTERESIS = float(MAX_CANDIDATE_STEP)
+MAX_CEILING_COEFF = float(MAX_CANDIDATE_STEP)
+DEFAULT_GATE_MIN_DWELL_STEPS = 32
+MAX_GATE_MIN_DWELL_STEPS = 100_000
+FIELDS = ("zero_steps_above_bs", "gate_min_dwell_steps", "config", "reset_config", "expected_generation", "dry_run")
+SLOT_KNOBS = (
+    "candidate_steps",
+    "ema_alpha",
+    "update_interval",
+    "warmup_batches",
+    "down_hysteresis",
+    "up_hysteresis",
+    "ceiling_coeff",
 )
+UPDATE_RESULTS = ("applied", "rejected", "conflict", "failed")
 MAX_BODY_BYTES = 64 * 1024
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and -MAX_RUNTIME_INT <= value <= MAX_RUNTIME_INT
+def _is_int(value: Any, low: int = -MAX_RUNTIME_INT, high: int = MAX_RUNTIME_INT) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _is_number(value: Any, low: float, high: float) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return low <= value <= high
+
+
+_KNOB_CHECKS = (
+    ("ema_alpha", lambda v: _is_number(v, 0, 1) and v > 0, "a number in (0, 1]"),
+    ("update_interval", lambda v: _is_int(v, 1), f"an int in [1, {MAX_RUNTIME_INT}]"),
+    ("warmup_batches", lambda v: _is_int(v, 0), f"an int in [0, {MAX_RUNTIME_INT}]"),
+    (
+        "down_hysteresis",
+        lambda v: _is_number(v, -MAX_HYSTERESIS, MAX_HYSTERESIS),
+        f"a number in [-{MAX_HYSTERESIS:g}, {MAX_HYSTERESIS:g}]",
+    ),
+    (
+        "up_hysteresis",
+        lambda v: _is_number(v, -MAX_HYSTERESIS, MAX_HYSTERESIS),
+        f"a number in [-{MAX_HYSTERESIS:g}, {MAX_HYSTERESIS:g}]",
+    ),
+    ("ceiling_coeff", lambda v: _is_number(v, 0, MAX_CEILING_COEFF), f"a number in [0, {MAX_CEILING_COEFF:g}]"),
+)
 
 
 class GateError(ValueError):
-    def __init__(self, message: str, status: int = 400) -> None:
+    """A refusal: the patch's HTTP status and machine-readable reason."""
+
+    def __init__(self, message: str, status: int = 400, reason: str = "invalid_body") -> None:
         super().__init__(message)
         self.status = status
+        self.reason = reason
+
+
+def _check_knobs(where: str, knobs: dict) -> None:
+    for name, ok, expected in _KNOB_CHECKS:
+        if name in knobs and not ok(knobs[name]):
+            raise GateError(f"{where}: {name} must be {expected}, got {knobs[name]!r}")
+
+
+def normalize_config(cfg: Any) -> dict:
+    """The patch's `normalize_adaptive_config`: comment keys dropped, BS keys canonical, everything bounded."""
+    if not isinstance(cfg, dict):
+        raise GateError(f"config must be a JSON object of BS slots, got {type(cfg).__name__}")
+    clean: dict = {}
+    spelled: dict[str, str] = {}
+    for key, value in cfg.items():
+        if key.startswith("_"):
+            continue
+        if key.isascii() and key.isdigit():
+            if int(key) > MAX_RUNTIME_INT:
+                raise GateError(f"BS {key}: batch size out of range")
+            canonical = str(int(key))
+            if canonical in spelled:
+                raise GateError(f"BS keys {spelled[canonical]!r} and {key!r} name the same batch size")
+            spelled[canonical] = key
+            if not isinstance(value, dict):
+                raise GateError(f"BS {key}: slot must be a JSON object, got {value!r}")
+            unknown = sorted(k for k in value if k not in SLOT_KNOBS and not k.startswith("_"))
+            if unknown:
+                raise GateError(f"BS {key}: unknown keys {unknown}; allowed: {list(SLOT_KNOBS)}")
+            steps = value.get("candidate_steps")
+            if not isinstance(steps, list) or not steps or not all(_is_int(s, 0, MAX_CANDIDATE_STEP) for s in steps):
+                raise GateError(
+                    f"BS {key}: candidate_steps must be a non-empty list of ints in [0, {MAX_CANDIDATE_STEP}], "
+                    f"got {steps!r}"
+                )
+            _check_knobs(f"BS {key}", value)
+            clean[canonical] = {
+                k: list(v) if k == "candidate_steps" else v for k, v in value.items() if k in SLOT_KNOBS
+            }
+        elif key in SLOT_KNOBS and key != "candidate_steps":
+            _check_knobs("config", {key: value})
+            clean[key] = value
+        else:
+            raise GateError(
+                f"unknown top-level key {key!r}: use integer-string BS keys or slot defaults {list(SLOT_KNOBS[1:])}"
+            )
+    if not spelled:
+        raise GateError(
+            'config must contain at least one integer-string BS key, e.g. {"1": {"candidate_steps": [1, 3]}}'
+        )
+    return clean
+
+
+def parse_body(body: Any) -> dict[str, Any]:
+    """The patch's `parse_runtime_update_body`: GateError (400, invalid_body) for what it refuses."""
+    if not isinstance(body, dict):
+        raise GateError("body must be a JSON object")
+    unknown = sorted(set(body) - set(FIELDS))
+    if unknown:
+        raise GateError(f"unknown fields {unknown}; allowed: {list(FIELDS)}")
+    fields = dict(body)
+    if body.get("config") is not None:
+        fields["config"] = normalize_config(body["config"])
+    else:
+        fields.pop("config", None)
+    for flag in ("reset_config", "dry_run"):
+        if flag in body and not isinstance(body[flag], bool):
+            raise GateError(f"{flag} must be true or false")
+    if "config" in fields and body.get("reset_config"):
+        raise GateError("give either config or reset_config, not both")
+    gate = body.get("zero_steps_above_bs")
+    if gate is not None and not _is_int(gate, 0):
+        raise GateError(f"zero_steps_above_bs must be an int in [0, {MAX_RUNTIME_INT}] or null")
+    if "gate_min_dwell_steps" in body and not _is_int(body["gate_min_dwell_steps"], 0, MAX_GATE_MIN_DWELL_STEPS):
+        raise GateError(f"gate_min_dwell_steps must be an int in [0, {MAX_GATE_MIN_DWELL_STEPS}]")
+    expected = body.get("expected_generation")
+    if expected is not None and not _is_int(expected, 0):
+        raise GateError(f"expected_generation must be an int in [0, {MAX_RUNTIME_INT}]")
+    if (
+        "config" not in fields
+        and not body.get("reset_config")
+        and "zero_steps_above_bs" not in body
+        and "gate_min_dwell_steps" not in body
+    ):
+        raise GateError("nothing to change: give zero_steps_above_bs, gate_min_dwell_steps, config or reset_config")
+    return fields
 
 
 class StandInGate:
     """The gate's state on one stand-in engine; `generation` counts applied updates, as the patch's does."""
 
-    def __init__(self, engine: Engine, num_steps: int) -> None:
+    def __init__(self, engine: Engine, num_steps: int, *, admin_api_key: str | None = None) -> None:
         self.engine = engine
         self.num_steps = num_steps
+        self.admin_api_key = admin_api_key
         self.generation = 0
-        self.updates = {"applied": 0, "rejected": 0, "conflict": 0}
+        engine.set_gate(engine.zero_steps_above_bs, DEFAULT_GATE_MIN_DWELL_STEPS)
+        self.captured_steps = sorted({0, num_steps})
+        self.startup_config = {"1": {"candidate_steps": [num_steps]}}
+        self.config = self.startup_config
+        self.updates = dict.fromkeys(UPDATE_RESULTS, 0)
 
     def state(self) -> dict[str, Any]:
         engine = self.engine
+        engaged = engine.gated(engine.num_running)
         return {
             "generation": self.generation,
-            "active_steps": 0 if engine.gated(engine.num_running) else self.num_steps,
-            "captured_steps": sorted({0, self.num_steps}),
+            "active_steps": 0 if engaged else self.num_steps,
+            "captured_steps": self.captured_steps,
+            "captured_graph_bs": {str(step): None for step in self.captured_steps},  # no CUDA graphs
+            "cuda_graph_bs": None,
             "zero_steps_above_bs": engine.zero_steps_above_bs,
+            "gate_min_dwell_steps": engine.gate_min_dwell_steps,
+            "gate_engaged": engaged,
+            "gate_flips": engine.gate_flips_total,
+            "decision_errors": 0,
+            "config": self.config,
+            "slot_state": {
+                key: {"current_steps": self.num_steps, "ema_accept_len": 0.0, "batches_seen": 0} for key in self.config
+            },
             # The stand-in's own counters (not in the patch's reply): what the gate did so far.
             "decode_batches": engine.decode_batches_total,
             "zero_step_batches": engine.zero_step_batches_total,
-            "skip_zero_step_draft_extend": {
-                "override": engine.skip_zero_step_draft_extend,
-                "effective": engine.skip_zero_step_draft_extend,
-            },
         }
+
+    def authorize(self, authorization: str | None) -> None:
+        """The patch's admin-key check on POST (open while the stand-in has no key: see the module's note)."""
+        if self.admin_api_key is None:
+            return
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(), self.admin_api_key.encode()):
+            raise GateError("Unauthorized", 401, "unauthorized")
 
     def update(self, body: Any) -> dict[str, Any]:
         fields = parse_body(body)
@@ -72,60 +224,70 @@ class StandInGate:
                 f"expected_generation={expected} but the policy is at generation {self.generation}; re-read it and "
                 "retry",
                 409,
+                "stale_generation",
             )
-        if "config" in fields or fields.get("reset_config"):
-            self.updates["rejected"] += 1
-            raise GateError("the stand-in models the zero-step gate only: it has no slot config to replace")
+        config = self.startup_config if fields.get("reset_config") else fields.get("config", self.config)
+        for bs, slot in sorted((int(k), v) for k, v in config.items() if k.isdigit()):
+            missing = sorted(set(slot["candidate_steps"]) - set(self.captured_steps))
+            if missing:
+                self.updates["rejected"] += 1
+                raise GateError(
+                    f"BS {bs}: candidate_steps {missing} have no runtime state; only the step counts captured at "
+                    f"startup can be used: {self.captured_steps}. Restart with a --speculative-adaptive-config that "
+                    "lists them to make them available.",
+                    400,
+                    "rejected",
+                )
+        gate = fields.get("zero_steps_above_bs", self.engine.zero_steps_above_bs)
+        dwell = fields.get("gate_min_dwell_steps", self.engine.gate_min_dwell_steps)
         if fields.get("dry_run"):
-            return {**self.state(), "zero_steps_above_bs": fields.get("zero_steps_above_bs")}
-        if "zero_steps_above_bs" in fields:
-            self.engine.zero_steps_above_bs = fields["zero_steps_above_bs"]
-        if "skip_zero_step_draft_extend" in fields:
-            self.engine.skip_zero_step_draft_extend = bool(fields["skip_zero_step_draft_extend"])
+            return {**self.state(), "zero_steps_above_bs": gate, "gate_min_dwell_steps": dwell, "config": config}
+        self.engine.set_gate(gate, dwell)
+        self.config = config
         self.generation += 1
         self.updates["applied"] += 1
         return self.state()
 
 
-def parse_body(body: Any) -> dict[str, Any]:
-    """The patch's `parse_runtime_update_body` rules for what the stand-in models; GateError (400) otherwise."""
-    if not isinstance(body, dict):
-        raise GateError("body must be a JSON object")
-    unknown = sorted(set(body) - set(FIELDS))
-    if unknown:
-        raise GateError(f"unknown fields {unknown}; allowed: {list(FIELDS)}")
-    for flag in ("reset_config", "allow_eager_fallback", "dry_run"):
-        if flag in body and not isinstance(body[flag], bool):
-            raise GateError(f"{flag} must be true or false")
-    skip = body.get("skip_zero_step_draft_extend")
-    if skip is not None and not isinstance(skip, bool):
-        raise GateError("skip_zero_step_draft_extend must be true, false or null")
-    gate = body.get("zero_steps_above_bs")
-    if gate is not None and (not _is_int(gate) or gate < 0):
-        raise GateError(f"zero_steps_above_bs must be an int in [0, {MAX_RUNTIME_INT}] or null")
-    expected = body.get("expected_generation")
-    if expected is not None and (not _is_int(expected) or expected < 0):
-        raise GateError(f"expected_generation must be an int in [0, {MAX_RUNTIME_INT}]")
-    if body.get("config") is not None and body.get("reset_config"):
-        raise GateError("give either config or reset_config, not both")
-    if (
-        body.get("config") is None
-        and not body.get("reset_config")
-        and "zero_steps_above_bs" not in body
-        and "skip_zero_step_draft_extend" not in body
-    ):
-        raise GateError(
-            "nothing to change: give config, reset_config, zero_steps_above_bs or skip_zero_step_draft_extend"
+class GateMetrics(Collector):
+    """The patch's policy metrics beside the stand-in's `sglang:spec_adaptive_zero_steps_above_bs`."""
+
+    def __init__(self, gate: StandInGate, labels: dict[str, str]) -> None:
+        self._gate, self._labels = gate, labels
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        names, values = list(self._labels), list(self._labels.values())
+        generation = GaugeMetricFamily(
+            "sglang:spec_adaptive_policy_generation",
+            "Runtime adaptive-speculation policy updates applied since startup.",
+            labels=names,
         )
-    return {key: value for key, value in body.items() if key != "config" or value is not None}
+        generation.add_metric(values, self._gate.generation)
+        yield generation
+        updates = CounterMetricFamily(
+            "sglang:spec_adaptive_policy_updates",
+            "Runtime adaptive-speculation policy updates, by result (applied, rejected, conflict, failed).",
+            labels=[*names, "result"],
+        )
+        for result, count in self._gate.updates.items():
+            updates.add_metric([*values, result], count)
+        yield updates
 
 
 def gate_routes(gate: StandInGate) -> list[tuple[str, Any, list[str]]]:
+    def refusal(exc: GateError) -> JSONResponse:
+        body = {"success": False, "message": str(exc), "reason": exc.reason, "partial": False}
+        return JSONResponse(body, status_code=exc.status)
+
     async def read(request: Request) -> JSONResponse:
         state = gate.state()
         return JSONResponse({"success": True, "message": "", "state": state, "states": [state]})
 
     async def write(request: Request) -> JSONResponse:
+        try:
+            gate.authorize(request.headers.get("authorization"))
+        except GateError as exc:
+            return refusal(exc)
         raw = await request.body()
         try:
             if len(raw) > MAX_BODY_BYTES:
@@ -136,8 +298,10 @@ def gate_routes(gate: StandInGate) -> list[tuple[str, Any, list[str]]]:
                 raise GateError(str(exc) or "invalid JSON") from None
             state = gate.update(body)
         except GateError as exc:
-            return JSONResponse({"success": False, "message": str(exc), "partial": False}, status_code=exc.status)
-        message = "applied; takes effect from the next decode batch"
+            return refusal(exc)
+        message = (
+            "dry run: nothing applied" if body.get("dry_run") else "applied; takes effect from the next decode batch"
+        )
         return JSONResponse({"success": True, "message": message, "state": state, "states": [state]})
 
     return [("/speculative/adaptive", read, ["GET"]), ("/speculative/adaptive", write, ["POST"])]

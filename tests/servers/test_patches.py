@@ -1,15 +1,24 @@
 """patches/sglang-0.5.23 on the real 0.5.23 release (the one in the SGLang venv .ci/run builds), through
 `crossover patches`: applies, is idempotent, checks, reverts to the release byte for byte, refuses other releases
 and foreign edits. Then, on the patched tree and on CPU (GPU-only packages stubbed at import, nothing else), the
-suites in sglang_inside/ run in that venv: policy and validation, the controller, and the control path from the
+tests shipped beside the patch in SGLang's layout (patches/sglang-0.5.23/test/srt/) run in that venv: policy and
+validation, the controller, and the control path from the
 HTTP handler through the tokenizer side and SGLang's own scheduler dispatcher back to the reply.
+
+Writing is all or nothing: a write failing part-way, a planted temp-name link, a FIFO or undecodable bytes in the
+tree leave it byte for byte as it was; `revert` repairs a tree a cut-short run left half-applied.
 
 The release tree is never modified: each test patches a farm of symlinks to it (the patcher replaces a file, it
 never writes through one)."""
 
 from __future__ import annotations
 
+import argparse
+import errno
+import json
 import os
+import random
+import secrets
 import subprocess
 from pathlib import Path
 
@@ -17,12 +26,18 @@ import pytest
 
 from crossover.servers import patches
 from crossover.servers.sglang_check import SGLANG_VERSION, has_patch_test_dependencies, patch_test_site
+from crossover.servers.sim.engine import Engine
+from crossover.servers.sim.profile import load_profile
+from crossover.servers.sim.speculation_gate import UPDATE_RESULTS, GateError, StandInGate
 from tests.conftest import crossover_argv, missing_environment
 from tests.servers.conftest import SGLANG_VENV
+from tests.servers.sglang_inside.gate_bodies import BODIES
 
 HERE = Path(__file__).resolve().parent
 STUBS = HERE / "sglang_stubs"
 INSIDE = HERE / "sglang_inside"
+# The patch's own unittest files, in SGLang's test/srt/ layout: what an upstream PR would add.
+SRT_TESTS = patches.patch_dir() / "test" / "srt"
 SUITE_TIMEOUT_S = 600.0
 # On CPU the touched modules import with the GPU-only packages stubbed and the patch tests' packages added.
 CPU_IMPORT_PATH = os.pathsep.join(map(str, (STUBS, patch_test_site(SGLANG_VENV))))
@@ -138,6 +153,116 @@ def test_an_import_failure_puts_the_files_back(tree, patch_python):
     assert touched(tree) == before
 
 
+def entries(tree: Path) -> dict[str, object]:
+    """Every directory entry the patcher could touch, as it is: a link's target or a file's bytes."""
+    found: dict[str, object] = {}
+    for directory in {(tree / fp.path).parent for fp in patches.load_patches()}:
+        for entry in directory.iterdir():
+            key = str(entry.relative_to(tree))
+            if entry.is_symlink():
+                found[key] = ("link", os.readlink(entry))
+            elif entry.is_file():
+                found[key] = ("file", entry.read_bytes())
+    return found
+
+
+def cli(*argv: str) -> int:
+    """`crossover patches ...` in this process, so a test can inject a failure into it."""
+    args = argparse.Namespace(patches_command=argv[0], sglang=Path(argv[1]), python=None, no_import_check=True)
+    return patches._run(args)
+
+
+def test_a_write_failing_part_way_changes_nothing(tree, monkeypatch, capsys):
+    before = entries(tree)
+    real_replace, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 6:  # the sixth of nine files: five already replaced
+            raise OSError(errno.EIO, "Input/output error", str(dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(patches.os, "replace", replace)
+    assert cli("apply", str(tree)) == 1
+    error = capsys.readouterr().err
+    assert "writing the patched files failed: Input/output error" in error and "nothing was changed" in error
+    assert len(calls) == 6 + 5  # the five put back
+    assert entries(tree) == before  # byte for byte, links still links, no temporary left behind
+    monkeypatch.setattr(patches.os, "replace", real_replace)
+    assert cli("apply", str(tree)) == 0
+
+
+def test_a_planted_temp_name_link_is_not_followed(tree, tmp_path, monkeypatch):
+    outside = tmp_path / "outside.py"
+    outside.write_text("precious\n")
+    for fp in patches.load_patches():
+        file = tree / fp.path
+        for kind in ("new", "old"):
+            os.symlink(outside, file.parent / f".{file.name}.planted.crossover-{kind}")
+    before, real_token_hex = entries(tree), secrets.token_hex
+
+    monkeypatch.setattr(patches.secrets, "token_hex", lambda _n: "planted")  # every name taken
+    assert cli("apply", str(tree)) == 1
+    assert entries(tree) == before and outside.read_text() == "precious\n"
+
+    names = iter(["planted"])  # the first name tried is taken, the rest are fresh
+    monkeypatch.setattr(patches.secrets, "token_hex", lambda n: next(names, None) or real_token_hex(n))
+    assert cli("apply", str(tree)) == 0
+    assert outside.read_text() == "precious\n"
+    after = entries(tree)
+    assert all(after[name] == value for name, value in before.items() if "planted" in name)
+
+
+def test_a_fifo_or_undecodable_bytes_are_refused_with_a_message(tree, release, capsys):
+    fifo_path, binary_path = (fp.path for fp in patches.load_patches()[3:5])
+    fifo, binary = tree / fifo_path, tree / binary_path
+    fifo.unlink()
+    os.mkfifo(fifo)
+    before = entries(tree)
+    assert cli("apply", str(tree)) == 1
+    assert "not a regular file" in capsys.readouterr().err
+    assert entries(tree) == before
+
+    fifo.unlink()
+    os.symlink(release / fifo_path, fifo)  # the release's file again
+    binary.unlink()
+    binary.write_bytes(b"# \xff\xfe not utf-8\n")
+    before = entries(tree)
+    assert cli("revert", str(tree)) == 1
+    assert "not UTF-8 text" in capsys.readouterr().err
+    assert entries(tree) == before
+
+
+def test_revert_repairs_a_half_applied_tree_and_apply_finishes_one(tree, release):
+    before = touched(tree)
+    patches._rewrite(tree, patches.load_patches()[:5], reverse=False)  # a run cut short after five files
+    result = run_patches("check", "--sglang", str(tree))
+    assert result.returncode == 1 and "patches partially applied" in result.stdout
+    result = run_patches("revert", "--sglang", str(tree))
+    assert result.returncode == 0, result.stderr
+    assert touched(tree) == before == {path: (release / path).read_bytes() for path in before}
+
+    patches._rewrite(tree, patches.load_patches()[4:], reverse=False)
+    assert cli("apply", str(tree)) == 0
+    assert patches.check(tree)[0] == "applied"
+
+
+def test_check_reports_the_targets_starlette_and_refuses_below_the_floor(tree, patch_python):
+    assert cli("apply", str(tree)) == 0
+    result = run_patches("check", "--sglang", str(tree), python=patch_python)
+    assert result.returncode == 0, result.stderr
+    assert "Starlette 1." in result.stdout  # the SGLang environment's own
+
+    beside = tree / "starlette"  # tree/ stands for the site-packages that holds sglang/
+    beside.mkdir()
+    (beside / "__init__.py").write_text('__version__ = "0.46.2"\n')
+    result = run_patches("check", "--sglang", str(tree))
+    assert result.returncode == 1
+    assert "Starlette 0.46.2" in result.stderr and "below 1.0.1" in result.stderr
+    (beside / "__init__.py").write_text('__version__ = "1.0.1"\n')
+    assert run_patches("check", "--sglang", str(tree)).returncode == 0
+
+
 @pytest.fixture(scope="module")
 def patched(release: Path, patch_python: Path, tmp_path_factory) -> Path:
     root = symlink_farm(release, tmp_path_factory.mktemp("patched"))
@@ -146,12 +271,11 @@ def patched(release: Path, patch_python: Path, tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("suite", ["check_policy", "check_controller", "check_control_path"])
-def test_patched_source_on_cpu(suite, patched, patch_python):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (patched, CPU_IMPORT_PATH, INSIDE)))}
-    env.pop("SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND", None)
-    result = subprocess.run(
-        [str(patch_python), "-m", "unittest", "-v", suite],
+def run_inside(patched: Path, patch_python: Path, *argv: str) -> subprocess.CompletedProcess:
+    """`patch_python argv...` on the patched tree, on CPU, with the patch's tests and sglang_inside/ importable."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (patched, CPU_IMPORT_PATH, SRT_TESTS, INSIDE)))}
+    return subprocess.run(
+        [str(patch_python), *argv],
         capture_output=True,
         text=True,
         timeout=SUITE_TIMEOUT_S,
@@ -159,7 +283,48 @@ def test_patched_source_on_cpu(suite, patched, patch_python):
         cwd=patched,
         check=False,
     )
+
+
+@pytest.mark.timeout(SUITE_TIMEOUT_S)  # the TP suite starts two scheduler ranks, each importing SGLang
+@pytest.mark.parametrize("suite", sorted(path.stem for path in SRT_TESTS.glob("test_*.py")))
+def test_patched_source_on_cpu(suite, patched, patch_python):
+    result = run_inside(patched, patch_python, "-m", "unittest", "-v", suite)
     assert result.returncode == 0, result.stderr[-6000:]
     assert " OK" in result.stderr.splitlines()[-1] or result.stderr.rstrip().endswith("OK")
     # The suite ran against the patched tree, not the venv's release.
     assert "FAILED" not in result.stderr
+
+
+def test_the_stand_in_judges_every_body_as_the_patch_does(patched, patch_python):
+    """The same bodies through the patch's normalizer and controller (in the SGLang venv, the stand-in's captured
+    steps) and through the stand-in (in this process): the same status and reason for each; the same GET fields."""
+    result = run_inside(patched, patch_python, str(INSIDE / "gate_parity.py"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    patch = json.loads(result.stdout.splitlines()[-1])
+    profile = load_profile("llama8b-h200-eagle3")
+
+    def stand_in(body) -> list:
+        gate = StandInGate(Engine(profile, random.Random(0)), profile.speculative.num_steps)
+        try:
+            gate.update(body)
+        except GateError as exc:
+            return [exc.status, exc.reason]
+        return [200, ""]
+
+    assert profile.speculative.num_steps == 3  # gate_parity.py's captured steps are 0 and 3
+    verdicts = [stand_in(body) for body in BODIES]
+    differ = [(b, v, p) for b, v, p in zip(BODIES, verdicts, patch["verdicts"], strict=True) if v != p]
+    assert differ == [], differ
+    assert {status for status, _ in verdicts} == {200, 400, 409}
+    state = StandInGate(Engine(profile, random.Random(0)), 3).state()
+    assert sorted(set(state) - {"decode_batches", "zero_step_batches"}) == patch["get_fields"]
+    # The metrics the stand-in exports are the ones the patch adds.
+    text = (patches.patch_dir() / "runtime-speculation-gate.patch").read_text()
+    for name in ("zero_steps_above_bs", "policy_generation", "policy_updates_total"):
+        assert f'name="sglang:spec_adaptive_{name}"' in text
+    assert "by result (applied, rejected, conflict, failed)" in text and UPDATE_RESULTS == (
+        "applied",
+        "rejected",
+        "conflict",
+        "failed",
+    )

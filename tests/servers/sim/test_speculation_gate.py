@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import httpx
@@ -12,16 +13,22 @@ from crossover.servers.sim.engine import Engine, Sequence
 from crossover.servers.sim.profile import load_profile
 
 
-def post(url: str, body) -> httpx.Response:
+def post(url: str, body, key: str | None = None) -> httpx.Response:
     content = body if isinstance(body, bytes) else None
     kwargs = {"content": content} if content is not None else {"json": body}
-    return httpx.post(url + "/speculative/adaptive", timeout=10, trust_env=False, **kwargs)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(url + "/speculative/adaptive", timeout=10, trust_env=False, headers=headers, **kwargs)
 
 
-def test_the_endpoint_validates_as_the_patch_does(sim):
+def read(url: str) -> dict:
+    return httpx.get(url + "/speculative/adaptive", timeout=10, trust_env=False).json()["state"]
+
+
+def test_the_endpoint_validates_and_answers_as_the_patch_does(sim):
     server = sim("llama8b-h200-eagle3", "--speculation-gate")
-    state = httpx.get(server.url + "/speculative/adaptive", timeout=10, trust_env=False).json()["state"]
+    state = read(server.url)
     assert state["zero_steps_above_bs"] is None and state["generation"] == 0 and state["active_steps"] == 3
+    assert state["gate_min_dwell_steps"] == 32 and state["captured_steps"] == [0, 3]
 
     for bad in (
         b"{not json",
@@ -33,22 +40,43 @@ def test_the_endpoint_validates_as_the_patch_does(sim):
         {"zero_steps_above_bs": 10**30},
         {"dry_run": "yes", "zero_steps_above_bs": 1},
         {"zero_step_above_bs": 1},
-        {"config": {"1": {"candidate_steps": [0, 3]}}},  # the stand-in has no slots to replace
+        {"skip_zero_step_draft_extend": True},  # no longer part of the API
+        {"config": {"1": {"candidate_steps": [3], "ceiling_coeff": 1e308}}},
     ):
         response = post(server.url, bad)
         assert response.status_code == 400, (bad, response.text)
-        assert response.json()["success"] is False
-    assert httpx.get(server.url + "/speculative/adaptive", timeout=10).json()["state"]["generation"] == 0
+        assert response.json()["success"] is False and response.json()["reason"] == "invalid_body"
+    response = post(server.url, {"config": {"1": {"candidate_steps": [0, 5]}}})  # 5 was not captured
+    assert (response.status_code, response.json()["reason"]) == (400, "rejected")
+    assert read(server.url)["generation"] == 0
 
     response = post(server.url, {"zero_steps_above_bs": 16})
     assert response.status_code == 200
     assert response.json()["state"]["zero_steps_above_bs"] == 16 and response.json()["state"]["generation"] == 1
-    assert post(server.url, {"zero_steps_above_bs": None, "expected_generation": 0}).status_code == 409
+    stale = post(server.url, {"zero_steps_above_bs": None, "expected_generation": 0})
+    assert (stale.status_code, stale.json()["reason"]) == (409, "stale_generation")
     assert post(server.url, {"zero_steps_above_bs": None, "expected_generation": 1}).json()["state"] == {
         **response.json()["state"],
         "zero_steps_above_bs": None,
         "generation": 2,
     }
+    config = {"1": {"candidate_steps": [0, 3]}}
+    assert post(server.url, {"config": config, "gate_min_dwell_steps": 4}).status_code == 200
+    assert (read(server.url)["config"], read(server.url)["gate_min_dwell_steps"]) == (config, 4)
+
+    metrics = httpx.get(server.url + "/metrics", timeout=10).text
+    assert 'sglang:spec_adaptive_policy_generation{model_name="meta-llama/Llama-3.1-8B-Instruct"} 3.0' in metrics
+    for result, count in (("applied", 3), ("rejected", 1), ("conflict", 1), ("failed", 0)):
+        assert f'result="{result}"}} {count}.0' in metrics
+
+
+def test_post_needs_the_admin_key_the_stand_in_was_given(sim):
+    server = sim("llama8b-h200-eagle3", "--speculation-gate", "--admin-api-key", "admin-secret")
+    for key in (None, "wrong"):
+        response = post(server.url, {"zero_steps_above_bs": 8}, key)
+        assert (response.status_code, response.json()["reason"]) == (401, "unauthorized")
+    assert post(server.url, {"zero_steps_above_bs": 8}, "admin-secret").status_code == 200
+    assert read(server.url)["zero_steps_above_bs"] == 8  # reading stays open
 
 
 def test_an_unpatched_stand_in_has_no_endpoint(sim):
@@ -74,6 +102,16 @@ def test_a_zero_step_costs_a_plain_decode_plus_one_draft_extend(name):
         plain_step = plain_costs.decode_s(batch, context, batch)
         assert skipped == pytest.approx(plain_step, rel=0.02)  # the 1-token verify is a plain decode pass
         assert plain_step < zero < spec_costs.decode_s(batch, context, batch)
+
+
+def test_a_batch_hovering_at_the_gate_flips_at_most_once_per_dwell():
+    engine = Engine(load_profile("llama8b-h200-eagle3"), random.Random(0))
+    engine.set_gate(4, 8)
+    decisions = [engine._gate_decide(4 + i % 2) for i in range(200)]
+    flips = sum(a != b for a, b in itertools.pairwise(decisions))
+    assert 0 < flips <= 200 // 8 + 1 and engine.gate_flips_total == flips
+    engine.set_gate(None, 8)
+    assert engine._gate_decide(100) is False  # removing the gate never waits
 
 
 def test_batches_above_the_gate_take_zero_steps():

@@ -10,7 +10,7 @@ the GPU-package stubs in cpu_import_stubs/); see the README.
 
 import asyncio
 import json
-import os
+import threading
 import types
 import unittest
 from unittest import mock
@@ -29,6 +29,8 @@ from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParam
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 GRAPH_BS = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48]
+ADMIN_KEY = "admin-secret"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 def wire(obj):
@@ -46,7 +48,6 @@ class FakeEagleWorker:
     def __init__(self, steps=3):
         self.speculative_num_steps = steps
         self.speculative_num_draft_tokens = steps + 1
-        self.skip_zero_step_draft_extend = None
         self.adaptive_controller = AdaptiveController(self, AdaptiveSpeculativeParams(initial_steps=steps))
         self.adaptive_controller.register(_state(steps))
         self.adaptive_controller.init_states(cuda_graph_bs=GRAPH_BS)
@@ -115,8 +116,9 @@ class FakeTokenizerManager(TokenizerControlMixin):
 
 
 class FakeRequest:
-    def __init__(self, body):
+    def __init__(self, body, headers=None):
         self._body = body
+        self.headers = headers if headers is not None else ADMIN
 
     async def json(self):
         if isinstance(self._body, bytes):
@@ -126,18 +128,23 @@ class FakeRequest:
 
 class TestControlPath(unittest.TestCase):
     def setUp(self):
-        patcher = mock.patch.object(internal_state, "get_parallel", lambda: types.SimpleNamespace(pp_size=1))
-        patcher.start()
-        self.addCleanup(patcher.stop)
-        os.environ.pop("SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND", None)
+        parallel = mock.patch.object(
+            internal_state, "get_parallel", lambda: types.SimpleNamespace(pp_size=1, tp_size=1)
+        )
+        parallel.start()
+        self.addCleanup(parallel.stop)
+        self.serving = types.SimpleNamespace(admin_api_key=ADMIN_KEY, api_key=None)
+        serving = mock.patch.object(http_server, "get_serving", lambda: self.serving)
+        serving.start()
+        self.addCleanup(serving.stop)
         self.worker = FakeEagleWorker()
         self.tm = FakeTokenizerManager(fake_scheduler(self.worker))
         http_server.set_global_state(
             types.SimpleNamespace(tokenizer_manager=self.tm, template_manager=None, scheduler_info={})
         )
 
-    def post(self, body):
-        resp = asyncio.run(http_server.update_speculative_adaptive(FakeRequest(body)))
+    def post(self, body, headers=None):
+        resp = asyncio.run(http_server.update_speculative_adaptive(FakeRequest(body, headers)))
         return resp.status_code, json.loads(resp.body)
 
     def get(self):
@@ -166,19 +173,29 @@ class TestControlPath(unittest.TestCase):
         self.assertEqual(body["state"]["captured_steps"], [0, 1, 3, 5, 7])
         self.assertIsNone(body["state"]["zero_steps_above_bs"])
 
-        status, body = self.post({"zero_steps_above_bs": 16, "skip_zero_step_draft_extend": True})
+        status, body = self.post({"zero_steps_above_bs": 16, "gate_min_dwell_steps": 8})
         self.assertEqual(status, 200, body)
-        self.assertEqual(body["state"]["zero_steps_above_bs"], 16)
-        self.assertEqual(body["state"]["skip_zero_step_draft_extend"], {"override": True, "effective": True})
-        self.assertTrue(self.worker.skip_zero_step_draft_extend)
+        self.assertEqual((body["state"]["zero_steps_above_bs"], body["state"]["gate_min_dwell_steps"]), (16, 8))
+        self.assertNotIn("skip_zero_step_draft_extend", body["state"])
         self.worker.adaptive_controller.activate_step_by_batch(30)
         self.assertEqual(self.worker.speculative_num_steps, 0)
+        self.assertTrue(self.get()[1]["state"]["gate_engaged"])
 
-        status, body = self.post({"zero_steps_above_bs": None, "skip_zero_step_draft_extend": None})
+        status, body = self.post({"zero_steps_above_bs": None})
         self.assertEqual(status, 200, body)
         self.assertIsNone(body["state"]["zero_steps_above_bs"])
-        self.assertIsNone(self.worker.skip_zero_step_draft_extend)
         self.assertEqual(body["state"]["generation"], 2)
+
+    def test_post_needs_the_admin_key(self):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": ADMIN_KEY}):
+            status, body = self.post({"zero_steps_above_bs": 8}, headers)
+            self.assertEqual((status, body["reason"]), (401, "unauthorized"), headers)
+        self.serving.admin_api_key = None  # started without --admin-api-key: refused, whatever is sent
+        for headers in ({}, ADMIN, {"Authorization": "Bearer anything"}):
+            status, body = self.post({"zero_steps_above_bs": 8}, headers)
+            self.assertEqual((status, body["reason"]), (403, "admin_api_key_required"), headers)
+        self.assertEqual(self.tm.sent, [])
+        self.assertEqual(self.get()[0], 200)  # reading stays open (the middleware decides, as for any admin read)
 
     def test_rejections_map_to_http_status(self):
         status, body = self.post({"zero_steps_above_bs": "16"})
@@ -187,22 +204,31 @@ class TestControlPath(unittest.TestCase):
         status, body = self.post(b"{not json")
         self.assertEqual(status, 400)
 
+        self.assertEqual(body["reason"], "invalid_body")
+
         status, body = self.post({"config": {"1": {"candidate_steps": [2]}}})
-        self.assertEqual(status, 400)
+        self.assertEqual((status, body["reason"]), (400, "rejected"))
         self.assertIn("only the step counts captured at startup", body["message"])
 
         status, body = self.post({"reset_config": True, "expected_generation": 5})
-        self.assertEqual(status, 409)
+        self.assertEqual((status, body["reason"]), (409, "stale_generation"))
         self.assertEqual(self.get()[1]["state"]["generation"], 0)
+
+    def test_a_stale_writer_is_refused(self):
+        generation = self.get()[1]["state"]["generation"]
+        self.assertEqual(self.post({"zero_steps_above_bs": 8, "expected_generation": generation})[0], 200)
+        status, body = self.post({"zero_steps_above_bs": 32, "expected_generation": generation})
+        self.assertEqual((status, body["reason"]), (409, "stale_generation"))
+        self.assertEqual(self.get()[1]["state"]["zero_steps_above_bs"], 8)
 
     def test_server_without_adaptive_says_why(self):
         self.worker.adaptive_controller = None
         status, body = self.post({"zero_steps_above_bs": 8})
-        self.assertEqual(status, 400)
+        self.assertEqual((status, body["reason"]), (501, "not_applicable"))
         self.assertIn("--speculative-adaptive", body["message"])
         self.tm.scheduler.spec_algorithm = SpeculativeAlgorithm.from_string(None)
         status, body = self.get()
-        self.assertEqual(status, 400)
+        self.assertEqual((status, body["reason"]), (501, "not_applicable"))
         self.assertIn("not enabled", body["message"])
 
     def test_a_request_travels_the_whole_path(self):
@@ -228,11 +254,12 @@ class TestControlPath(unittest.TestCase):
             raise RuntimeError("boom")
 
         self.worker.adaptive_controller.runtime_config = broken
-        status, body = self.get()
-        self.assertEqual(status, 400)
-        self.assertIn("internal error", body["message"])
-        status, body = self.post({"zero_steps_above_bs": 4})
-        self.assertEqual(status, 400)
+        with self.assertLogs(internal_state.logger, "ERROR"):
+            status, body = self.get()
+            self.assertEqual((status, body["reason"]), (500, "failed"))
+            self.assertIn("internal error", body["message"])
+            status, body = self.post({"zero_steps_above_bs": 4})
+        self.assertEqual((status, body["reason"]), (500, "failed"))
         self.assertIn("internal error", body["message"])
 
     def test_metrics_follow_every_update(self):
@@ -241,6 +268,7 @@ class TestControlPath(unittest.TestCase):
         self.post({"config": {"1": {"candidate_steps": [2]}}})
         self.post({"reset_config": True, "expected_generation": 0})
         self.post({"zero_steps_above_bs": None, "dry_run": True})
+        self.post({"zero_steps_above_bs": 8}, headers={})  # refused before the scheduler: not counted there
         self.assertEqual(collector.updates, ["applied", "rejected", "conflict"])
         self.assertEqual(collector.policy[-1], (16, 1))
 
@@ -277,6 +305,100 @@ class TestControlPath(unittest.TestCase):
         self.assertEqual(
             registry.get_sample_value("sglang:spec_adaptive_policy_updates_total", {**labels, "result": "applied"}), 1
         )
+
+
+class TestTwoRanks(unittest.TestCase):
+    """Two TP ranks, each a Scheduler with the real dispatcher and handlers, exchanging their votes as
+    all_gather_object over the TP CPU group would: an update that does not land alike on both is rolled
+    back on both."""
+
+    def setUp(self):
+        parallel = mock.patch.object(
+            internal_state, "get_parallel", lambda: types.SimpleNamespace(pp_size=1, tp_size=2)
+        )
+        parallel.start()
+        self.addCleanup(parallel.stop)
+        self.workers = [FakeEagleWorker(), FakeEagleWorker()]
+        self.schedulers = [fake_scheduler(w) for w in self.workers]
+        barrier, votes = threading.Barrier(2, timeout=60), [None, None]
+
+        def all_gather(rank):
+            def gather(obj):
+                votes[rank] = obj
+                barrier.wait()
+                gathered = list(votes)
+                barrier.wait()
+                return gathered
+
+            return gather
+
+        for rank, sched in enumerate(self.schedulers):
+            sched.internal_state._tp_all_gather = all_gather(rank)
+
+    def broadcast(self, request):
+        """Every rank handles the same request at the same point, as after broadcast_pyobj."""
+        replies = [None, None]
+
+        def run(rank):
+            replies[rank] = wire(self.schedulers[rank]._request_dispatcher(wire(request)))
+
+        threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return replies
+
+    def policies(self):
+        return [w.adaptive_controller.policy_digest() for w in self.workers]
+
+    def update(self, **fields):
+        return io_struct.UpdateSpecAdaptiveConfigReqInput(**fields)
+
+    def test_ranks_that_agree_apply(self):
+        replies = self.broadcast(self.update(set_zero_steps_above_bs=True, zero_steps_above_bs=8))
+        self.assertTrue(all(r.success for r in replies), replies)
+        a, b = self.policies()
+        self.assertEqual(a, b)
+        self.assertEqual([w.adaptive_controller.generation for w in self.workers], [1, 1])
+
+    def test_a_rank_local_failure_rolls_every_rank_back(self):
+        before = self.policies()
+
+        def fail(*_args, **_kwargs):
+            raise RuntimeError("injected on rank 1")
+
+        self.workers[1].adaptive_controller.params.replace_config = fail
+        with self.assertLogs(internal_state.logger, "ERROR"):
+            replies = self.broadcast(
+                self.update(
+                    config={"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0]}},
+                    set_zero_steps_above_bs=True,
+                    zero_steps_above_bs=8,
+                )
+            )
+        self.assertEqual([(r.success, r.reason) for r in replies], [(False, "failed")] * 2)
+        self.assertIn("rolled back", replies[0].message)
+        self.assertEqual(self.policies(), before)
+        self.assertEqual([w.adaptive_controller.generation for w in self.workers], [0, 0])
+        for w in self.workers:
+            w.adaptive_controller.activate_step_by_batch(20)
+        self.assertEqual([w.speculative_num_steps for w in self.workers], [3, 3])
+
+    def test_a_rank_that_applied_something_else_rolls_every_rank_back(self):
+        before = self.policies()
+        controller = self.workers[0].adaptive_controller
+        with (
+            mock.patch.object(controller, "policy_digest", lambda: "something else"),
+            self.assertLogs(internal_state.logger, "ERROR"),
+        ):
+            replies = self.broadcast(self.update(set_zero_steps_above_bs=True, zero_steps_above_bs=8))
+        self.assertFalse(any(r.success for r in replies))
+        self.assertEqual(self.policies(), before)
+
+    def test_a_rejection_alike_on_every_rank_is_a_rejection(self):
+        replies = self.broadcast(self.update(config={"1": {"candidate_steps": [2]}}))
+        self.assertEqual([(r.success, r.reason) for r in replies], [(False, "rejected")] * 2)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ candidate step, apply_runtime_state() swaps the active one.
 """
 
 import unittest
+from unittest import mock
 
 from sglang.srt.speculative.adaptive_runtime_state import (
     AdaptiveController,
@@ -73,8 +74,9 @@ class TestControllerUpdate(unittest.TestCase):
         c.activate_step_by_batch(20)
         self.assertEqual(worker.speculative_num_steps, 3)
 
-        state = c.update_runtime_config(set_zero_steps_above_bs=True, zero_steps_above_bs=16)
+        state = c.update_runtime_config(set_zero_steps_above_bs=True, zero_steps_above_bs=16, gate_min_dwell_steps=0)
         self.assertEqual(state["generation"], 1)
+        self.assertEqual((state["gate_min_dwell_steps"], state["gate_engaged"]), (0, False))
         self.assertEqual(worker.speculative_num_steps, 3)  # nothing activated yet
         c.activate_step_by_batch(20)  # next decode batch
         self.assertEqual(worker.speculative_num_steps, 0)
@@ -98,15 +100,14 @@ class TestControllerUpdate(unittest.TestCase):
                 c.update_runtime_config(**kwargs)
         self.assertEqual(c.runtime_config(), before)
 
-    def test_eager_fallback_must_be_explicit(self):
-        worker, c = started_controller()
+    def test_a_policy_that_would_run_eager_is_refused(self):
+        _worker, c = started_controller()
         cfg = {"1": {"candidate_steps": [7]}, "8": {"candidate_steps": [7]}}
         with self.assertRaisesRegex(ValueError, "steps=7 at cuda-graph bs"):
             c.update_runtime_config(config=cfg)
-        state = c.update_runtime_config(config=cfg, allow_eager_fallback=True)
-        self.assertEqual(state["eager_fallback"]["7"], [8, 12, 16, 24, 32, 40, 48])
-        c.activate_step_by_batch(30)
-        self.assertEqual(worker.speculative_num_steps, 7)
+        with self.assertRaises(TypeError):  # no switch to allow it any more
+            c.update_runtime_config(config=cfg, allow_eager_fallback=True)
+        self.assertEqual((c.generation, c.params.config()["1"]["candidate_steps"]), (0, [1, 3, 5, 7]))
 
     def test_gate_without_zero_state_is_rejected(self):
         _worker, c = started_controller(cfg={"1": {"candidate_steps": [1, 3]}})
@@ -131,6 +132,62 @@ class TestControllerUpdate(unittest.TestCase):
         c.update_runtime_config(config={"1": {"candidate_steps": [7]}})
         c.activate_step_by_batch(40)
         self.assertEqual(worker.speculative_num_steps, 7)
+
+
+class TestDecisionFaults(unittest.TestCase):
+    """A fault in the adaptive decision (result processing, the forward's activation) keeps the step."""
+
+    def test_an_overflowing_slot_keeps_the_scheduler_running(self):
+        worker, c = started_controller()
+        # A slot as the release would build it from an unchecked ceiling_coeff: 1e308.
+        slot = c.params._slots[1]
+        slot.ceiling_coeff, slot.warmup_batches, slot.update_interval = 1e308, 0, 1
+        with self.assertLogs("sglang.srt.speculative.adaptive_runtime_state", "ERROR") as logs:
+            for _ in range(20):
+                c.on_verify_complete([7], batch_size=1)  # raised OverflowError in the release
+                c.activate_step_by_batch(1)
+        self.assertEqual(worker.speculative_num_steps, 3)
+        self.assertGreater(c.decision_errors, 1)
+        self.assertEqual(len(logs.records), 1)  # logged once
+        self.assertEqual(c.runtime_config()["decision_errors"], c.decision_errors)
+
+    def test_any_exception_and_an_uncaptured_step_keep_the_step(self):
+        worker, c = started_controller()
+
+        def broken(*_args, **_kwargs):
+            raise RuntimeError("injected")
+
+        with (
+            mock.patch.object(c.params, "get_steps_for_batch", broken),
+            mock.patch.object(c.params, "on_verify_complete", broken),
+        ):
+            c.activate_step_by_batch(30)
+            c.on_verify_complete([1, 1], batch_size=2)
+        with mock.patch.object(c.params, "get_steps_for_batch", lambda _bs: 2):  # no state for 2
+            c.activate_step_by_batch(30)
+        self.assertEqual(worker.speculative_num_steps, 3)
+        self.assertEqual(c.decision_errors, 3)
+        c.activate_step_by_batch(100)  # and decisions go on
+        self.assertEqual(worker.speculative_num_steps, 0)
+
+
+class TestRollback(unittest.TestCase):
+    def test_restore_undoes_slots_gate_and_generation(self):
+        worker, c = started_controller()
+        before, digest = c.runtime_config(), c.policy_digest()
+        snapshot = c.snapshot()
+        c.update_runtime_config(
+            config={"1": {"candidate_steps": [1]}, "4": {"candidate_steps": [0]}},
+            set_zero_steps_above_bs=True,
+            zero_steps_above_bs=8,
+            gate_min_dwell_steps=5,
+        )
+        self.assertNotEqual(c.policy_digest(), digest)
+        c.restore(snapshot)
+        self.assertEqual(c.policy_digest(), digest)
+        self.assertEqual(c.runtime_config(), before)
+        c.activate_step_by_batch(20)
+        self.assertEqual(worker.speculative_num_steps, 3)
 
 
 if __name__ == "__main__":

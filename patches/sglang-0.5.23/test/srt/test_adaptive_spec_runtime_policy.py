@@ -1,17 +1,27 @@
-"""Pure policy logic of the runtime adaptive-spec patch (no GPU, no server).
+"""Pure policy logic of the runtime adaptive-spec patch (no GPU, no server): the one config
+schema and its bounds, the zero-step gate and its dwell, slot replacement, graph coverage, the POST body.
 
 Needs only the patched sglang tree on PYTHONPATH (plus a `triton` import stub,
 because `sglang/__init__` imports it); run with `python -m unittest`.
 """
 
+import itertools
+import json
+import random
+import tempfile
 import unittest
+from unittest import mock
 
 from sglang.srt.speculative import adaptive_spec_params as asp
 from sglang.srt.speculative.adaptive_spec_params import (
     DEFAULT_ADAPTIVE_CONFIG,
     AdaptiveSpeculativeParams,
+    AdaptiveStepSlot,
+    ZeroStepGate,
     graph_coverage_gaps,
+    normalize_adaptive_config,
     parse_runtime_update_body,
+    resolve_candidate_steps_from_config,
     validate_runtime_adaptive_config,
     validate_zero_steps_above_bs,
 )
@@ -88,12 +98,23 @@ class TestGate(unittest.TestCase):
     def test_zero_steps_above_bs_then_back_on(self):
         p = make_params()
         self.assertEqual(p.get_steps_for_batch(20), 3)  # slot "8": [0, 1, 3]
-        p.set_zero_steps_above_bs(16)
+        p.set_zero_steps_above_bs(16, min_dwell_steps=0)
         self.assertEqual(p.get_steps_for_batch(16), 3)
         self.assertEqual(p.get_steps_for_batch(17), 0)
         self.assertEqual(p.get_steps_for_batch(48), 0)
         p.set_zero_steps_above_bs(None)
         self.assertEqual(p.get_steps_for_batch(17), 3)
+
+    def test_a_new_setting_applies_at_the_next_batch_whatever_the_dwell(self):
+        p = make_params()
+        p.set_zero_steps_above_bs(16, min_dwell_steps=1000)
+        self.assertEqual(p.get_steps_for_batch(17), 0)
+        p.set_zero_steps_above_bs(None)  # removing the gate never waits
+        self.assertEqual(p.get_steps_for_batch(17), 3)
+        p.set_zero_steps_above_bs(16)
+        self.assertEqual(p.get_steps_for_batch(40), 0)
+        p.set_zero_steps_above_bs(64)
+        self.assertEqual(p.get_steps_for_batch(40), make_params().get_steps_for_batch(40))
 
     def test_gated_batches_do_not_feed_the_ema(self):
         p = make_params()
@@ -101,6 +122,7 @@ class TestGate(unittest.TestCase):
         slot = p._route(20)
         before = (slot.ema_accept_len, slot._batch_count, slot.current_steps)
         for _ in range(50):
+            self.assertEqual(p.get_steps_for_batch(20), 0)
             self.assertIsNone(p.on_verify_complete([0] * 20, batch_size=20))
         self.assertEqual((slot.ema_accept_len, slot._batch_count, slot.current_steps), before)
 
@@ -108,6 +130,170 @@ class TestGate(unittest.TestCase):
         p = make_params()
         p.set_zero_steps_above_bs(0)
         self.assertEqual({p.get_steps_for_batch(b) for b in range(1, 60)}, {0})
+
+
+class TestGateHysteresis(unittest.TestCase):
+    """A batch hovering at N flips the gate at most once per dwell, and says so at most once a minute."""
+
+    STEPS = 1000
+
+    def hover(self, dwell, n=16):
+        p = make_params()
+        p.set_zero_steps_above_bs(n, min_dwell_steps=dwell)
+        steps = [p.get_steps_for_batch(n + (i % 2)) for i in range(self.STEPS)]
+        return p, sum(a != b for a, b in itertools.pairwise(steps))
+
+    def test_without_a_dwell_every_step_flips(self):
+        _p, flips = self.hover(dwell=0)
+        self.assertEqual(flips, self.STEPS - 1)
+
+    def test_the_default_dwell_bounds_the_flips(self):
+        p, flips = self.hover(dwell=asp.DEFAULT_GATE_MIN_DWELL_STEPS)
+        self.assertGreater(flips, 0)
+        self.assertLessEqual(flips, self.STEPS // asp.DEFAULT_GATE_MIN_DWELL_STEPS + 1)
+        self.assertEqual(p.gate.flips, flips)
+        for dwell in (1, 7, 100, asp.MAX_GATE_MIN_DWELL_STEPS):
+            with self.subTest(dwell=dwell):
+                self.assertLessEqual(self.hover(dwell)[1], self.STEPS // dwell + 1)
+
+    def test_a_steady_load_is_not_delayed_by_the_dwell(self):
+        p = make_params()
+        p.set_zero_steps_above_bs(16)
+        self.assertEqual([p.get_steps_for_batch(b) for b in (20, 20, 20)], [0, 0, 0])
+
+    def test_flips_are_logged_at_most_once_per_interval(self):
+        now = [0.0]
+        lines = []
+        gate = ZeroStepGate(clock=lambda: now[0])
+        gate.configure(16, min_dwell_steps=0)
+        with mock.patch.object(asp, "log_info_on_rank0", lambda _logger, msg: lines.append(msg)):
+            for i in range(500):
+                gate.decide(16 + (i % 2))
+            self.assertEqual(len(lines), 1)
+            now[0] += asp.GATE_LOG_INTERVAL_S
+            gate.decide(16)
+            gate.decide(17)
+        self.assertEqual(len(lines), 2)
+        self.assertIn("flips since the last line", lines[1])
+
+
+class TestBounds(unittest.TestCase):
+    """Every knob at its type's extremes is refused, or accepted and harmless in the decision loop."""
+
+    EXTREMES = (
+        1e308,
+        -1e308,
+        float("inf"),
+        float("-inf"),
+        float("nan"),
+        5e-324,
+        -5e-324,
+        10**400,
+        -(10**400),
+        2**31,
+        2**31 - 1,
+        -(2**31),
+        2**63,
+        0,
+        -1,
+        1,
+        0.5,
+        True,
+        None,
+        "1",
+        [],
+        {},
+    )
+
+    def test_ceiling_coeff_1e308_would_crash_the_release_slot(self):
+        # What the bound prevents: the unbounded knob raises inside the scheduler's result processing.
+        slot = AdaptiveStepSlot(
+            3, {"candidate_steps": [1, 3, 5], "ceiling_coeff": 1e308, "warmup_batches": 0, "update_interval": 1}
+        )
+        with self.assertRaises(OverflowError):
+            for _ in range(5):
+                slot.update([5])
+        with self.assertRaisesRegex(ValueError, "ceiling_coeff"):
+            normalize_adaptive_config({"1": {"candidate_steps": [1, 3, 5], "ceiling_coeff": 1e308}})
+
+    def drive(self, cfg):
+        p = make_params(cfg)
+        p.set_zero_steps_above_bs(16, min_dwell_steps=3)
+        rng = random.Random(0)
+        for _ in range(300):
+            bs = rng.choice([*GRAPH_BS, 3, 17, 100, 2**31 - 1])
+            steps = p.get_steps_for_batch(bs)
+            p.on_verify_complete([rng.randint(0, max(steps, 0)) for _ in range(3)], batch_size=bs)
+        return p
+
+    def test_every_knob_at_every_extreme(self):
+        accepted = 0
+        for knob in asp.SLOT_KNOBS[1:]:
+            for value in self.EXTREMES:
+                for cfg in (
+                    {"1": {"candidate_steps": [0, 1, 3, 5, 7], knob: value}},
+                    {knob: value, "1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0, 3]}},
+                ):
+                    with self.subTest(knob=knob, value=value, top_level=knob in cfg):
+                        try:
+                            clean = normalize_adaptive_config(cfg)
+                        except ValueError:
+                            continue
+                        accepted += 1
+                        self.drive(clean)  # no exception in the decision loop
+        self.assertGreater(accepted, 20)
+
+    def test_steps_batch_sizes_and_the_gate_at_their_extremes(self):
+        for steps in ([0, 64], [64], [2**31 - 1], [-1], [65], [10**400]):
+            with self.subTest(steps=steps):
+                try:
+                    clean = normalize_adaptive_config({"1": {"candidate_steps": steps}})
+                except ValueError:
+                    self.assertTrue(any(s < 0 or s > asp.MAX_CANDIDATE_STEP for s in steps))
+                    continue
+                self.drive({**clean, "64": {"candidate_steps": [0]}})
+        self.drive({"1": {"candidate_steps": [0, 3]}, str(2**31 - 1): {"candidate_steps": [0]}})
+        with self.assertRaisesRegex(ValueError, "out of range"):
+            normalize_adaptive_config({str(2**31): {"candidate_steps": [0]}})
+        for gate in (0, 2**31 - 1):
+            p = make_params()
+            p.set_zero_steps_above_bs(gate)
+            ungated = make_params().get_steps_for_batch(40)
+            self.assertEqual(p.get_steps_for_batch(40), 0 if gate == 0 else ungated)
+            self.assertEqual(graph_coverage_gaps(p.required_graph_bs_by_step(gate), startup_capture(p)), {})
+
+
+class TestOneSchema(unittest.TestCase):
+    """The startup file and a runtime update go through one normalizer."""
+
+    def load(self, cfg):
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+            json.dump(cfg, f)
+            f.flush()
+            params = AdaptiveSpeculativeParams(initial_steps=INITIAL_STEPS, cfg_path=f.name)
+            return params, resolve_candidate_steps_from_config(f.name)
+
+    def test_a_startup_file_with_comments_can_be_reset_to(self):
+        p, union = self.load({"_comment": "tuned", "ema_alpha": 0.3, "01": {"candidate_steps": [0, 3], "_why": "x"}})
+        self.assertEqual(union, [0, 3])
+        self.assertEqual(p.startup_config, {"ema_alpha": 0.3, "1": {"candidate_steps": [0, 3]}})
+        validate_runtime_adaptive_config(p.startup_config, union)  # what reset_config checks
+
+    def test_what_the_runtime_refuses_the_startup_refuses(self):
+        for cfg, pattern in (
+            ({"1": {"candidate_steps": [1]}, "typo_key": 1}, "unknown top-level key 'typo_key'"),
+            ({"1": {"candidate_steps": [1], "ema_aplha": 0.1}}, "unknown keys"),
+            ({"1": {"candidate_steps": [1]}, "01": {"candidate_steps": [3]}}, "name the same batch size"),
+            ({"1": {"candidate_steps": [1], "ceiling_coeff": 1e308}}, "ceiling_coeff"),
+        ):
+            with self.subTest(cfg=cfg):
+                with self.assertRaisesRegex(ValueError, pattern):
+                    self.load(cfg)
+                with self.assertRaisesRegex(ValueError, pattern):
+                    parse_runtime_update_body({"config": cfg})
+
+    def test_the_default_config_passes(self):
+        self.assertEqual(normalize_adaptive_config(DEFAULT_ADAPTIVE_CONFIG), DEFAULT_ADAPTIVE_CONFIG)
 
 
 class TestReplaceConfig(unittest.TestCase):
@@ -204,10 +390,16 @@ class TestParseBody(unittest.TestCase):
             ({"dry_run": "yes", "zero_steps_above_bs": 1}, "dry_run"),
             ({"config": {"1": {"candidate_steps": [1]}}, "reset_config": True}, "not both"),
             ({"config": {}}, "at least one integer-string BS key"),
-            ({"config": {"1": {"candidate_steps": [10**30]}}}, "non-negative ints"),
+            ({"config": {"1": {"candidate_steps": [10**30]}}}, r"list of ints in \[0, 64\]"),
             ({"config": {"1": {"candidate_steps": [1], "update_interval": 0}}}, "update_interval"),
             ({"config": {"1": {"candidate_steps": [1], "ema_alpha": float("nan")}}}, "ema_alpha"),
-            ({"config": {"1": {"candidate_steps": [True]}}}, "non-negative ints"),
+            ({"config": {"1": {"candidate_steps": [True]}}}, r"list of ints in \[0, 64\]"),
+            ({"config": {"1": {"candidate_steps": [1], "ceiling_coeff": 1e308}}}, "ceiling_coeff"),
+            ({"skip_zero_step_draft_extend": True}, "unknown fields"),
+            ({"zero_steps_above_bs": 1, "allow_eager_fallback": True}, "unknown fields"),
+            ({"gate_min_dwell_steps": -1}, "gate_min_dwell_steps"),
+            ({"gate_min_dwell_steps": 10**6}, "gate_min_dwell_steps"),
+            ({"gate_min_dwell_steps": 1.0}, "gate_min_dwell_steps"),
             ({"config": {"1": [1]}}, "JSON object"),
             ({"zero_step_above_bs": 1}, "unknown fields"),
         ]
