@@ -33,7 +33,7 @@ from crossover.gateway import metrics as labels
 from crossover.gateway._http1 import pump
 from crossover.gateway.admission import Admission
 from crossover.gateway.auth import client_keys
-from crossover.gateway.client_http import CLIENT_LINK
+from crossover.gateway.client_http import CHUNK, CLIENT_LINK
 from crossover.gateway.config import Settings, TimeoutSettings
 from crossover.gateway.errors import (
     BackendAnswered,
@@ -164,7 +164,9 @@ class Exchange(Request):
         "writing_since",
     )
     # As a stream's relay (gateway/_http1.py's `Relay`): whole events pass on from the backend connection's read
-    # callback; an error event, or part of an event, waits for the task (`_deliver`).
+    # callback, framed as the client's connection frames them; an error event, or part of an event, waits for the
+    # task (`_deliver`).
+    frame = CHUNK
     ends = EVENT_ENDS
     mark = ERROR_MARK
 
