@@ -34,9 +34,8 @@ from crossover.gateway.errors import (
 )
 from crossover.gateway.failover import Failure, Outgoing, classify_error, classify_response
 from crossover.gateway.failover import endpoint as backend_target
-from crossover.gateway.headers import POOL, request_headers
+from crossover.gateway.headers import request_headers
 from crossover.gateway.lifecycle import check_body, check_head
-from crossover.gateway.metrics import NO_POOL
 from crossover.gateway.policy import FALLBACK
 from crossover.gateway.pools import Backend
 from crossover.gateway.proxy import PARSED, Exchange, ProxyEndpoint, first_wait_s
@@ -223,8 +222,7 @@ class DirectExchange(Exchange):
 
     def _answer_error(self, error: GatewayError) -> None:
         self.outcome = error.outcome
-        extra = [(POOL, self.pool.encode())] if self.pool != NO_POOL else []
-        status, headers, body = error_answer(error, self.request_id, extra)
+        status, headers, body = error_answer(error, self.request_id, self._error_headers())
         self.response_started = self.link.respond(status, headers, body)
         self.end(0)
 

@@ -6,9 +6,11 @@
 Two drivers run these steps. A coroutine (gateway/proxy.py's `Exchange.run`) may wait - for a body, a request
 slot, a switch, a connection, a failover. The read callbacks of the client's and the backend's connections
 (gateway/direct.py's `DirectExchange`) run them for a request that needs to wait for nothing, with no task.
-Either way a request holds what it takes on its `Request` - its admission slot, its backend's lease (or the
-`Opened` response that holds one), its mode lease, its place in `Live.requests` - and `end` gives it all back
-and counts the request, once, on every exit: an answer, an error, a cut, a shutdown, or a step that raised.
+The steps that need no waiting are written here once, for both: the checks (`check_head`, `check_body`) and what
+the client gets of a backend's whole answer (`Request._whole`). Either way a request holds what it takes on its
+`Request` - its admission slot, its backend's lease (or the `Opened` response that holds one), its mode lease, its
+place in `Live.requests` - and `end` gives it all back and counts the request, once, on every exit: an answer,
+an error, a cut, a shutdown, or a step that raised.
 
 A step that raises unexpectedly is logged, and the client still gets an answer (`failed_unexpectedly`): a 500
 `internal gateway error` if nothing was sent yet, an error event and `data: [DONE]` if its stream began, nothing
@@ -23,7 +25,8 @@ from typing import TYPE_CHECKING
 
 from crossover.gateway import metrics as labels
 from crossover.gateway.auth import authorize_client
-from crossover.gateway.errors import GatewayError, Unavailable
+from crossover.gateway.errors import BackendAnswered, GatewayError, Unavailable, backend_error_body
+from crossover.gateway.headers import POOL, SHOULD_RETRY, response_headers
 from crossover.gateway.metrics import NO_POOL
 from crossover.gateway.validation import Generation, parse_generation
 
@@ -38,6 +41,7 @@ log = logging.getLogger("crossover.proxy")
 
 SHUTDOWN_MESSAGE = "the gateway is shutting down; retry the request"
 INTERNAL_ERROR = "internal gateway error"
+JSON = (b"content-type", b"application/json")
 
 
 def check_head(endpoint: ProxyEndpoint, headers: list[tuple[bytes, bytes]]) -> None:
@@ -130,3 +134,30 @@ class Request:
         error = GatewayError(INTERNAL_ERROR)
         self.outcome = error.outcome
         return error
+
+    # -- settle: the client's answer, whichever driver writes it ----------------------------------------------
+
+    def _whole(self, status: int, backend_headers: list[tuple[bytes, bytes]], body: bytes):
+        """(status, headers, body) of a whole backend response as the client gets it; its outcome is set."""
+        headers = response_headers(backend_headers)
+        if status >= 400:
+            body = backend_error_body(status, body)
+            headers = [(name, value) for name, value in headers if name != b"content-type"] + [JSON]
+            if status >= 500:  # SGLang's 500 is about the request: an SDK's retry would only repeat it
+                headers.append((SHOULD_RETRY, b"false"))
+            self.outcome = BackendAnswered(status, "").outcome
+        else:
+            self.outcome = labels.OK
+        headers.append((b"content-length", b"%d" % len(body)))
+        return status, self._own(headers), body
+
+    def _own(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """`headers` with the gateway's own added: the response begins."""
+        self.response_started = True
+        headers.append((POOL, self.pool.encode()))
+        headers.append((b"x-request-id", self.request_id))
+        return headers
+
+    def _error_headers(self) -> list[tuple[bytes, bytes]]:
+        """The gateway's own headers on an error response."""
+        return [(POOL, self.pool.encode())] if self.pool != NO_POOL else []

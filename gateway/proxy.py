@@ -46,15 +46,14 @@ from crossover.gateway.errors import (
     RequestTimeout,
     ShuttingDown,
     Unavailable,
-    backend_error_body,
     error_body,
     openai_type,
     send_error,
 )
 from crossover.gateway.failover import Failover, Opened, Outgoing
-from crossover.gateway.headers import POOL, SHOULD_RETRY, request_id, response_headers
+from crossover.gateway.headers import request_id, response_headers
 from crossover.gateway.lifecycle import SHUTDOWN_MESSAGE, Request, check_body, check_head
-from crossover.gateway.metrics import NO_POOL, Metrics
+from crossover.gateway.metrics import Metrics
 from crossover.gateway.policy import FALLBACK
 from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
@@ -72,7 +71,6 @@ from crossover.gateway.transport import backend_timeout
 
 log = logging.getLogger("crossover.proxy")
 
-_JSON = (b"content-type", b"application/json")
 # An unfinished SSE event longer than this is passed on as it is (the backend is not speaking SSE).
 MAX_PENDING_BYTES = 1024 * 1024
 # How long the last words (an error response or event) may take to reach a client that stopped reading.
@@ -372,20 +370,6 @@ class Exchange(Request):
         self.response_ended = True
         return usage_tokens(body) if status == 200 else 0
 
-    def _whole(self, status: int, backend_headers: list[tuple[bytes, bytes]], body: bytes):
-        """(status, headers, body) of a whole backend response as the client gets it; its outcome is set."""
-        headers = response_headers(backend_headers)
-        if status >= 400:
-            body = backend_error_body(status, body)
-            headers = [(name, value) for name, value in headers if name != b"content-type"] + [_JSON]
-            if status >= 500:  # SGLang's 500 is about the request: an SDK's retry would only repeat it
-                headers.append((SHOULD_RETRY, b"false"))
-            self.outcome = BackendAnswered(status, "").outcome
-        else:
-            self.outcome = labels.OK
-        headers.append((b"content-length", b"%d" % len(body)))
-        return status, self._own(headers), body
-
     async def _send_stream(self, opened: Opened) -> int:
         response = opened.response
         # Chunks go out as they come, cut at the last complete event: if the backend fails mid-event, the
@@ -560,13 +544,6 @@ class Exchange(Request):
 
     # -- answers --------------------------------------------------------------------------------------
 
-    def _own(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        """`headers` with the gateway's own added: the response begins."""
-        self.response_started = True
-        headers.append((POOL, self.pool.encode()))
-        headers.append((b"x-request-id", self.request_id))
-        return headers
-
     async def _tell(self, error: GatewayError) -> None:
         """Tell a client that is still there: an error response, or an error event if the stream began; nothing
         once its response is complete. A client that stopped reading does not get to hold the request open."""
@@ -577,7 +554,7 @@ class Exchange(Request):
         try:
             async with asyncio.timeout(LAST_WORDS_TIMEOUT_S):
                 if not self.response_started:
-                    extra = [(POOL, self.pool.encode())] if self.pool != NO_POOL else []
+                    extra = self._error_headers()
                     if self.body_unread:
                         extra.append((b"connection", b"close"))
                     await send_error(self.send, error, self.request_id, extra)

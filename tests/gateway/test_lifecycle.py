@@ -86,7 +86,7 @@ FAULTS = {
     "choose": ("gateway.failover.Failover.choose", "gateway.failover.Failover.choose"),
     "send": ("gateway._http1.Http1Transport.dispatch", "gateway._http1.Http1Transport.open"),
     "sent": ("gateway.direct.DirectExchange._dispatched", None),  # between the write and the bookkeeping
-    "settle": ("gateway.proxy.Exchange._whole", "gateway.proxy.Exchange._whole"),
+    "settle": ("gateway.lifecycle.Request._whole", "gateway.lifecycle.Request._whole"),
     "relay": (None, "gateway.proxy.Exchange._deliver"),  # a stream's pieces after its first
     "cut": ("gateway.direct.DirectExchange._expire", "gateway.proxy.Exchange._deadline_passed"),
 }
