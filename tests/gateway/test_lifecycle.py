@@ -13,7 +13,7 @@ import json
 import httpx
 import pytest
 
-from tests.gateway.gateway_helpers import Scripted, chat, sse_events
+from tests.gateway.gateway_helpers import Scripted, chat, sse_events, wait_until
 
 HUGE = "1" + "0" * 4999  # 5,000 digits: more than int() converts (sys.get_int_max_str_digits)
 SSE = [(b"content-type", b"text/event-stream")]
@@ -50,12 +50,16 @@ def post(gw, stream: bool) -> httpx.Response:
 
 
 def assert_balanced(gw, requests: int) -> None:
-    """Nothing of the requests is left in flight anywhere, and each is counted exactly once."""
+    """Nothing of the requests is left in flight anywhere, and each is counted exactly once. (A client may have its
+    answer before the request's end ran: waited for.)"""
+
+    def counted() -> float:
+        return sum(value for (name, _), value in gw.samples().items() if name == "crossover_requests_total")
+
+    wait_until(lambda: counted() >= requests and not gw.app.live.requests, what="every request ended")
     gw.settled()
+    assert counted() == requests
     assert gw.state.admission.active == 0
-    assert not gw.app.live.requests
-    counted = sum(value for (name, _), value in gw.samples().items() if name == "crossover_requests_total")
-    assert counted == requests
 
 
 @pytest.mark.parametrize("lane", list(LANES))
