@@ -55,9 +55,10 @@ MaybeRequest = httpx.Request | None  # only for httpx's exceptions to carry
 class Relay(Protocol):
     """What `pump` hands a streamed body's pieces to from the connection's read callback itself, while its task
     waits (gateway/proxy.py's Exchange is one). While `out` (the client's transport) is set, a piece that ends with
-    one of `ends` and holds no `mark` is written to it as one HTTP/1.1 chunk - if it is not closing and holds no
-    unsent bytes - then recorded in `previous_chunk`, `last_chunk` and `last_chunk_at` (event-loop time); any other
-    piece wakes the task, which delivers it after whatever came before. `out` is None whenever a piece must not
+    one of `ends` and holds no `mark` is written to it as `frame % (len(piece), piece)`, framed as the client's
+    connection frames a piece (an HTTP/1.1 chunk: gateway/client_http.py's CHUNK) - if it is not closing and holds
+    no unsent bytes - then recorded in `previous_chunk`, `last_chunk` and `last_chunk_at` (event-loop time); any
+    other piece wakes the task, which delivers it after whatever came before. `out` is None whenever a piece must not
     skip its task: the request is ending, part of an event is held back, the client's connection refused a
     request behind it.
 
@@ -65,6 +66,7 @@ class Relay(Protocol):
     token, the callback (README, "Performance")."""
 
     out: asyncio.WriteTransport | None
+    frame: bytes
     ends: tuple[bytes, ...]
     mark: bytes
     previous_chunk: bytes
@@ -468,7 +470,7 @@ class _Connection(asyncio.Protocol):
                 and not out.is_closing()
                 and not out.get_write_buffer_size()  # a client behind: its task waits for it to catch up
             ):
-                out.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                out.write(relay.frame % (len(piece), piece))
                 chunks.clear()
                 relay.previous_chunk, relay.last_chunk = relay.last_chunk, piece
                 relay.last_chunk_at = self.loop.time()  # the wait's bound runs from here (`_wait_timer`)

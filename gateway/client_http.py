@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("crossover.client_http")
 
 CLIENT_LINK = "crossover.client_link"
+# One piece of a chunked response body as the client reads it: `CHUNK % (len(piece), piece)`.
+CHUNK = b"%x\r\n%s\r\n"
 # How long a refused connection's further input is read and dropped before it is closed.
 LINGER_S = 2.0
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
@@ -276,7 +278,7 @@ class ClientLink:
         if not self.takes_body():
             return False
         cycle = self.cycle
-        framed = b"%x\r\n%s\r\n" % (len(body), body) if body else b""
+        framed = CHUNK % (len(body), body) if body else b""
         if more_body:
             self._protocol.transport.write(framed)
             return True

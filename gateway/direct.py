@@ -10,19 +10,21 @@ that change, a third less CPU per non-streamed request than the ordinary path (R
 
 Everything else goes the ordinary way (gateway/proxy.py), decided before anything is sent: a stream, a body
 still arriving, an error to answer, a queue to wait in, a connection to make, the time-shared topology,
-another ASGI server or transport. Once the request is out, the lane ends it exactly as `Exchange` would, on
-the same rules and with the same words: a failure that may fail over goes on as an ordinary coroutine from the
-next backend (`_carry_on`); a deadline, a client that leaves and a shutdown cut the backend connection and
-answer at once. A request here is in `Live.requests`, holds its slot and its backend's lease like any other,
-and is accounted for once, by `Exchange._account`.
+another ASGI server or transport. The lane is the callbacks' driver of the request's steps (gateway/lifecycle.py),
+not a second sequence of them: once it takes a request slot, the request is the lane's, and it ends exactly as
+`Exchange` would, on the same rules and with the same words: a failure that may fail over goes on as an
+ordinary coroutine from the next backend (`_carry_on`); a deadline, a client that leaves and a shutdown cut the
+backend connection and answer at once; a step that raises is answered by `_fault`, every callback's guard. A
+request here is in `Live.requests`, holds its slot and its backend's lease like any other, and is accounted for
+once, by `Request.end`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from crossover.gateway._http1 import Http1Transport, _Connection
-from crossover.gateway.auth import authorize_client
 from crossover.gateway.client_http import ClientLink
 from crossover.gateway.errors import (
     BackendTimeout,
@@ -32,13 +34,14 @@ from crossover.gateway.errors import (
 )
 from crossover.gateway.failover import Failure, Outgoing, classify_error, classify_response
 from crossover.gateway.failover import endpoint as backend_target
-from crossover.gateway.headers import POOL, request_headers
-from crossover.gateway.metrics import NO_POOL
+from crossover.gateway.headers import request_headers
+from crossover.gateway.lifecycle import check_body, check_head
 from crossover.gateway.policy import FALLBACK
 from crossover.gateway.pools import Backend
 from crossover.gateway.proxy import PARSED, Exchange, ProxyEndpoint, first_wait_s
 from crossover.gateway.sse import usage_tokens
-from crossover.gateway.validation import parse_generation
+
+log = logging.getLogger("crossover.proxy")
 
 
 class DirectExchange(Exchange):
@@ -55,55 +58,59 @@ class DirectExchange(Exchange):
 
     @classmethod
     def offer(cls, endpoint: ProxyEndpoint, scope, body: bytes, link: ClientLink) -> bool:
-        """Send the request to its backend now, if nothing has to wait: True once sent, False (with nothing done)
-        to leave the request to the ordinary path."""
+        """Send the request to its backend now, if nothing has to wait: True once it is the lane's (sent, or
+        answered), False (with nothing done) to leave the request to the ordinary path."""
         sender = endpoint.failover.sender
         if (
             type(sender) is not Http1Transport
             or not endpoint.topology.direct_lane
-            or endpoint.live.shutting_down
             or scope.get("http_version") == "1.0"
             or len(body) > endpoint.settings.limits.max_body_bytes
         ):
             return False
         try:
-            authorize_client(scope["headers"], endpoint.api_keys)
-            generation = parse_generation(body, endpoint.pools.model_names())
-        except Exception:  # answered (or logged) the ordinary way
+            check_head(endpoint, scope["headers"])
+            generation = check_body(endpoint, body)
+            if not generation.stream and cls._send(endpoint, scope, body, link, sender):
+                return True
+        except Exception:  # before a slot was taken: answered (or logged) the ordinary way
             return False
-        if not generation.stream and cls._send(endpoint, scope, body, link, sender):
-            return True
         scope[PARSED] = (body, generation)  # for the ordinary way
         return False
 
     @classmethod
     def _send(cls, endpoint: ProxyEndpoint, scope, body: bytes, link: ClientLink, sender: Http1Transport) -> bool:
+        """admit, route, choose and send, if none of them has to wait: True once the request is the lane's."""
         pool, reason = endpoint.route()
         # Only looked at until the request is sent: if it goes the ordinary way, that way chooses the same.
         backend = endpoint.failover.choose(pool, set(), turn=False)
-        if backend is None or not endpoint.admission.take_free():
+        if backend is None:
             return False
         exchange = cls(endpoint, scope, link)
-        headers = request_headers(scope["headers"], exchange.request_id, backend.api_key)
-        # The deadlines `Exchange` keeps: the whole answer within `non_stream` (else `total`), all within `total`.
-        timeouts, now = exchange.timeouts, exchange.loop.time()
-        due = now + first_wait_s(timeouts, stream=False)
-        target = backend_target(backend.url, exchange.target())
-        conn = sender.dispatch(target, headers, body, exchange._settled, due, exchange._timed_out_direct)
-        if conn is None:
-            endpoint.admission.release()
+        if not endpoint.admission.take_free():
             return False
-        endpoint.pools.turn()
-        exchange._dispatched(conn, backend, pool, reason, body, now + timeouts.total)
+        exchange.admitted = True  # from here on the request is the lane's, and `end` accounts for it
+        try:
+            headers = request_headers(scope["headers"], exchange.request_id, backend.api_key)
+            # The deadlines `Exchange` keeps: the whole answer within `non_stream` (else `total`), all within `total`.
+            timeouts, now = exchange.timeouts, exchange.loop.time()
+            due = now + first_wait_s(timeouts, stream=False)
+            target = backend_target(backend.url, exchange.target())
+            exchange.conn = sender.dispatch(target, headers, body, exchange._settled, due, exchange._timed_out_direct)
+            if exchange.conn is None:  # no idle connection: the ordinary way makes one
+                exchange.admitted = False
+                endpoint.admission.release()
+                return False
+            endpoint.pools.turn()
+            exchange._dispatched(backend, pool, reason, body, now + timeouts.total)
+        except Exception:
+            exchange._fault()
         return True
 
-    def _dispatched(
-        self, conn: _Connection, backend: Backend, pool: str, reason: str, body: bytes, total_due: float
-    ) -> None:
+    def _dispatched(self, backend: Backend, pool: str, reason: str, body: bytes, total_due: float) -> None:
         endpoint = self.endpoint
-        self.admitted = True
         self.lease = endpoint.pools.lease(backend)
-        self.conn, self.backend, self.route_pool, self.reason = conn, backend, pool, reason
+        self.backend, self.route_pool, self.reason = backend, pool, reason
         self.pool = pool  # until the backend answers: where the request was headed
         self.body, self.body_unread, self.total_due = body, False, total_due
         endpoint.live.requests.add(self)
@@ -112,30 +119,38 @@ class DirectExchange(Exchange):
     # -- the backend's side ---------------------------------------------------------------------------
 
     def _settled(self, conn: _Connection) -> None:
-        """The backend's answer is whole, or its connection failed (called from the connection's callbacks)."""
-        self.conn = None
+        """The backend's answer is whole, or its connection failed (the connection's callback): `_settle`, guarded."""
+        try:
+            self._settle(conn)
+        except Exception:
+            self._fault()
+
+    def _settle(self, conn: _Connection) -> None:
         backend, sender = self.backend, self.endpoint.failover.sender
         if conn.error is not None:
             kind, message = conn.error
+            self.conn = None
             sender.release(conn)  # closed: it failed
-            self._failed(classify_error(kind(message), backend.pool))
+            self._backend_failed(classify_error(kind(message), backend.pool))
             return
         status, headers, body = conn.answer()
         failure = classify_response(status, body, False, backend.pool, headers)
         if failure is not None:
+            self.conn = None
             sender.release(conn)
-            self._failed(failure)
+            self._backend_failed(failure)
             return
         self.pool = backend.pool
         answer = self._whole(status, headers, body)
-        self.link.respond(*answer)  # first: the rest is bookkeeping (a client that left has ended the request)
+        self.conn = None
         sender.release(conn)  # pooled again if the server keeps it open
+        self.response_ended = self.link.respond(*answer)
         endpoint = self.endpoint
         endpoint.failover.answered(backend, status)
         endpoint.metrics.routed(self.pool, self.reason if self.pool == self.route_pool else FALLBACK)
-        self._account(usage_tokens(body) if status == 200 else 0)
+        self.end(usage_tokens(body) if status == 200 else 0)
 
-    def _failed(self, failure: Failure) -> None:
+    def _backend_failed(self, failure: Failure) -> None:
         """The backend failed the request before the client saw a byte: on to the next backend as an ordinary
         coroutine if the failure allows, else the error it ends with."""
         self.lease.release()
@@ -156,8 +171,6 @@ class DirectExchange(Exchange):
             await self._close(tokens)
 
     async def _reopen(self, tried: set[Backend]) -> int:
-        if self.cut is not None:  # cut before the coroutine began: it ends as the cut says (`_timed_out`)
-            raise TimeoutError
         endpoint = self.endpoint
         self._move_deadline(min(self.total_due, self.loop.time() + first_wait_s(self.timeouts, stream=False)))
         outgoing = Outgoing(
@@ -168,6 +181,13 @@ class DirectExchange(Exchange):
     # -- ending early ---------------------------------------------------------------------------------
 
     def _timed_out_direct(self, conn: _Connection) -> None:
+        """No answer by the deadline (the connection's timer): `_expire`, guarded."""
+        try:
+            self._expire(conn)
+        except Exception:
+            self._fault()
+
+    def _expire(self, conn: _Connection) -> None:
         self.conn = None
         conn.close()  # the backend hears it (SGLang aborts the request)
         limit = first_wait_s(self.timeouts, stream=False)
@@ -179,11 +199,18 @@ class DirectExchange(Exchange):
             return
         if self.finished or self.cut is not None:
             return
+        try:
+            self._cut_short(why)
+        except Exception:
+            self._fault()
+
+    def _cut_short(self, why: GatewayError) -> None:
+        """Cut while the backend's answer is awaited: the backend hears it at once, and the client is answered."""
         self.cut = why
         self._abandon()
         if isinstance(why, ClientGone):
             self.outcome = why.outcome
-            self._account(0)
+            self.end(0)
         else:
             self._answer_error(why)
 
@@ -195,7 +222,24 @@ class DirectExchange(Exchange):
 
     def _answer_error(self, error: GatewayError) -> None:
         self.outcome = error.outcome
-        extra = [(POOL, self.pool.encode())] if self.pool != NO_POOL else []
-        status, headers, body = error_answer(error, self.request_id, extra)
+        status, headers, body = error_answer(error, self.request_id, self._error_headers())
         self.response_started = self.link.respond(status, headers, body)
-        self._account(0)
+        self.end(0)
+
+    def _fault(self) -> None:
+        """The guard of the steps run from callbacks, one of which raised: the backend connection given up, the
+        client told what it is still owed, and the request ended, whatever fails on the way. (A coroutine that
+        carries the request on has its own: `Exchange._failed`.)"""
+        try:
+            conn, self.conn = self.conn, None
+            if conn is not None:
+                conn.settled = conn.expired = None
+                conn.close()
+            error = self.failed_unexpectedly()
+            if error is not None:
+                self._answer_error(error)
+        except Exception:  # nothing more can be said: the client sees its connection close rather than wait
+            log.exception("request %s could not be answered", self.request_id.decode(errors="replace"))
+            self.link.abort()
+        finally:
+            self.end(0)

@@ -32,8 +32,8 @@ import httpx
 from crossover.gateway import metrics as labels
 from crossover.gateway._http1 import pump
 from crossover.gateway.admission import Admission
-from crossover.gateway.auth import authorize_client, client_keys
-from crossover.gateway.client_http import CLIENT_LINK, ClientLink
+from crossover.gateway.auth import client_keys
+from crossover.gateway.client_http import CHUNK, CLIENT_LINK
 from crossover.gateway.config import Settings, TimeoutSettings
 from crossover.gateway.errors import (
     BackendAnswered,
@@ -46,16 +46,16 @@ from crossover.gateway.errors import (
     RequestTimeout,
     ShuttingDown,
     Unavailable,
-    backend_error_body,
     error_body,
     openai_type,
     send_error,
 )
 from crossover.gateway.failover import Failover, Opened, Outgoing
-from crossover.gateway.headers import POOL, SHOULD_RETRY, request_id, response_headers
-from crossover.gateway.metrics import NO_POOL, Metrics
+from crossover.gateway.headers import request_id, response_headers
+from crossover.gateway.lifecycle import SHUTDOWN_MESSAGE, Request, check_body, check_head
+from crossover.gateway.metrics import Metrics
 from crossover.gateway.policy import FALLBACK
-from crossover.gateway.pools import Lease, Pools
+from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
 from crossover.gateway.sse import (
     DONE,
@@ -66,20 +66,16 @@ from crossover.gateway.sse import (
     split_events,
     usage_tokens,
 )
-from crossover.gateway.switching import Lease as ModeLease
 from crossover.gateway.switching import SwitchUnavailable
 from crossover.gateway.topology import Topology
 from crossover.gateway.transport import backend_timeout
-from crossover.gateway.validation import parse_generation
 
 log = logging.getLogger("crossover.proxy")
 
-_JSON = (b"content-type", b"application/json")
 # An unfinished SSE event longer than this is passed on as it is (the backend is not speaking SSE).
 MAX_PENDING_BYTES = 1024 * 1024
 # How long the last words (an error response or event) may take to reach a client that stopped reading.
 LAST_WORDS_TIMEOUT_S = 1.0
-SHUTDOWN_MESSAGE = "the gateway is shutting down; retry the request"
 # The scope key under which the direct lane leaves (body, Generation) of a request it read and left to this
 # path (a stream, say), so that the body is not parsed twice (gateway/direct.py).
 PARSED = "crossover.parsed"
@@ -142,71 +138,46 @@ class ProxyEndpoint:
         return self.topology.route(None)
 
 
-class Exchange:
-    """One request, from its first byte in to its last byte out. `run` accounts for it on every exit."""
+class Exchange(Request):
+    """One request driven by a coroutine, from its first byte in to its last byte out (the steps and the guard
+    that accounts for it on every exit: gateway/lifecycle.py)."""
 
     # One is made per request: slots make its two dozen fields cheaper to set and read.
     __slots__ = (
-        "admitted",
         "body_unread",
         "cut",
         "deadline",
-        "endpoint",
-        "finished",
         "last_chunk",
         "last_chunk_at",
-        "lease",
-        "link",
         "loop",
-        "mode_lease",
-        "opened",
         "out",
-        "outcome",
         "pending",
-        "pool",
         "previous_chunk",
-        "request_id",
-        "response_started",
         "scope",
         "send",
-        "started",
         "stream_error",
         "streaming",
         "taken",
         "timeouts",
-        "timer",
         "writing_since",
     )
     # As a stream's relay (gateway/_http1.py's `Relay`): whole events pass on from the backend connection's read
-    # callback; an error event, or part of an event, waits for the task (`_deliver`).
+    # callback, framed as the client's connection frames them; an error event, or part of an event, waits for the
+    # task (`_deliver`).
+    frame = CHUNK
     ends = EVENT_ENDS
     mark = ERROR_MARK
 
     def __init__(self, endpoint: ProxyEndpoint, scope, send) -> None:
-        self.endpoint = endpoint
+        super().__init__(endpoint, request_id(scope["headers"]), scope.get("extensions", {}).get(CLIENT_LINK))
         self.scope = scope
         self.send = send
-        self.started = time.perf_counter()
-        self.request_id = request_id(scope["headers"])
-        # Our server's line to the client's connection (gateway/client_http.py); None under another server.
-        self.link: ClientLink | None = scope.get("extensions", {}).get(CLIENT_LINK)
         # The connection's loop, where there is one: asyncio.get_running_loop() is a getpid() system call.
         self.loop = asyncio.get_running_loop() if self.link is None else self.link.loop
-        timeouts = endpoint.settings.timeouts
-        self.timeouts = timeouts
+        self.timeouts = endpoint.settings.timeouts
         self.deadline: asyncio.Timeout | None = None
         # Why the deadline was expired early: the error the request ends with (the first reason wins).
         self.cut: GatewayError | None = None
-        # Time-shared: the request's place on the active mode.
-        self.mode_lease: ModeLease | None = None
-        self.finished = False
-        self.opened: Opened | None = None
-        self.admitted = False
-        # A backend's place held outside an Opened (gateway/direct.py).
-        self.lease: Lease | None = None
-        self.pool = NO_POOL
-        self.outcome = labels.BACKEND_ERROR
-        self.response_started = False
         # Until the whole body is in, an early answer must close the connection: the rest is still coming.
         self.body_unread = True
         # Backend silence and blocked client writes are timed apart: only the first is the backend's.
@@ -217,7 +188,6 @@ class Exchange:
         self.streaming = False
         # A backend's own error event in the stream (passed on reshaped): the failure the request counts as.
         self.stream_error: BackendAnswered | None = None
-        self.timer: asyncio.TimerHandle | None = None
         # The last chunk streamed to the client: an error event must not be glued to half an event. Only the last
         # two are kept: the usage event, if any, sits just before [DONE].
         self.last_chunk = self.previous_chunk = b""
@@ -226,25 +196,19 @@ class Exchange:
         self.out: asyncio.WriteTransport | None = None
 
     async def run(self, receive) -> None:
+        """The steps, from the first to `end`, whatever happens between."""
         endpoint = self.endpoint
         watcher: asyncio.Task | None = None
         tokens = 0
         endpoint.live.requests.add(self)
         try:
             try:
-                if endpoint.live.shutting_down:
-                    raise Unavailable(SHUTDOWN_MESSAGE)
-                authorize_client(self.scope["headers"], endpoint.api_keys)
+                check_head(endpoint, self.scope["headers"])
                 body = await self._read_body(receive)
                 parsed = self.scope.pop(PARSED, None)  # what the direct lane read of it, if it looked
-                if parsed is not None and parsed[0] == body:
-                    generation = parsed[1]
-                else:
-                    generation = parse_generation(body, endpoint.pools.model_names())
-            except GatewayError as exc:
-                self.outcome = exc.outcome
-                if not isinstance(exc, ClientGone):
-                    await self._tell(exc)
+                generation = parsed[1] if parsed is not None and parsed[0] == body else check_body(endpoint, body)
+            except Exception as exc:
+                await self._failed(exc, stream=False)
                 return
             if self.link is not None:  # our server says when the client leaves
                 self.link.callback = self._client_left
@@ -261,52 +225,57 @@ class Exchange:
         whatever it fails with, the client is told."""
         try:
             async with asyncio.timeout(None) as self.deadline:
+                if self.cut is not None:  # cut before its deadline was there to expire: it ends as the cut says
+                    raise TimeoutError
                 return await work
-        except TimeoutError:
-            await self._timed_out(stream)
-        except GatewayError as exc:
-            self.pool = exc.pool or self.pool
-            self.outcome = exc.outcome
-            await self._tell(exc)
-        except httpx.HTTPError as exc:  # the backend broke off a stream already under way
-            if self.opened is not None:
-                self.endpoint.failover.broke_mid_stream(self.opened.backend, exc)
-            error = BackendFailed("the backend failed mid-stream")
-            self.outcome = error.outcome
-            await self._tell(error)
-        except Exception:
-            log.exception("request %s failed unexpectedly", self.request_id.decode(errors="replace"))
-            error = GatewayError("internal gateway error")
-            self.outcome = error.outcome
-            await self._tell(error)
+        except Exception as exc:
+            await self._failed(exc, stream)
         return 0
 
-    def _account(self, tokens: int) -> None:
-        """However the request ended: synchronous accounting first, the in-flight count last. Nothing can
-        interrupt it, and a count back at zero means every metric of the request is recorded."""
-        endpoint = self.endpoint
-        self.finished = True
-        endpoint.live.requests.discard(self)
-        if self.timer is not None:
-            self.timer.cancel()
-        if self.link is not None:
-            self.link.callback = None  # the connection's scope would keep this request alive until its next one
-            # Its cycle, scope and link refer to one another: let them go now rather than to the cyclic collector.
-            self.link.cycle = None
-        endpoint.metrics.request_ended(self.pool, self.outcome, time.perf_counter() - self.started, tokens)
-        if self.opened is not None:
-            self.opened.lease.release()
-        if self.lease is not None:
-            self.lease.release()
-        if self.mode_lease is not None:
-            self.mode_lease.close()
-        if self.admitted:
-            endpoint.admission.release()
+    async def _failed(self, exc: Exception, stream: bool) -> None:
+        """The one answer to a step that raised `exc`: the request's outcome set, the client told what it is still
+        owed (nothing, if it left). The coroutine's guard: it raises nothing."""
+        try:
+            error = self._error(exc, stream)
+        except Exception:
+            error = self.failed_unexpectedly()
+        if error is None:
+            return
+        self.outcome = error.outcome
+        if isinstance(error, ClientGone):
+            return
+        if isinstance(error, ClientTooSlow):
+            log.info("request %s: %s", self.request_id.decode(), error.message)
+        await self._tell(error)
+        if isinstance(error, ClientTooSlow) and self.link is not None:
+            # What it left unread would keep its buffers and descriptor for a long while.
+            self.link.abort()
+
+    def _error(self, exc: Exception, stream: bool) -> GatewayError:
+        """The error a failure that a step may meet ends the request with; any other is raised again."""
+        if isinstance(exc, TimeoutError):  # the deadline, or a cut (`_cut`)
+            return self.cut or self._deadline_passed(stream)
+        if isinstance(exc, GatewayError):
+            self.pool = exc.pool or self.pool
+            return exc
+        if isinstance(exc, httpx.HTTPError):  # the backend broke off a stream already under way
+            if self.opened is not None:
+                self.endpoint.failover.broke_mid_stream(self.opened.backend, exc)
+            return BackendFailed("the backend failed mid-stream")
+        raise exc  # unexpected: `_failed` says so
+
+    def _deadline_passed(self, stream: bool) -> BackendTimeout:
+        timeouts = self.timeouts
+        if self.response_started or self.opened is not None:
+            return BackendTimeout(f"the request took longer than {timeouts.total:g} s")
+        return BackendTimeout(f"no response from the backend within {first_wait_s(timeouts, stream):g} s")
 
     async def _close(self, tokens: int) -> None:
-        self._account(tokens)
-        if self.opened is not None:
-            await self.opened.response.aclose()
+        try:
+            self.end(tokens)
+        finally:
+            if self.opened is not None:
+                await self.opened.response.aclose()
 
     # -- phases ---------------------------------------------------------------------------------------
 
@@ -394,21 +363,8 @@ class Exchange:
             self._watch(streaming=False)
             await self._write({"type": "http.response.start", "status": status, "headers": headers})
             await self._write({"type": "http.response.body", "body": body})
+        self.response_ended = True
         return usage_tokens(body) if status == 200 else 0
-
-    def _whole(self, status: int, backend_headers: list[tuple[bytes, bytes]], body: bytes):
-        """(status, headers, body) of a whole backend response as the client gets it; its outcome is set."""
-        headers = response_headers(backend_headers)
-        if status >= 400:
-            body = backend_error_body(status, body)
-            headers = [(name, value) for name, value in headers if name != b"content-type"] + [_JSON]
-            if status >= 500:  # SGLang's 500 is about the request: an SDK's retry would only repeat it
-                headers.append((SHOULD_RETRY, b"false"))
-            self.outcome = BackendAnswered(status, "").outcome
-        else:
-            self.outcome = labels.OK
-        headers.append((b"content-length", b"%d" % len(body)))
-        return status, self._own(headers), body
 
     async def _send_stream(self, opened: Opened) -> int:
         response = opened.response
@@ -444,6 +400,7 @@ class Exchange:
     def _stream_ended(self) -> None:
         """How a stream read to its end counts: as the backend's error event, if it sent one, or as a client that
         left, if it left as the last pieces came (they went nowhere, and no cut reached an await to say so)."""
+        self.response_ended = True
         if isinstance(self.cut, ClientGone):
             self.outcome = self.cut.outcome
         else:
@@ -581,42 +538,19 @@ class Exchange:
         """A mode switch's drain deadline passed: end the request (an error event and [DONE] if it streams)."""
         self._cut(SwitchUnavailable(reason, code="mode_switch_cut"))
 
-    async def _timed_out(self, stream: bool) -> None:
-        timeouts = self.timeouts
-        error = self.cut
-        if error is None:  # the deadline itself
-            if self.response_started or self.opened is not None:
-                error = BackendTimeout(f"the request took longer than {timeouts.total:g} s")
-            else:
-                error = BackendTimeout(f"no response from the backend within {first_wait_s(timeouts, stream):g} s")
-        self.outcome = error.outcome
-        if isinstance(error, ClientGone):
-            return
-        if isinstance(error, ClientTooSlow):
-            log.info("request %s: %s", self.request_id.decode(), error.message)
-        await self._tell(error)
-        if isinstance(error, ClientTooSlow) and self.link is not None:
-            # What it left unread would keep its buffers and descriptor for a long while.
-            self.link.abort()
-
     # -- answers --------------------------------------------------------------------------------------
 
-    def _own(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        """`headers` with the gateway's own added: the response begins."""
-        self.response_started = True
-        headers.append((POOL, self.pool.encode()))
-        headers.append((b"x-request-id", self.request_id))
-        return headers
-
     async def _tell(self, error: GatewayError) -> None:
-        """Tell a client that is still there: an error response, or an error event if the stream began. A
-        client that stopped reading does not get to hold the request open."""
+        """Tell a client that is still there: an error response, or an error event if the stream began; nothing
+        once its response is complete. A client that stopped reading does not get to hold the request open."""
+        if self.response_ended:
+            return
         if self.link is not None:
             self.link.going()
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(LAST_WORDS_TIMEOUT_S):
                 if not self.response_started:
-                    extra = [(POOL, self.pool.encode())] if self.pool != NO_POOL else []
+                    extra = self._error_headers()
                     if self.body_unread:
                         extra.append((b"connection", b"close"))
                     await send_error(self.send, error, self.request_id, extra)
@@ -627,6 +561,10 @@ class Exchange:
                     event = tail + error_event(error.message, error.type, error.code)
                     await self.send({"type": "http.response.body", "body": event, "more_body": True})
                 await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+        except TimeoutError:
+            pass
+        except Exception:  # the last words failed: the request still ends, and is counted, as it was going to
+            log.exception("request %s: its error could not be told", self.request_id.decode(errors="replace"))
 
 
 class Http10Send:

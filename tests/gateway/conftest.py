@@ -2,6 +2,8 @@
 
 - `gateway(speculative=[urls], plain=[urls], **settings)` -> RunningGateway (started, first health round done),
   on `crossover serve`'s client protocol, or on plain uvicorn with `plain_uvicorn=True`
+- `lane_serve`, `lane_gateway`: `serve` and `gateway` keeping pooled connections for the direct lane; `lanes`: what
+  the direct lane answered each request
 - `sims` -> (k25-eagle3, k25-plain) stand-ins, ready
 - `gateway_process(toml, env=None)` -> `crossover serve --config FILE` in its own process, ready
 """
@@ -21,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.gateway.app import create_app
 from crossover.gateway.config import Settings
+from crossover.gateway.direct import DirectExchange
 from crossover.gateway.server import protocol_options
 from crossover.servers.process import free_port, spawn, stop, wait_ready
 from tests.gateway.gateway_helpers import SIM_SCALE, WAIT_S, RunningGateway
@@ -42,6 +45,44 @@ def gateway(serve):
         return RunningGateway(server.url, app, registry, settings, server.server)
 
     return start
+
+
+@pytest.fixture
+def lane_serve(serve):
+    """`serve` for the direct lane's tests: backends that keep an idle connection open long after a busy machine
+    gets round to the test's request."""
+    return lambda app, **config: serve(app, **{"timeout_keep_alive": 60, **config})
+
+
+@pytest.fixture
+def lane_gateway(gateway):
+    """`gateway` for the direct lane's tests. The lane sends only on a pooled connection: the gateway keeps the
+    first health round's as long (the default expiry is 2 s, which a busy machine may take between starting the
+    gateway and sending a request)."""
+
+    def start(*args, **overrides):
+        overrides["timeouts"] = {"backend_keepalive": 60, **overrides.get("timeouts", {})}
+        return gateway(*args, **overrides)
+
+    return start
+
+
+@pytest.fixture
+def lanes(monkeypatch):
+    """What `DirectExchange.offer` answered, request by request; `lanes.off = True` makes it decline all."""
+
+    class Lanes(list):
+        off = False
+
+    answers = Lanes()
+    offer = DirectExchange.offer
+
+    def spy(endpoint, scope, body: bytes, link) -> bool:
+        answers.append(False if answers.off else offer(endpoint, scope, body, link))
+        return answers[-1]
+
+    monkeypatch.setattr(DirectExchange, "offer", spy)
+    return answers
 
 
 @pytest.fixture

@@ -16,9 +16,8 @@ import threading
 import httpx
 import pytest
 
-from crossover.gateway import direct, proxy
-from crossover.gateway.direct import DirectExchange
-from crossover.gateway.proxy import SHUTDOWN_MESSAGE
+from crossover.gateway import lifecycle
+from crossover.gateway.lifecycle import SHUTDOWN_MESSAGE
 from crossover.gateway.validation import parse_generation
 from tests.gateway.gateway_helpers import Scripted, chat, raw_post, read_response, wait_until
 
@@ -28,39 +27,13 @@ ERROR_EVENT = b'data: {"error": {"message": "boom", "code": 500}}\n\n'
 
 
 @pytest.fixture
-def serve(serve):
-    """Backends that keep an idle connection open long after a busy machine gets round to the test's request."""
-    return lambda app, **config: serve(app, **{"timeout_keep_alive": 60, **config})
+def serve(lane_serve):
+    return lane_serve
 
 
 @pytest.fixture
-def gateway(gateway):
-    """The lane sends only on a pooled connection: the gateway keeps the first health round's as long (the
-    default expiry is 2 s, which a busy machine may take between starting the gateway and sending a request)."""
-
-    def start(*args, **overrides):
-        overrides["timeouts"] = {"backend_keepalive": 60, **overrides.get("timeouts", {})}
-        return gateway(*args, **overrides)
-
-    return start
-
-
-@pytest.fixture
-def lanes(monkeypatch):
-    """What `DirectExchange.offer` answered, request by request; `lanes.off = True` makes it decline all."""
-
-    class Lanes(list):
-        off = False
-
-    answers = Lanes()
-    offer = DirectExchange.offer
-
-    def spy(endpoint, scope, body: bytes, link) -> bool:
-        answers.append(False if answers.off else offer(endpoint, scope, body, link))
-        return answers[-1]
-
-    monkeypatch.setattr(DirectExchange, "offer", spy)
-    return answers
+def gateway(lane_gateway):
+    return lane_gateway
 
 
 def seen(response: httpx.Response) -> tuple:
@@ -228,8 +201,7 @@ def test_a_stream_the_lane_leaves_is_parsed_once(serve, gateway, lanes, monkeypa
         parsed.append(body)
         return parse_generation(body, models)
 
-    monkeypatch.setattr(direct, "parse_generation", counting)
-    monkeypatch.setattr(proxy, "parse_generation", counting)
+    monkeypatch.setattr(lifecycle, "parse_generation", counting)
     backend = Scripted(chunks=[b'data: {"choices": []}\n\n', b"data: [DONE]\n\n"])
     gw = gateway([serve(backend).url], [serve(backend).url], health={"interval": 60})
     response = httpx.post(gw.url + "/v1/chat/completions", json=chat(stream=True), timeout=10, trust_env=False)

@@ -22,6 +22,7 @@ import uvloop
 
 from crossover.gateway import _http1 as http1
 from crossover.gateway._http1 import HIGH_WATER, Http1Transport
+from crossover.gateway.client_http import CHUNK
 from tests.gateway.gateway_helpers import LONG, chat, content_length, sim_running, sse_events, wait_until
 from tests.gateway.gateway_helpers import read_all as read_request_body
 
@@ -682,6 +683,7 @@ class Relay:
     """A relay (`http1.Relay`) over one end of a socket pair made a transport by the loop under test, as the
     gateway's client connections are; `received(expected)` reads the far end until `expected` has come."""
 
+    frame = CHUNK
     ends = (b"\n\n",)
     mark = b"!"
 

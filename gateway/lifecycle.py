@@ -1,0 +1,163 @@
+"""One generation request's lifecycle, written once: its steps, and the one guard that accounts for it.
+
+    check (the key, then what routing needs) -> admit -> route -> choose a backend -> send -> settle (pass the
+    answer on) -> end;  cut (a deadline, the client leaving, a shutdown) at any point, from outside
+
+Two drivers run these steps. A coroutine (gateway/proxy.py's `Exchange.run`) may wait - for a body, a request
+slot, a switch, a connection, a failover. The read callbacks of the client's and the backend's connections
+(gateway/direct.py's `DirectExchange`) run them for a request that needs to wait for nothing, with no task.
+The steps that need no waiting are written here once, for both: the checks (`check_head`, `check_body`) and what
+the client gets of a backend's whole answer (`Request._whole`). Either way a request holds what it takes on its
+`Request` - its admission slot, its backend's lease (or the `Opened` response that holds one), its mode lease, its
+place in `Live.requests` - and `end` gives it all back and counts the request, once, on every exit: an answer,
+an error, a cut, a shutdown, or a step that raised.
+
+A step that raises unexpectedly is logged, and the client still gets an answer (`failed_unexpectedly`): a 500
+`internal gateway error` if nothing was sent yet, an error event and `data: [DONE]` if its stream began, nothing
+more if its response is complete (the request then counts as what the client got).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from crossover.gateway import metrics as labels
+from crossover.gateway.auth import authorize_client
+from crossover.gateway.errors import BackendAnswered, GatewayError, Unavailable, backend_error_body
+from crossover.gateway.headers import POOL, SHOULD_RETRY, response_headers
+from crossover.gateway.metrics import NO_POOL
+from crossover.gateway.validation import Generation, parse_generation
+
+if TYPE_CHECKING:
+    from crossover.gateway.client_http import ClientLink
+    from crossover.gateway.failover import Opened
+    from crossover.gateway.pools import Lease
+    from crossover.gateway.proxy import ProxyEndpoint
+    from crossover.gateway.switching import Lease as ModeLease
+
+log = logging.getLogger("crossover.proxy")
+
+SHUTDOWN_MESSAGE = "the gateway is shutting down; retry the request"
+INTERNAL_ERROR = "internal gateway error"
+JSON = (b"content-type", b"application/json")
+
+
+def check_head(endpoint: ProxyEndpoint, headers: list[tuple[bytes, bytes]]) -> None:
+    """The first step, before the body is read: the gateway still takes requests, and the client's key."""
+    if endpoint.live.shutting_down:
+        raise Unavailable(SHUTDOWN_MESSAGE)
+    authorize_client(headers, endpoint.api_keys)
+
+
+def check_body(endpoint: ProxyEndpoint, body: bytes) -> Generation:
+    """What routing needs from the body (a model the pools serve, whether it streams), and nothing more."""
+    return parse_generation(body, endpoint.pools.model_names())
+
+
+class Request:
+    """What one request holds while it is in progress, and `end`, which gives it all back."""
+
+    __slots__ = (
+        "admitted",
+        "endpoint",
+        "finished",
+        "lease",
+        "link",
+        "mode_lease",
+        "opened",
+        "outcome",
+        "pool",
+        "request_id",
+        "response_ended",
+        "response_started",
+        "started",
+        "timer",
+    )
+
+    def __init__(self, endpoint: ProxyEndpoint, request_id: bytes, link: ClientLink | None) -> None:
+        self.endpoint = endpoint
+        self.request_id = request_id
+        # Our server's line to the client's connection (gateway/client_http.py); None under another server.
+        self.link = link
+        self.started = time.perf_counter()
+        self.finished = False
+        self.admitted = False  # holds an admission slot
+        # A backend's place: held by the opened response, or on its own while the direct lane waits for the answer.
+        self.opened: Opened | None = None
+        self.lease: Lease | None = None
+        # Time-shared: the request's place on the active mode.
+        self.mode_lease: ModeLease | None = None
+        self.pool = NO_POOL
+        self.outcome = labels.BACKEND_ERROR
+        # Whether the client's response began, and whether it is complete: what a failure can still tell it.
+        self.response_started = self.response_ended = False
+        self.timer = None
+
+    def end(self, tokens: int) -> None:
+        """However the request ended, once: synchronous accounting first, what it held given back last - even if
+        the accounting fails (logged) - so a backend's in-flight count back at zero means every metric of the
+        request is recorded."""
+        if self.finished:
+            return
+        self.finished = True
+        endpoint = self.endpoint
+        try:
+            endpoint.live.requests.discard(self)
+            if self.timer is not None:
+                self.timer.cancel()
+            link = self.link
+            if link is not None:
+                link.callback = None  # the connection's scope would keep this request alive until its next one
+                # Its cycle, scope and link refer to one another: let them go now rather than to the cyclic collector.
+                link.cycle = None
+            endpoint.metrics.request_ended(self.pool, self.outcome, time.perf_counter() - self.started, tokens)
+        except Exception:
+            log.exception("request %s: its accounting failed", self.request_id.decode(errors="replace"))
+        finally:
+            if self.opened is not None:
+                self.opened.lease.release()
+            if self.lease is not None:
+                self.lease.release()
+            if self.mode_lease is not None:
+                self.mode_lease.close()
+            if self.admitted:
+                endpoint.admission.release()
+
+    def failed_unexpectedly(self) -> GatewayError | None:
+        """A step raised what no step expects (the exception being handled): logged. The error the client is still
+        owed, its outcome the request's; None once the response is complete: the request counts as what it got."""
+        log.exception("request %s failed unexpectedly", self.request_id.decode(errors="replace"))
+        if self.response_ended:
+            return None
+        error = GatewayError(INTERNAL_ERROR)
+        self.outcome = error.outcome
+        return error
+
+    # -- settle: the client's answer, whichever driver writes it ----------------------------------------------
+
+    def _whole(self, status: int, backend_headers: list[tuple[bytes, bytes]], body: bytes):
+        """(status, headers, body) of a whole backend response as the client gets it; its outcome is set."""
+        headers = response_headers(backend_headers)
+        if status >= 400:
+            body = backend_error_body(status, body)
+            headers = [(name, value) for name, value in headers if name != b"content-type"] + [JSON]
+            if status >= 500:  # SGLang's 500 is about the request: an SDK's retry would only repeat it
+                headers.append((SHOULD_RETRY, b"false"))
+            self.outcome = BackendAnswered(status, "").outcome
+        else:
+            self.outcome = labels.OK
+        headers.append((b"content-length", b"%d" % len(body)))
+        return status, self._own(headers), body
+
+    def _own(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """`headers` with the gateway's own added: the response begins."""
+        self.response_started = True
+        headers.append((POOL, self.pool.encode()))
+        headers.append((b"x-request-id", self.request_id))
+        return headers
+
+    def _error_headers(self) -> list[tuple[bytes, bytes]]:
+        """The gateway's own headers on an error response."""
+        return [(POOL, self.pool.encode())] if self.pool != NO_POOL else []
