@@ -86,7 +86,7 @@ def boom(*args, **kwargs):
 FAULTS = {
     "check": ("gateway.lifecycle.parse_generation", "gateway.lifecycle.parse_generation"),
     "admit": ("gateway.admission.Admission.take_free", "gateway.admission.Admission.take_free"),
-    "route": ("gateway.proxy.ProxyEndpoint.route", "gateway.proxy.ProxyEndpoint.route"),
+    "route": ("gateway.topology.Topology.route", "gateway.topology.Topology.route"),
     "choose": ("gateway.failover.Failover.choose", "gateway.failover.Failover.choose"),
     "send": ("gateway._http1.Http1Transport.dispatch", "gateway._http1.Http1Transport.open"),
     "sent": ("gateway.direct.DirectExchange._dispatched", None),  # between the write and the bookkeeping
