@@ -189,7 +189,10 @@ def test_the_time_shared_demo_switches_to_plain_under_a_load_step_and_back_after
     assert "load step:" in out and "switch speculative -> plain" in err
 
 
-@pytest.mark.parametrize("profile", ["standin-partitioned", "standin-time-shared"])
+STANDIN_PROFILES = ("standin-partitioned", "standin-time-shared", "standin-in-engine")
+
+
+@pytest.mark.parametrize("profile", STANDIN_PROFILES)
 def test_each_stand_in_profile_has_a_gateway_config_that_points_at_its_servers(profile, monkeypatch):
     from crossover.gateway.config import load_settings
     from crossover.servers.demo import gateway_config_path
@@ -197,8 +200,19 @@ def test_each_stand_in_profile_has_a_gateway_config_that_points_at_its_servers(p
 
     monkeypatch.setenv("CROSSOVER_AGENT_TOKEN", "t")  # restart's agent token: never in a shipped file
     settings = load_settings(gateway_config_path(profile))
-    servers = {server.role: server for server in load_profile(profile).servers}
+    servers = load_profile(profile).servers
     assert settings.topology == load_profile(profile).topology
-    for role, server in servers.items():
-        assert getattr(settings.pools, role).backends == [f"http://{server.host}:{server.port}"]
-        assert server.served_model_name == MODEL  # the README's snippet's model
+    for role in {server.role for server in servers}:
+        urls = [f"http://{server.host}:{server.port}" for server in servers if server.role == role]
+        assert getattr(settings.pools, role).backends == urls
+    if profile != "standin-in-engine":  # its config names the model as its stand-ins serve it
+        assert {server.served_model_name for server in servers} == {MODEL}  # the README's snippet's model
+
+
+def test_the_gateway_configs_live_in_one_folder():
+    from importlib import resources
+
+    shipped = resources.files("crossover.servers")
+    assert not shipped.joinpath("profiles", "gateway").is_dir()
+    names = {path.name for path in shipped.joinpath("gateway_configs").iterdir()}
+    assert names == {f"{profile}.toml" for profile in STANDIN_PROFILES}
