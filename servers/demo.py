@@ -33,7 +33,7 @@ from importlib import resources
 from pathlib import Path
 
 from crossover.gateway.agent_contract import TOKEN_ENV
-from crossover.gateway.cli import non_negative_int, port, positive_float
+from crossover.gateway.cli import listen_error, non_negative_int, port, positive_float
 
 HOST = "127.0.0.1"
 MODEL = "moonshotai/Kimi-K2.5"  # the stand-in profiles' served name, and k25-eagle3's / k25-plain's
@@ -267,6 +267,10 @@ def run(
     from crossover.gateway.config import DEFAULT_THRESHOLD, Settings, SettingsError
     from crossover.servers import process
 
+    # Before any stand-in starts: a port in use is one line, not stand-ins started for nothing.
+    if (error := listen_error(HOST, port)) is not None:
+        print(f"crossover demo: {error}", file=sys.stderr)
+        return 2
     # SIGTERM behaves like Ctrl-C; while uvicorn serves it takes both, shuts down, then re-raises them here.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
@@ -305,6 +309,10 @@ def run(
             pass
         except (process.NotReady, httpx.HTTPError) as exc:
             print(f"crossover demo: {exc}", file=sys.stderr)
+            return 1
+        except SystemExit:
+            # uvicorn's exit when it cannot start (the port taken since the check): it logged why just above.
+            print(f"crossover demo: the gateway did not start on {url} (see the error above)", file=sys.stderr)
             return 1
         finally:
             for command in started.down:
