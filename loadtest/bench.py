@@ -227,6 +227,11 @@ def run(plan: BenchPlan) -> int:
     except BenchError as exc:
         print(f"crossover bench: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        kept = plan.out_dir / results.RESULTS_JSON
+        where = f"the levels done are in {kept}" if kept.exists() else "no level was done"
+        print(f"crossover bench: interrupted; {where}", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports Ctrl-C
     written = results.write_results(plan.out_dir, run_results)
     if plan.plots:
         series, markers = plots.series_of(run_results)

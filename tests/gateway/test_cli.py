@@ -4,6 +4,7 @@ one line on stderr that names the problem and what to do, and a non-zero exit - 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 
@@ -11,6 +12,7 @@ import pytest
 
 from crossover.gateway.cli import listen_error
 from tests.conftest import crossover_argv
+from tests.waiting import WAIT_S, wait_until
 
 POOLS = '[pools.speculative]\nbackends = ["http://127.0.0.1:1"]\n[pools.plain]\nbackends = ["http://127.0.0.1:2"]\n'
 
@@ -114,3 +116,25 @@ def test_serve_with_a_bad_config_file_is_one_line(text, expected, tmp_path):
 )
 def test_bad_paths_are_one_line(argv, expected):
     assert one_line(run(*argv)).startswith(expected)
+
+
+def test_ctrl_c_in_a_bench_is_one_line_saying_what_was_kept(sim, tmp_path):
+    standin = sim("k25-plain", "--time-scale", "20", "--log-level", "warning")
+    out = tmp_path / "run"
+    # Levels of 4 s: once the first is written, four more are left to interrupt.
+    argv = ["bench", "--target", f"plain={standin.url}", "--concurrency", "1,2,3,4,5", "--duration-per-level", "4"]
+    bench = subprocess.Popen(
+        crossover_argv(*argv, "--no-plots", "--out", str(out)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until((out / "results.json").exists, timeout=WAIT_S * 10, what="the first level")
+        bench.send_signal(signal.SIGINT)
+        _, err = bench.communicate(timeout=60)
+    finally:
+        bench.kill()
+    assert bench.returncode == 130
+    assert err.splitlines()[-1] == f"crossover bench: interrupted; the levels done are in {out / 'results.json'}"
+    assert "Traceback" not in err
