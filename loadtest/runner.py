@@ -227,23 +227,24 @@ async def run_sweep(
         planned = share.planned(concurrency)
         total = None if planned is None else planned + share.warmup_rounds * concurrency
         windows: dict[str, list[Window]] = {target.name: [] for target in targets}
-        reruns = 0
-        while len(windows[targets[0].name]) < load.passes:
+        kept = reruns = 0
+        while kept < load.passes:
             measured: dict[str, Window] = {}
             # A B, then B A: going first or second in a pass (after the other target's load, or a level's end)
             # favours no target, and drift that is linear over the level cancels.
-            for target in targets if len(windows[targets[0].name]) % 2 == 0 else reversed(targets):
+            for target in targets if kept % 2 == 0 else reversed(targets):
                 hook = on_level_start(target, concurrency, total) if on_level_start else None
                 ended = await on_level_begin(target, concurrency) if on_level_begin is not None else None
                 measured[target.name] = await measure(target, concurrency, workload, share, hook)
                 if ended is not None:
                     await ended()
-            index, may_rerun = len(windows[targets[0].name]), reruns < MAX_RERUNS_PER_LEVEL
-            if on_pass_done is not None and not await on_pass_done(concurrency, index, may_rerun) and may_rerun:
+            may_rerun = reruns < MAX_RERUNS_PER_LEVEL
+            if on_pass_done is not None and not await on_pass_done(concurrency, kept, may_rerun) and may_rerun:
                 reruns += 1
                 continue
             for name, window in measured.items():
                 windows[name].append(window)
+            kept += 1
         for target in targets:
             level = summarize_passes(target.name, concurrency, windows[target.name])
             levels.append(level)
