@@ -10,7 +10,9 @@ concurrencies is checked, and explained, the same way everywhere:
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import socket
 import sys
 from importlib.metadata import entry_points
 
@@ -72,6 +74,31 @@ def json_string_map(text: str) -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(item, str) for item in value.values()):
         raise argparse.ArgumentTypeError('expected a JSON object of strings, e.g. {"variant": "eagle3"}')
     return value
+
+
+def listen_error(host: str, port: int) -> str | None:
+    """Why a server could not listen on host:port now, or None. Asked before anything starts: a port in use
+    is then one line that says what to do, not a server's start-up failure (uvicorn exits 3 after its
+    lifespan ran, and under asyncio.run a traceback of that exit follows)."""
+    if port == 0:
+        return None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        return f"cannot listen on {host}: {exc.strerror}"
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # as uvicorn binds: a closed port's TIME_WAIT is no use
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"{host}:{port} is already in use: stop what listens there, or pass another --port"
+            return f"cannot listen on {host}:{port}: {exc.strerror}"
+    return None
 
 
 def _number(kind: type, text: str):

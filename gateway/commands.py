@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from crossover.gateway.cli import port
+from crossover.gateway.cli import listen_error, port
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +31,22 @@ def run_serve(args: argparse.Namespace) -> int:
         settings = load_settings(args.config)
         server = make_server(settings, args.host, args.port)
     except (SettingsError, ValueError) as exc:
-        print(f"crossover serve: {exc}", file=sys.stderr)
+        print(f"crossover serve: {_one_line(args.config, exc)}", file=sys.stderr)
+        return 2
+    if (error := listen_error(server.config.host, server.config.port)) is not None:
+        print(f"crossover serve: {error}", file=sys.stderr)
         return 2
     server.run()
     return 130 if server.interrupted else 0  # 128 + SIGINT, as a shell reports Ctrl-C
+
+
+def _one_line(config: Path | None, error: Exception) -> str:
+    """A settings error on one line: its problems joined, and with no --config, what to pass."""
+    head, *problems = str(error).splitlines()
+    listed = "; ".join(line.strip() for line in problems)
+    if config is not None:
+        return f"{head} {listed}" if listed else head
+    return (
+        "no --config FILE given (every setting, commented: gateway/example.toml; stand-in examples: "
+        f"servers/gateway_configs/) and the CROSSOVER_* environment alone is not enough: {listed or head}"
+    )

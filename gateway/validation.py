@@ -39,6 +39,7 @@ def _reject_constant(name: str) -> None:
 _JSON_SPACE = " \t\n\r"
 # Built once: json.loads with an option builds a decoder per call.
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_ABSENT = object()
 
 
 def parse_generation(body: bytes, models: frozenset[str]) -> Generation:
@@ -65,10 +66,13 @@ def parse_generation(body: bytes, models: frozenset[str]) -> Generation:
     options = payload.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise _wrong_type("stream_options", "an object", options)
-    model = payload.get("model")
-    if model is not None:
-        if not isinstance(model, str):
-            raise _wrong_type("model", "a string", model)
-        if models and model not in models:
-            raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+    # Absent, `model` is the backend's default (SGLang's request models default it); null is no string, and
+    # SGLang would refuse it in its own words after the gateway had routed it.
+    model = payload.get("model", _ABSENT)
+    if model is _ABSENT:
+        return Generation(model=None, stream=bool(stream))
+    if not isinstance(model, str):
+        raise _wrong_type("model", "a string", model)
+    if models and model not in models:
+        raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
     return Generation(model=model, stream=bool(stream))

@@ -13,6 +13,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -20,10 +21,10 @@ import httpx
 
 from crossover.loadtest import plots, results
 from crossover.loadtest.apply import ApplyError, apply_threshold
-from crossover.loadtest.models import Crossover, Level, Metadata, Results, Simulation, TargetInfo
+from crossover.loadtest.models import Crossover, Level, LevelSchedule, Metadata, Results, Simulation, TargetInfo
 from crossover.loadtest.plan import BenchPlan, Target
 from crossover.loadtest.runner import probe, run_sweep
-from crossover.loadtest.standin import read_simulation, record_level
+from crossover.loadtest.standin import read_pass, read_simulation
 from crossover.loadtest.workload import Workload
 
 if TYPE_CHECKING:
@@ -123,6 +124,7 @@ def metadata(
         requests_per_level=plan.load.requests,
         duration_per_level_s=plan.load.duration_s,
         warmup_rounds=plan.load.warmup_rounds,
+        passes_per_level=plan.load.passes,
         lockstep=plan.load.lockstep,
         extra_body=workload.extra_body,
         host={"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
@@ -156,22 +158,39 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> Results:
         if not check.success:
             raise BenchError(f"probe request to {target.name} ({target.chat_url}) failed: {check.error}")
     levels: list[Level] = []
-    by_name = {t.name: t for t in plan.targets}
-    level_start: dict[str, tuple[dict | None, float]] = {}
+    this_pass: dict[str, LevelSchedule] = {}  # the pass just run, per simulated target
+    kept: dict[str, list[LevelSchedule]] = {}  # the level's passes that count, per simulated target
 
-    async def level_begins(target: Target) -> None:
-        if simulations[target.name] is not None:
-            level_start[target.name] = (await server_info(target, headers), time.monotonic())
+    async def pass_begins(target: Target, concurrency: int) -> Callable[[], Awaitable[None]] | None:
+        if (simulation := simulations[target.name]) is None:
+            return None
+        before, began = await server_info(target, headers), time.monotonic()
+
+        async def pass_ends() -> None:
+            # Right after the pass; with the read right before it, the stand-in's speed over the whole pass.
+            info = await server_info(target, headers)
+            entry = read_pass(simulation, concurrency, info, before, time.monotonic() - began)
+            this_pass[target.name] = entry
+
+        return pass_ends
+
+    async def pass_done(concurrency: int, index: int, may_rerun: bool) -> bool:
+        entries = dict(this_pass)
+        this_pass.clear()
+        behind = {name: entry for name, entry in entries.items() if entry.lagging}
+        rerun = bool(behind) and may_rerun
+        for name, entry in entries.items():
+            entry.pass_index, entry.rerun = index, rerun
+            simulations[name].levels.append(entry)
+            if not rerun:
+                kept.setdefault(name, []).append(entry)
+        if rerun:
+            display.pass_rerun(concurrency, index, behind)
+        return not rerun
 
     async def level_done(level: Level) -> None:
         levels.append(level)
-        schedule = None
-        if (simulation := simulations[level.target]) is not None:
-            # Right after the level; with the read right before it, the stand-in's speed over the whole level.
-            info = await server_info(by_name[level.target], headers)
-            before, began = level_start.pop(level.target, (None, time.monotonic()))
-            schedule = record_level(simulation, level.concurrency, info, before, time.monotonic() - began)
-        display.level_done(level, schedule)
+        display.level_done(level, kept.pop(level.target, None))
         # Rewritten after every level, so an interrupted sweep keeps what it measured.
         meta = metadata(plan, workload, infos, simulations, started)
         results.write_results(plan.out_dir, results.build_results(meta, levels, plan.speculative, plan.plain))
@@ -182,8 +201,9 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> Results:
         workload,
         plan.load,
         on_level_start=display.level_started,
-        on_level_begin=level_begins,
+        on_level_begin=pass_begins,
         on_level_done=level_done,
+        on_pass_done=pass_done,
     )
     meta = metadata(plan, workload, infos, simulations, started)
     return results.build_results(meta, levels, plan.speculative, plan.plain)
@@ -207,6 +227,11 @@ def run(plan: BenchPlan) -> int:
     except BenchError as exc:
         print(f"crossover bench: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        kept = plan.out_dir / results.RESULTS_JSON
+        where = f"the levels done are in {kept}" if kept.exists() else "no level was done"
+        print(f"crossover bench: interrupted; {where}", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports Ctrl-C
     written = results.write_results(plan.out_dir, run_results)
     if plan.plots:
         series, markers = plots.series_of(run_results)

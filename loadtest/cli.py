@@ -14,6 +14,7 @@ from crossover.loadtest.config import (
     DEFAULT_CONCURRENCY,
     DEFAULT_INPUT_LEN,
     DEFAULT_OUTPUT_LEN,
+    DEFAULT_PASSES,
     DEFAULT_REQUEST_TIMEOUT_S,
     DEFAULT_WARMUP_ROUNDS,
 )
@@ -33,6 +34,7 @@ FLAGS = {
     "requests": "--requests-per-level",
     "duration_s": "--duration-per-level",
     "warmup_rounds": "--warmup-rounds",
+    "passes": "--passes",
     "request_timeout_s": "--request-timeout",
 }
 
@@ -45,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "write results.json/results.csv/throughput.png/latency.png, find where the plain target's "
         "throughput meets the speculative one's and recommend a gateway threshold.",
         epilog="Exit status: 0 done; 1 the run failed, --apply failed, or the crossover was refused because a "
-        "simulated target fell behind its schedule (results are still written); 2 bad arguments.",
+        "simulated target fell behind its schedule in a level even when its passes were measured again (results "
+        "are still written); 2 bad arguments.",
     )
     bench.add_argument(
         "--target",
@@ -91,7 +94,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=non_negative_int,
         default=DEFAULT_WARMUP_ROUNDS,
         metavar="R",
-        help=f"unmeasured requests per level, in rounds of C (default {DEFAULT_WARMUP_ROUNDS})",
+        help=f"unmeasured requests per pass of a level, in rounds of C (default {DEFAULT_WARMUP_ROUNDS})",
+    )
+    bench.add_argument(
+        "--passes",
+        type=positive_int,
+        default=DEFAULT_PASSES,
+        metavar="N",
+        help="measure each level in N passes, the targets alternating (A B B A), each a warm-up and a window of "
+        "its share of the level: load that drifts widens the intervals instead of faking a lead; a pass a "
+        f"stand-in fell behind in is measured again (default {DEFAULT_PASSES})",
     )
     bench.add_argument(
         "--lockstep",
@@ -214,6 +226,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 requests=args.requests_per_level,
                 duration_s=args.duration_per_level,
                 warmup_rounds=args.warmup_rounds,
+                passes=args.passes,
                 lockstep=args.lockstep,
                 request_timeout_s=args.request_timeout,
                 headers={"Authorization": f"Bearer {api_key}"} if api_key else {},

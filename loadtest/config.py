@@ -21,3 +21,10 @@ DEFAULT_MIN_REQUESTS = 16
 
 def default_requests(concurrency: int) -> int:
     return max(DEFAULT_ROUNDS * concurrency, DEFAULT_MIN_REQUESTS)
+
+
+# Passes per level: the targets alternate (A B B A), each pass a warm-up and a window of its share of the
+# level, so a machine whose speed drifts shifts every target alike and widens the intervals, not a lead.
+DEFAULT_PASSES = 2
+# Passes measured again per level when a stand-in fell behind during one, before the level counts as lagging.
+MAX_RERUNS_PER_LEVEL = 2

@@ -75,26 +75,38 @@ class SweepDisplay:
 
         return on_result
 
-    def level_done(self, level: Level, schedule: LevelSchedule | None = None) -> None:
-        """One line per level; for a stand-in, whether it kept up with its schedule during it."""
-        if schedule is None:
+    def level_done(self, level: Level, passes: list[LevelSchedule] | None = None) -> None:
+        """One line per level; for a stand-in, whether it kept up with its schedule during the passes that count."""
+        lagging = [entry for entry in passes or [] if entry.lagging]
+        if not passes:
             kept = ""
-        elif schedule.lagging:
-            kept = f"  LAGGING stand-in ({describe_lag(schedule)})"
-        elif schedule.lagging is None:
+        elif lagging:
+            kept = f"  LAGGING stand-in ({describe_lag(lagging[0])})"
+        elif any(entry.lagging is None for entry in passes):
             kept = "  stand-in lag unknown"
         else:
             kept = "  stand-in kept up"
+        spread = ""
+        if level.pass_output_throughputs:
+            spread = f" (passes {', '.join(f'{value:,.1f}' for value in level.pass_output_throughputs)})"
         self.progress.console.print(
             f"{level.target:>12} C={level.concurrency:<4} {level.completed} ok {level.failed} failed  "
-            f"{level.output_throughput:,.1f} tok/s  TTFT p50 {_fmt(level.median_ttft_ms)} ms  "
+            f"{level.output_throughput:,.1f} tok/s{spread}  TTFT p50 {_fmt(level.median_ttft_ms)} ms  "
             f"measured C {level.measured_concurrency:.1f}{kept}"
+        )
+
+    def pass_rerun(self, concurrency: int, index: int, behind: dict[str, LevelSchedule]) -> None:
+        """A pass a stand-in fell behind in, about to be measured again."""
+        who = "; ".join(f"{name} ({describe_lag(entry)})" for name, entry in behind.items())
+        self.progress.console.print(
+            f"{'':>12} C={concurrency:<4} pass {index + 1}: a stand-in fell behind its schedule, {who}: "
+            "measuring the pass again"
         )
 
     def simulated(self, name: str, simulation: Simulation) -> None:
         scale = "an unknown time scale" if simulation.time_scale is None else f"time scale {simulation.time_scale:g}"
         check = (
-            "its clock is read before and after every level"
+            "its clock is read before and after every pass of every level"
             if simulation.schedule is not None
             else "it reports no schedule, so whether it keeps up is unknown"
         )

@@ -49,9 +49,15 @@ class Schedule(_Model):
 
 
 class LevelSchedule(Schedule):
-    """The schedule block as read right after one level of this target."""
+    """The schedule block as read right after one pass of a level of this target."""
 
     concurrency: int
+    pass_index: int | None = Field(None, description="Which pass of the level (from 0); null in older files.")
+    rerun: bool = Field(
+        False,
+        description="A stand-in of the pair fell behind during this pass, so the pass was measured again and "
+        "this one's throughput is not in the level; it does not refuse the crossover.",
+    )
     level_speed_ratio: float | None = Field(
         None,
         description="Simulated seconds the stand-in advanced during the whole level / (wall seconds x "
@@ -67,12 +73,14 @@ class Simulation(_Model):
     schedule: Schedule | None = Field(None, description="Its schedule block as last read; null if it has none.")
     levels: list[LevelSchedule] = Field(
         default_factory=list,
-        description="The schedule block read right after each level; lagging true there means the level's "
-        "throughput is the stand-in's shortfall, not its profile; all-null fields mean unknown.",
+        description="The schedule block read right after each pass of each level; lagging true (and rerun "
+        "false) there means the level's throughput is the stand-in's shortfall, not its profile; all-null "
+        "fields mean unknown.",
     )
 
     def lagging_levels(self) -> set[int]:
-        return {lv.concurrency for lv in self.levels if lv.lagging}
+        """Levels whose measured passes include one the stand-in fell behind in (passes measured again aside)."""
+        return {lv.concurrency for lv in self.levels if lv.lagging and not lv.rerun}
 
 
 class TargetInfo(_Model):
@@ -108,6 +116,12 @@ class Metadata(_Model):
     )
     warmup_rounds: int = Field(
         1, ge=0, description="Unmeasured requests per level before the window opens, in rounds of C."
+    )
+    passes_per_level: int = Field(
+        1,
+        ge=1,
+        description="Passes each level was measured in, the targets alternating pass by pass (A B B A), each a "
+        "warm-up and a window of its share of the level; 1 in files written before passes.",
     )
     lockstep: bool = Field(
         False,
@@ -174,6 +188,11 @@ class Level(_Model):
         None,
         description="95% interval of output_throughput (tok/s): batch means over equal sub-windows of the "
         "measurement window (loadtest/uncertainty.py); null in files written before it was measured.",
+    )
+    pass_output_throughputs: list[float] | None = Field(
+        None,
+        description="output_throughput of each pass's window, in run order, when the level was measured in "
+        "several passes (the targets alternating pass by pass); null for one pass and in older files.",
     )
     total_input_tokens: int = Field(ge=0, description="Sum of usage.prompt_tokens over the successful requests.")
     total_output_tokens: int = Field(ge=0, description="Output tokens that arrived inside the window.")

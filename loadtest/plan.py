@@ -19,6 +19,7 @@ from crossover.loadtest.config import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_INPUT_LEN,
     DEFAULT_OUTPUT_LEN,
+    DEFAULT_PASSES,
     DEFAULT_READ_TIMEOUT_S,
     DEFAULT_REQUEST_TIMEOUT_S,
     DEFAULT_WARMUP_ROUNDS,
@@ -59,7 +60,8 @@ class LoadSettings(BaseModel):
     # Measured per level; None -> default_requests(C) unless duration_s is set.
     requests: int | None = Field(None, gt=0)
     duration_s: float | None = Field(None, gt=0)  # measurement window instead of a request count
-    warmup_rounds: int = Field(DEFAULT_WARMUP_ROUNDS, ge=0)
+    warmup_rounds: int = Field(DEFAULT_WARMUP_ROUNDS, ge=0)  # per pass
+    passes: int = Field(DEFAULT_PASSES, ge=1)  # each level measured in this many passes, the targets alternating
     lockstep: bool = False  # every worker starts with a full-length request at the same moment
     request_timeout_s: float = Field(DEFAULT_REQUEST_TIMEOUT_S, gt=0)
     connect_timeout_s: float = Field(DEFAULT_CONNECT_TIMEOUT_S, gt=0)
@@ -78,6 +80,16 @@ class LoadSettings(BaseModel):
         if self.requests is not None:
             return self.requests
         return None if self.duration_s is not None else default_requests(concurrency)
+
+    def one_pass(self, concurrency: int) -> LoadSettings:
+        """What one of `passes` passes of level `concurrency` measures: its share of the requests or seconds."""
+        if self.passes == 1:
+            return self
+        if self.duration_s is not None:
+            return self.model_copy(update={"passes": 1, "duration_s": self.duration_s / self.passes})
+        planned = self.planned(concurrency)
+        assert planned is not None
+        return self.model_copy(update={"passes": 1, "requests": -(-planned // self.passes)})
 
 
 class BenchPlan(BaseModel):

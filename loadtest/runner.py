@@ -14,8 +14,13 @@ Each level runs in three phases, always with C requests in flight:
    tail with fewer than C requests in flight dilutes the window. Tokens those requests received inside the
    window still count towards throughput (see stats.py).
 
-Levels are interleaved across targets (C=1 on every target, then C=2, ...), so a machine that slows down
-during the run shifts every target alike and the ratios the crossover rests on stay fair.
+Levels are interleaved across targets (C=1 on every target, then C=2, ...), and each level is measured in
+`passes` passes with the targets alternating and their order turned every other pass (A B B A A B ...), each
+pass a warm-up and a window of its share of the level: a machine that slows down during the run shifts every
+target alike, and one whose speed drifts within a level spreads each target's sub-windows (a wider interval)
+instead of handing one target a lead. A pass that
+`on_pass_done` rejects (a stand-in fell behind during it) is measured again, up to MAX_RERUNS_PER_LEVEL times
+per level, so a few slow seconds cost that pass, not the run.
 """
 
 from __future__ import annotations
@@ -32,9 +37,10 @@ import certifi
 import httpx
 
 from crossover.loadtest.client import RequestResult, run_request
+from crossover.loadtest.config import MAX_RERUNS_PER_LEVEL
 from crossover.loadtest.models import Level
 from crossover.loadtest.plan import LoadSettings, Target
-from crossover.loadtest.stats import summarize
+from crossover.loadtest.stats import Window, summarize_passes
 from crossover.loadtest.workload import Workload, make_prompt, request_body
 
 # Below uvicorn's 5 s idle timeout, so a pooled connection is never reused just as the server closes it.
@@ -76,7 +82,20 @@ async def run_level(
     load: LoadSettings,
     on_result: ProgressHook | None = None,
 ) -> Level:
-    """Drive one target at one concurrency; returns its `levels[]` entry. `on_result` sees every finish."""
+    """Drive one target at one concurrency in one window; returns its `levels[]` entry. `on_result` sees every
+    finish."""
+    window = await measure(target, concurrency, workload, load, on_result)
+    return summarize_passes(target.name, concurrency, [window])
+
+
+async def measure(
+    target: Target,
+    concurrency: int,
+    workload: Workload,
+    load: LoadSettings,
+    on_result: ProgressHook | None = None,
+) -> Window:
+    """One warm-up and one measurement window of one target at one concurrency (`load`'s amount)."""
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     warmup = load.warmup_rounds * concurrency
@@ -154,7 +173,7 @@ async def run_level(
     for outcome in outcomes:
         if isinstance(outcome, Exception):
             raise outcome
-    return summarize(target.name, concurrency, started, measured, window[0], window[1])
+    return Window(started, measured, window[0], window[1])
 
 
 async def probe(target: Target, workload: Workload, load: LoadSettings) -> RequestResult:
@@ -177,6 +196,10 @@ async def probe(target: Target, workload: Workload, load: LoadSettings) -> Reque
         )
 
 
+# on_pass_done(C, pass_index, may_rerun) -> keep the pass
+PassCheck = Callable[[int, int, bool], Awaitable[bool]]
+
+
 async def run_sweep(
     targets: Sequence[Target],
     concurrencies: Sequence[int],
@@ -184,24 +207,46 @@ async def run_sweep(
     load: LoadSettings,
     on_level_start: Callable[[Target, int, int | None], ProgressHook | None] | None = None,
     on_level_done: Callable[[Level], Awaitable[None]] | None = None,
-    on_level_begin: Callable[[Target], Awaitable[None]] | None = None,
+    on_level_begin: Callable[[Target, int], Awaitable[Callable[[], Awaitable[None]] | None]] | None = None,
+    on_pass_done: PassCheck | None = None,
 ) -> list[Level]:
-    """Every target at every level, interleaved by level; returns the `levels[]` entries in run order.
+    """Every target at every level, interleaved by level and alternating pass by pass; returns the `levels[]`
+    entries in run order.
 
-    `on_level_start(target, C, requests)` - `requests` counts warm-up and measured requests, None for a
-    timed window - may return a per-request hook (for a progress display). `on_level_done(level)` is awaited
-    before the next level starts, and `on_level_begin(target)` right before the level's first request (bench
-    reads a stand-in's clock at both, so its lag check covers the whole level).
+    `on_level_start(target, C, requests)` - called once per pass, `requests` counting the pass's warm-up and
+    measured requests, None for a timed window - may return a per-request hook (for a progress display).
+    `on_level_begin(target, C)` is awaited right before a pass's first request of that target and may return a
+    coroutine function awaited right after its last (bench reads a stand-in's clock at both, so its lag check
+    covers the whole pass); `on_pass_done(C, pass_index, may_rerun)` after every target ran the pass: False
+    measures the pass again, if `may_rerun`.
+    `on_level_done(level)` is awaited for each target once its level is summarized, before the next level.
     """
     levels: list[Level] = []
     for concurrency in concurrencies:
+        share = load.one_pass(concurrency)
+        planned = share.planned(concurrency)
+        total = None if planned is None else planned + share.warmup_rounds * concurrency
+        windows: dict[str, list[Window]] = {target.name: [] for target in targets}
+        kept = reruns = 0
+        while kept < load.passes:
+            measured: dict[str, Window] = {}
+            # A B, then B A: going first or second in a pass (after the other target's load, or a level's end)
+            # favours no target, and drift that is linear over the level cancels.
+            for target in targets if kept % 2 == 0 else reversed(targets):
+                hook = on_level_start(target, concurrency, total) if on_level_start else None
+                ended = await on_level_begin(target, concurrency) if on_level_begin is not None else None
+                measured[target.name] = await measure(target, concurrency, workload, share, hook)
+                if ended is not None:
+                    await ended()
+            may_rerun = reruns < MAX_RERUNS_PER_LEVEL
+            if on_pass_done is not None and not await on_pass_done(concurrency, kept, may_rerun) and may_rerun:
+                reruns += 1
+                continue
+            for name, window in measured.items():
+                windows[name].append(window)
+            kept += 1
         for target in targets:
-            planned = load.planned(concurrency)
-            total = None if planned is None else planned + load.warmup_rounds * concurrency
-            hook = on_level_start(target, concurrency, total) if on_level_start else None
-            if on_level_begin is not None:
-                await on_level_begin(target)
-            level = await run_level(target, concurrency, workload, load, hook)
+            level = summarize_passes(target.name, concurrency, windows[target.name])
             levels.append(level)
             if on_level_done is not None:
                 await on_level_done(level)

@@ -7,11 +7,12 @@ throughput): enough to move or hide a crossover. The stand-in says so in `/serve
     {"simulated": true, "simulator": {"time_scale": 100.0, ...},
      "schedule": {"time_scale": 100.0, "lag_s": 2.3, "max_lag_s": 4.1, "speed_ratio": 0.55, "lagging": true}}
 
-`crossover bench` reads it before the sweep, and right before and right after each level of a simulated target:
-the stand-in's own clock (`clock_s`, profile seconds) against the wall time between the two reads gives the
-speed over the *whole* level - a stand-in that fell behind in the middle of a level and caught up by its end
-still counts as lagging there. It records that in results.json (`metadata.targets[NAME].simulation`) and names
-no crossover from a pair that lagged. Read
+`crossover bench` reads it before the sweep, and right before and right after each pass of a level of a simulated
+target: the stand-in's own clock (`clock_s`, profile seconds) against the wall time between the two reads gives
+the speed over the *whole* pass - a stand-in that fell behind in the middle of a pass and caught up by its end
+still counts as lagging there. A pass where one did is measured again (runner.py: a few slow seconds cost that
+pass, not the run); only a level that still lagged once its reruns were spent names no crossover for the pair.
+It records every pass in results.json (`metadata.targets[NAME].simulation`, reruns marked). Read
 tolerantly: a field that is absent or not of its type is unknown (null), never guessed; unknown is not lagging.
 """
 
@@ -70,11 +71,17 @@ def level_speed_ratio(before: Any, after: Any, wall_s: float, time_scale: float 
     return (end - start) / (wall_s * time_scale)
 
 
-def record_level(
-    simulation: Simulation, concurrency: int, info: Any, before: Any = None, wall_s: float = 0.0
+def read_pass(
+    simulation: Simulation,
+    concurrency: int,
+    info: Any,
+    before: Any = None,
+    wall_s: float = 0.0,
+    index: int | None = None,
 ) -> LevelSchedule:
-    """Add what /server_info said right after a level (None: it did not answer) to `simulation`; with the read
-    from right before it (`before`, `wall_s` apart) the level's own speed ratio decides whether it lagged."""
+    """What /server_info said right after a pass of a level (None: it did not answer), with the read from right
+    before it (`before`, `wall_s` apart) deciding whether the stand-in fell behind during it. Updates what
+    `simulation` last heard; appending the entry is the caller's (a pass measured again is marked first)."""
     schedule = read_schedule(info.get("schedule")) if isinstance(info, dict) else None
     entry = LevelSchedule(concurrency=concurrency, **(schedule.model_dump() if schedule else {}))
     if schedule is not None:
@@ -83,8 +90,19 @@ def record_level(
             simulation.time_scale = schedule.time_scale
     ratio = level_speed_ratio(before, info, wall_s, simulation.time_scale)
     if ratio is not None:
+        # The stand-in's own clock over exactly this pass decides: the tokens it delivered follow that clock. Its
+        # `lagging` flag judges its last few seconds (the other target's pass among them) and stays on until it
+        # has kept up for a whole window, so it would condemn passes it ran on time.
         entry.level_speed_ratio = round(ratio, 4)
-        entry.lagging = bool(entry.lagging) or ratio < LAGGING_SPEED_RATIO
+        entry.lagging = ratio < LAGGING_SPEED_RATIO
+    return entry
+
+
+def record_level(
+    simulation: Simulation, concurrency: int, info: Any, before: Any = None, wall_s: float = 0.0
+) -> LevelSchedule:
+    """`read_pass`, appended to `simulation` (a level measured in one pass)."""
+    entry = read_pass(simulation, concurrency, info, before, wall_s)
     simulation.levels.append(entry)
     return entry
 
@@ -109,7 +127,7 @@ def refusal(targets: Mapping[str, TargetInfo], speculative: str, plain: str) -> 
         simulation = info.simulation if info is not None else None
         if simulation is None:
             continue
-        lagging = [entry for entry in simulation.levels if entry.lagging]
+        lagging = [entry for entry in simulation.levels if entry.lagging and not entry.rerun]
         if not lagging:
             continue
         scale = f" at time scale {simulation.time_scale:g}" if simulation.time_scale is not None else ""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from crossover.loadtest.client import RequestResult
 from crossover.loadtest.models import Level
@@ -70,6 +71,16 @@ def token_gaps(result: RequestResult) -> list[float]:
     return out
 
 
+@dataclass(frozen=True)
+class Window:
+    """One measured window of a level: every request it started, and those that ended inside [t0, t1]."""
+
+    started: Sequence[RequestResult]
+    ended: Sequence[RequestResult]
+    t0: float
+    t1: float
+
+
 def summarize(
     target: str,
     concurrency: int,
@@ -78,11 +89,19 @@ def summarize(
     t0: float,
     t1: float,
 ) -> Level:
-    """One `levels[]` entry of results.json.
+    """One `levels[]` entry of results.json from one window.
 
     `results`: every request the level started; `ended`: those that finished inside the window [t0, t1].
     """
-    duration = max(t1 - t0, 1e-9)
+    return summarize_passes(target, concurrency, [Window(results, ended, t0, t1)])
+
+
+def summarize_passes(target: str, concurrency: int, windows: Sequence[Window]) -> Level:
+    """One `levels[]` entry from the windows of its passes (bench alternates the targets pass by pass): their
+    requests and tokens pooled over their summed duration, and the interval from every pass's sub-windows, so
+    a machine that changed speed between passes widens it (uncertainty.py)."""
+    duration = max(math.fsum(w.t1 - w.t0 for w in windows), 1e-9)
+    ended = [r for w in windows for r in w.ended]
     ok = [r for r in ended if r.success]
     ok_chunks = sum(len(r.chunk_times) for r in ok)
     level_per_chunk = sum(r.output_tokens for r in ok) / ok_chunks if ok_chunks else 1.0
@@ -92,18 +111,25 @@ def summarize(
     output_tokens = 0.0
     in_flight = 0.0
     window_chunks = 0.0
-    batches = [0.0] * BATCHES  # output tokens per sub-window, for the interval (uncertainty.py)
-    for r in results:
-        in_flight += max(0.0, min(r.end, t1) - max(r.start, t0))
-        weight = 1.0 if r.success else unfinished_weight if r.cancelled else 0.0
-        if not weight:
-            continue
-        counts = chunk_token_counts(r, level_per_chunk)
-        arrived = [(t, k) for t, k in zip(r.chunk_times, counts, strict=False) if t0 < t <= t1]
-        for t, k in arrived:
-            batches[min(int((t - t0) / duration * BATCHES), BATCHES - 1)] += weight * k
-        output_tokens += weight * sum(k for _, k in arrived)
-        window_chunks += weight * len(arrived)
+    batch_rates: list[float] = []  # output tok/s per sub-window of every pass, for the interval
+    pass_rates: list[float] = []
+    for window in windows:
+        t0, t1 = window.t0, window.t1
+        span = max(t1 - t0, 1e-9)
+        batches = [0.0] * BATCHES  # output tokens per sub-window
+        for r in window.started:
+            in_flight += max(0.0, min(r.end, t1) - max(r.start, t0))
+            weight = 1.0 if r.success else unfinished_weight if r.cancelled else 0.0
+            if not weight:
+                continue
+            counts = chunk_token_counts(r, level_per_chunk)
+            arrived = [(t, k) for t, k in zip(r.chunk_times, counts, strict=False) if t0 < t <= t1]
+            for t, k in arrived:
+                batches[min(int((t - t0) / span * BATCHES), BATCHES - 1)] += weight * k
+            window_chunks += weight * len(arrived)
+        output_tokens += math.fsum(batches)
+        batch_rates += [b * BATCHES / span for b in batches]
+        pass_rates.append(math.fsum(batches) / span)
     input_tokens = sum(r.prompt_tokens for r in ok)
 
     samples: dict[str, list[float]] = {name: [] for name in LATENCY_METRICS}
@@ -125,7 +151,8 @@ def summarize(
         "request_throughput": len(ok) / duration,
         "input_throughput": input_tokens / duration,
         "output_throughput": output_tokens / duration,
-        "output_throughput_interval": batch_means_interval([b * BATCHES / duration for b in batches]),
+        "output_throughput_interval": batch_means_interval(batch_rates),
+        "pass_output_throughputs": pass_rates if len(windows) > 1 else None,
         "total_input_tokens": input_tokens,
         "total_output_tokens": round(output_tokens),
         "measured_concurrency": in_flight / duration,

@@ -1,9 +1,12 @@
 """How sure a level's throughput is, and when two curves are too close to call.
 
-**A level's interval: batch means.** The measurement window is cut into BATCHES equal sub-windows and the
-output throughput measured in each; the interval is mean +- t(0.975, BATCHES - 1) x sd / sqrt(BATCHES). This
-is the standard estimate for the steady-state output of a simulation or a closed loop, whose successive
-requests are correlated (each finish starts the next one), so resampling single requests would understate it.
+**A level's interval: batch means.** Each pass's measurement window is cut into BATCHES equal sub-windows and
+the output throughput measured in each; over the n sub-windows of all passes the interval is mean +-
+t(0.975, n - 1) x sd / sqrt(n). This is the standard estimate for the steady-state output of a simulation or a
+closed loop, whose successive requests are correlated (each finish starts the next one), so resampling single
+requests would understate it. The passes alternate the targets (runner.py), so a machine whose speed drifts
+during a level spreads every target's sub-windows - a wider interval - rather than favouring whichever target
+ran while it was fast.
 
 **Resolution.** No sweep on a shared machine resolves arbitrarily small differences, however steady each
 level looks: the stand-in is deterministic (its batch means may agree to 0.1%), and against real servers
@@ -22,7 +25,12 @@ from typing import Literal
 # several requests' worth of tokens at the default window.
 BATCHES = 5
 # Two-sided 95% Student t quantiles by degrees of freedom (no scipy needed for a handful of values).
-_T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+_T_975 = {
+    **{1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262},
+    **{10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101},
+    **{19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052},
+    **{28: 2.048, 29: 2.045},
+}
 # Relative difference below which two throughputs at one level are not told apart.
 DEFAULT_RESOLUTION = 0.02
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from crossover.gateway.agent_contract import TOKEN_ENV
-from crossover.gateway.cli import port
+from crossover.gateway.cli import listen_error, port
 
 SERVERS_COMMAND_GROUP = "crossover.servers_commands"
 FOREGROUND_CHECK_S = 1.0  # --foreground: how often it looks for servers that exited
@@ -332,6 +332,9 @@ def _agent(args: argparse.Namespace) -> int:
         return 2
     from crossover.servers.agent import AgentSettings, run
 
+    if (error := listen_error(args.host, args.port)) is not None:
+        _say(f"error: {error}")
+        return 2
     _say(f"agent for {profile.name} on http://{args.host}:{args.port} (bearer token required)")
     if args.host not in ("127.0.0.1", "::1", "localhost"):
         _say(

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +35,7 @@ from importlib import resources
 from pathlib import Path
 
 from crossover.gateway.agent_contract import TOKEN_ENV
-from crossover.gateway.cli import non_negative_int, port, positive_float
+from crossover.gateway.cli import listen_error, non_negative_int, port, positive_float
 
 HOST = "127.0.0.1"
 MODEL = "moonshotai/Kimi-K2.5"  # the stand-in profiles' served name, and k25-eagle3's / k25-plain's
@@ -44,7 +46,8 @@ STANDIN_READY_TIMEOUT_S = 60.0
 STANDIN_STOP_TIMEOUT_S = 10.0
 CONTROL_TIMEOUT_S = 10.0
 READY_POLL_S = 0.05
-LOAD_STEP_STREAMS = 60  # well above the shipped config's threshold of 32
+LOAD_STEP_CLIENTS = 60  # well above the shipped config's threshold of 32
+LOAD_STEP_TOKENS = 1024
 LOAD_STEP_S = 30
 
 
@@ -122,37 +125,44 @@ def start_standin(profile: str, port: int, time_scale: float) -> subprocess.Pope
     return process.spawn(argv)
 
 
+def _python() -> str:
+    """How the user's shell runs this interpreter: `python` where that is the one on PATH, else its path."""
+    found = shutil.which("python")
+    same = found is not None and Path(found).absolute().parent == Path(sys.executable).absolute().parent
+    return "python" if same else sys.executable
+
+
+# Every command a banner prints runs with `pip install -e .` alone (curl, and crossover's base dependencies):
+# the first thing a user tries must not start with a missing package. The SDK line is a pointer, not a command.
 def banner(url: str, token: str, lines: list[str]) -> str:
-    sdk = (
-        f"python -c \"from openai import OpenAI; c = OpenAI(base_url='{url}/v1', api_key='none'); "
-        f"print(c.chat.completions.create(model='{MODEL}', messages=[{{'role': 'user', 'content': 'Hi'}}])"
-        f'.choices[0].message.content)"'
-    )
+    chat = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16})
     return "\n".join(
         [
             *lines,
             f"  admin token: {token}",
-            f"  try:         {sdk}",
-            f"  threshold:   curl -H 'Authorization: Bearer {token}' {url}/admin/threshold",
-            f"  metrics:     curl {url}/metrics",
+            f"  try:         curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{chat}'",
+            f"  OpenAI SDK:  base_url='{url}/v1', api_key='none', model='{MODEL}'   (pip install openai)",
+            f"  threshold:   curl -s -H 'Authorization: Bearer {token}' {url}/admin/threshold",
+            f"  metrics:     curl -s {url}/metrics",
             "  Ctrl-C stops everything.",
         ]
     )
 
 
 def time_shared_lines(url: str, token: str, mechanism: str, threshold: int) -> list[str]:
+    # A closed loop of long non-streamed answers: LOAD_STEP_CLIENTS in flight at little CPU of the machine's.
     step = (
-        f"crossover bench --target demo={url}/v1 --model {MODEL} --concurrency {LOAD_STEP_STREAMS} "
-        f"--duration-per-level {LOAD_STEP_S} --no-plots --out /tmp/crossover-load-step"
+        f"{_python()} -m crossover.loadtest.proxybench.loadgen --url {url} --model {MODEL} "
+        f"--concurrency {LOAD_STEP_CLIENTS} --max-tokens {LOAD_STEP_TOKENS} --duration {LOAD_STEP_S} --warmup 0"
     )
     return [
         f"crossover demo: gateway on {url} (one simulated GPU set, {TIME_SHARED_PROFILE}: speculative and plain "
         f"in turn, switched by {mechanism})",
         f"  load step:   {step}",
-        f"               ({LOAD_STEP_STREAMS} streams for {LOAD_STEP_S} s: above the threshold of {threshold}, so it "
+        f"               ({LOAD_STEP_CLIENTS} clients for {LOAD_STEP_S} s: above the threshold of {threshold}, so it "
         "switches to plain within seconds, and back to speculative once the step ends)",
-        f"  watch:       watch -n1 \"curl -s -H 'Authorization: Bearer {token}' {url}/admin/mode\"   (and this log: "
-        "each switch and why)",
+        f"  mode:        curl -s -H 'Authorization: Bearer {token}' {url}/admin/mode   (under watch -n1 to follow "
+        "it; and this log: each switch and why)",
     ]
 
 
@@ -267,6 +277,10 @@ def run(
     from crossover.gateway.config import DEFAULT_THRESHOLD, Settings, SettingsError
     from crossover.servers import process
 
+    # Before any stand-in starts: a port in use is one line, not stand-ins started for nothing.
+    if (error := listen_error(HOST, port)) is not None:
+        print(f"crossover demo: {error}", file=sys.stderr)
+        return 2
     # SIGTERM behaves like Ctrl-C; while uvicorn serves it takes both, shuts down, then re-raises them here.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
@@ -305,6 +319,10 @@ def run(
             pass
         except (process.NotReady, httpx.HTTPError) as exc:
             print(f"crossover demo: {exc}", file=sys.stderr)
+            return 1
+        except SystemExit:
+            # uvicorn's exit when it cannot start (the port taken since the check): it logged why just above.
+            print(f"crossover demo: the gateway did not start on {url} (see the error above)", file=sys.stderr)
             return 1
         finally:
             for command in started.down:

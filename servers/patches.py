@@ -181,17 +181,17 @@ def locate(sglang: Path | None = None, python: str | None = None) -> Path:
         spec = importlib.util.find_spec("sglang")
         where = list(spec.submodule_search_locations or []) if spec else []
     else:
-        found = subprocess.run(
-            [
-                python,
-                "-c",
-                _FIND_SCRIPT,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        try:
+            found = subprocess.run(
+                [python, "-c", _FIND_SCRIPT], capture_output=True, text=True, timeout=60, check=False
+            )
+        except OSError as exc:
+            raise PatchRefused(
+                f"cannot run --python {python} ({exc.strerror}): give the Python of the environment SGLang is "
+                "installed in (e.g. /path/to/venv/bin/python), or --sglang PATH"
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise PatchRefused(f"--python {python} did not answer within 60 s: is it a Python interpreter?") from None
         where = [found.stdout.strip()] if found.returncode == 0 and found.stdout.strip() else []
     if not where:
         raise PatchRefused(

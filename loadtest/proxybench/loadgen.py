@@ -33,6 +33,7 @@ from crossover.loadtest.percentile import percentiles
 from crossover.loadtest.proxybench.cpu import tree_cpu_seconds
 
 DEFAULT_MAX_TOKENS = 64
+DEFAULT_MODEL = "zero"  # the zero backend's; a gateway that knows its models refuses any other
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 PATH = "/v1/chat/completions"
@@ -146,13 +147,14 @@ class LoadSpec:
     timeout: float = DEFAULT_REQUEST_TIMEOUT_S
     ramp: float = 0.0  # worker i sends its first request at i/C of this (seconds)
     cpu_pid: int | None = None  # the process whose tree's CPU time is measured over the window
+    model: str = DEFAULT_MODEL
 
 
 def build_request(spec: LoadSpec) -> bytes:
     parts = urlsplit(spec.url)
     body = json.dumps(
         {
-            "model": "zero",
+            "model": spec.model,
             "messages": [{"role": "user", "content": "Say something."}],
             "max_tokens": spec.max_tokens,
             "stream": spec.stream,
@@ -295,6 +297,7 @@ def main(argv: list[str] | None = None) -> None:
         help="spread the workers' first requests evenly over this many seconds",
     )
     parser.add_argument("--cpu-pid", type=positive_int, help="report this process tree's CPU time per request")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="the request's model (default: %(default)s)")
     args = parser.parse_args(argv)
     spec = LoadSpec(
         args.url,
@@ -307,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
         args.timeout,
         args.ramp,
         args.cpu_pid,
+        args.model,
     )
     json.dump(uvloop.run(run_load(spec)), sys.stdout)
     sys.stdout.write("\n")

@@ -15,6 +15,7 @@ import sys
 
 from crossover.gateway.cli import (
     json_string_map,
+    listen_error,
     non_negative_float,
     non_negative_int,
     port,
@@ -216,6 +217,8 @@ def _serve(args: argparse.Namespace) -> int:
         profile = _load(args)
     except ProfileError as exc:
         return _fail(str(exc))
+    if (error := listen_error(args.host, args.port)) is not None:
+        return _fail(error)
     spec = profile.speculative
     print(
         f"crossover sim: SIMULATED SGLang server - no model runs, text is filler. profile {profile.name} "

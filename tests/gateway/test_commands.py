@@ -38,7 +38,7 @@ def test_serve_refuses_bad_settings_naming_the_field(tmp_path):
     result = refused_serve(config)
     assert result.returncode == 2
     for field in ("threshold", "pools.speculative.backends", "pools.plain.backends"):
-        assert f"  {field}: " in result.stderr, result.stderr
+        assert f" {field}: " in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -52,7 +52,7 @@ def test_environment_overrides_the_file(sims, gateway_process, tmp_path):
     config = tmp_path / "ok.toml"
     config.write_text(pools)
     result = refused_serve(config, env={**os.environ, "CROSSOVER_TIMEOUTS__CONNECT": "-1"})
-    assert result.returncode == 2 and "  timeouts.connect (from $CROSSOVER_TIMEOUTS__CONNECT): " in result.stderr, (
+    assert result.returncode == 2 and " timeouts.connect (from $CROSSOVER_TIMEOUTS__CONNECT): " in result.stderr, (
         result.stderr
     )
 
@@ -75,7 +75,7 @@ def test_serve_refuses_credentials_in_a_backend_url_and_blank_tokens(tmp_path):
     )
     result = refused_serve(config)
     assert result.returncode == 2, result.stderr
-    assert "  pools.speculative.backends: " in result.stderr and "api_key" in result.stderr
+    assert " pools.speculative.backends: " in result.stderr and "api_key" in result.stderr
     for field in ("admin_token", "api_keys", "pools.plain.api_key"):
-        assert f"  {field}: " in result.stderr, result.stderr
+        assert f" {field}: " in result.stderr, result.stderr
     assert "hunter2" not in result.stderr and "Traceback" not in result.stderr

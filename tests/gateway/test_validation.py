@@ -2,10 +2,12 @@
 
 import json
 
+import httpx
 import pytest
 
 from crossover.gateway.errors import InvalidRequest, ModelNotFound
 from crossover.gateway.validation import parse_generation
+from tests.gateway.gateway_helpers import WAIT_S, chat, unused_url
 
 MODELS = frozenset({"moonshotai/Kimi-K2.5"})
 CHAT_OK = {"model": "moonshotai/Kimi-K2.5", "messages": [{"role": "user", "content": "hi"}]}
@@ -40,6 +42,7 @@ def test_valid_requests():
         ({**CHAT_OK, "stream": "yes"}, "stream", "invalid_type"),
         ({**CHAT_OK, "stream_options": []}, "stream_options", "invalid_type"),
         ({**CHAT_OK, "model": 7}, "model", "invalid_type"),
+        ({**CHAT_OK, "model": None}, "model", "invalid_type"),  # absent is the backend's default; null is no name
     ],
     ids=lambda value: value if isinstance(value, str) or value is None else repr(value)[:30],
 )
@@ -62,3 +65,14 @@ def test_unknown_model_is_404():
             "code": "model_not_found",
         }
     }
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["direct lane", "stream"])
+def test_a_null_model_is_refused_before_routing(gateway, stream):
+    # Nothing listens behind the pools: a request that was routed would answer 502 or 503, not 400.
+    running = gateway([unused_url()], [unused_url()])
+    response = httpx.post(f"{running.url}/v1/chat/completions", json=chat(stream=stream, model=None), timeout=WAIT_S)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"], error["type"]) == ("model", "invalid_type", "invalid_request_error")
+    assert error["message"] == "'model' must be a string, got null"

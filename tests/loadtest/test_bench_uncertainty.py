@@ -14,13 +14,16 @@ or over 50%.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import httpx
+import pytest
 
 from crossover.gateway.app import create_app
 from crossover.gateway.config import Settings
 from crossover.loadtest.crossover import find_crossover
-from tests.loadtest.test_bench import ADMIN_TOKEN, INITIAL_THRESHOLD, bench, virtual_curve
+from tests.loadtest.test_bench import ADMIN_TOKEN, INITIAL_THRESHOLD, bench, crossover_cli, virtual_curve
 
 GRID = [1, 2, 4, 8, 16]
 INPUT_LEN, OUTPUT_LEN = 16, 32
@@ -122,3 +125,57 @@ def test_a_sharp_pair_has_a_crossover_whose_interval_holds_the_virtual_one_and_a
         f"{gateway.url}/admin/state", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10
     ).json()
     assert (state["policy"], state["threshold"]) == ("switch", recommended["switch"])
+
+
+# Two stand-ins 0.4% apart: k25-plain, and a copy whose every decode cost is 0.4% higher.
+NEAR_SCALE = "5"
+NEAR_GRID = [1, 8]
+NEAR_TIMING = ("--duration-per-level", "4", "--warmup-rounds", "1", "--output-len", "64", "--input-len", "16")
+DECODE_COSTS = ("fixed_s", "per_request_s", "per_query_token_s", "per_context_token_s")
+
+
+def slower_copy(path) -> str:
+    """k25-plain with each decode cost 0.4% higher, under another name."""
+    from importlib import resources
+
+    text = resources.files("crossover.servers.sim").joinpath("profiles", "k25-plain.toml").read_text()
+    decode, rest = text.split("[decode]\n", 1)
+    costs, after = rest.split("\n\n", 1)
+    for name in DECODE_COSTS:
+        line = next(line for line in costs.splitlines() if line.startswith(f"{name} = "))
+        value = float(line.split("=", 1)[1].split("#", 1)[0])
+        costs = costs.replace(line, f"{name} = {value * 1.004:.9g}")
+    path.write_text(decode + "[decode]\n" + costs + "\n\n" + after)
+    return str(path)
+
+
+@pytest.fixture
+def two_burners():
+    """Two CPU-burning processes beside the test, as `python -m tests.busy` runs them; stopped by pid."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    yield
+    for burner in burners:
+        burner.kill()
+        burner.wait()
+
+
+def test_two_stand_ins_a_fraction_of_a_percent_apart_beside_cpu_burners_show_no_lead(sim, tmp_path, two_burners):
+    # The passes alternate the targets, so the burners' share of the cores shifts both alike: whatever the
+    # machine does, no level may read as a lead outside its margin (a sequential sweep once read 0.4% as 12.5%).
+    stand_ins = {
+        "speculative": sim("k25-plain", "--time-scale", NEAR_SCALE, "--log-level", "warning"),
+        "plain": sim(slower_copy(tmp_path / "slower.toml"), "--time-scale", NEAR_SCALE, "--log-level", "warning"),
+    }
+    argv = ["bench", "--concurrency", ",".join(map(str, NEAR_GRID)), *NEAR_TIMING, "--no-plots"]
+    argv += ["--out", str(tmp_path / "run")]
+    for name, server in stand_ins.items():
+        argv += ["--target", f"{name}={server.url}"]
+    done = crossover_cli(*argv)
+    print(done.stdout, done.stderr)  # the evidence, shown when a check fails
+    run = json.loads((tmp_path / "run" / "results.json").read_text())
+    crossover = run["crossover"]
+    for row in crossover["evidence"]:
+        lead = abs(row["plain_output_throughput"] - row["speculative_output_throughput"])
+        assert row["verdict"] == "tie" and lead <= row["margin"], row
+    assert (done.returncode, crossover["status"], crossover["concurrency"]) == (0, "within_noise", None), crossover
+    assert all(len(level["pass_output_throughputs"]) == 2 for level in run["levels"])

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from crossover.loadtest.config import default_requests
+from crossover.loadtest.config import MAX_RERUNS_PER_LEVEL, default_requests
 from crossover.loadtest.plan import LoadSettings, Target
 from crossover.loadtest.runner import run_level, run_sweep
 from crossover.loadtest.workload import Workload
@@ -53,7 +53,7 @@ def test_mid_stream_errors_are_failures_with_no_throughput(scripted):
     assert level.errors == {"stream error event: 503: The request queue is full.": 9}
 
 
-def test_sweep_interleaves_targets_level_by_level(scripted):
+def test_sweep_interleaves_targets_level_by_level_and_pass_by_pass(scripted):
     url, _ = scripted
     targets = [Target(name="a", url=url), Target(name="b", url=f"{url}/v1")]
     order = []
@@ -62,18 +62,53 @@ def test_sweep_interleaves_targets_level_by_level(scripted):
             targets,
             [1, 2],
             workload("ok"),
-            LoadSettings(requests=2),
+            LoadSettings(requests=3, passes=2),
             on_level_start=lambda target, c, planned: order.append((target.name, c, planned)),
         )
     )
-    # Planned requests include the warm-up round of C.
-    assert order == [("a", 1, 3), ("b", 1, 3), ("a", 2, 4), ("b", 2, 4)]
-    assert [(lv.target, lv.concurrency, lv.completed) for lv in levels] == [
-        ("a", 1, 2),
-        ("b", 1, 2),
-        ("a", 2, 2),
-        ("b", 2, 2),
+    # A B B A at each level; each pass measures its share of the level (2 of 3) after a warm-up round of C.
+    assert order == [
+        ("a", 1, 3),
+        ("b", 1, 3),
+        ("b", 1, 3),
+        ("a", 1, 3),
+        ("a", 2, 4),
+        ("b", 2, 4),
+        ("b", 2, 4),
+        ("a", 2, 4),
     ]
+    assert [(lv.target, lv.concurrency, lv.completed) for lv in levels] == [
+        ("a", 1, 4),
+        ("b", 1, 4),
+        ("a", 2, 4),
+        ("b", 2, 4),
+    ]
+    assert all(len(lv.pass_output_throughputs) == 2 for lv in levels)
+
+
+def test_a_rejected_pass_is_measured_again_until_the_reruns_are_spent(scripted):
+    url, _ = scripted
+    targets = [Target(name="a", url=url), Target(name="b", url=url)]
+    order, checks = [], []
+
+    async def reject_the_first_passes(concurrency: int, index: int, may_rerun: bool) -> bool:
+        checks.append((concurrency, index, may_rerun))
+        return False  # a stand-in that never keeps up: kept once no rerun is left
+
+    levels = asyncio.run(
+        run_sweep(
+            targets,
+            [1],
+            workload("ok"),
+            LoadSettings(requests=2, passes=2),
+            on_level_start=lambda target, c, planned: order.append(target.name),
+            on_pass_done=reject_the_first_passes,
+        )
+    )
+    reruns = [(1, 0, True)] * MAX_RERUNS_PER_LEVEL
+    assert checks == [*reruns, (1, 0, False), (1, 1, False)]
+    assert order == ["a", "b"] * (MAX_RERUNS_PER_LEVEL + 1) + ["b", "a"]
+    assert [(lv.target, lv.completed) for lv in levels] == [("a", 2), ("b", 2)]  # only the kept passes count
 
 
 def test_a_crashing_progress_hook_ends_the_level_with_its_error_instead_of_a_hang(scripted):

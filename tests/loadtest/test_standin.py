@@ -10,6 +10,7 @@ import httpx
 import jsonschema
 import pytest
 
+from crossover.loadtest.config import MAX_RERUNS_PER_LEVEL
 from crossover.loadtest.models import Schedule, Simulation, TargetInfo
 from crossover.loadtest.results import load_results, load_schema
 from crossover.loadtest.standin import read_simulation, record_level, refusal
@@ -82,7 +83,8 @@ def stand_ins(serve):
 
 def test_a_lagging_stand_in_is_recorded_and_no_crossover_is_named(stand_ins, tmp_path, capsys):
     speculative, plain = stand_ins
-    assert bench(tmp_path / "run", speculative, plain) == 1  # results written, but not to be trusted
+    # One pass a level: the plain stand-in's reads are before the sweep, then before and after each level.
+    assert bench(tmp_path / "run", speculative, plain, "--passes", "1") == 1  # results written, not trusted
     printed, progress = capsys.readouterr()
     data = json.loads((tmp_path / "run" / "results.json").read_text())
     jsonschema.validate(data, load_schema())
@@ -90,13 +92,18 @@ def test_a_lagging_stand_in_is_recorded_and_no_crossover_is_named(stand_ins, tmp
 
     plain_sim = run.metadata.targets["plain"].simulation
     assert plain_sim.time_scale == TIME_SCALE
-    assert [(lv.concurrency, lv.lagging, lv.lag_s) for lv in plain_sim.levels] == [
-        (1, False, 0.01),
-        (2, True, 2.5),
-        (4, True, 2.5),
+    # A level it lags in is measured again while reruns are left, and kept (lagging) once they are spent.
+    reruns = [
+        entry for c in (2, 4) for entry in [(c, True, 2.5, True)] * MAX_RERUNS_PER_LEVEL + [(c, True, 2.5, False)]
+    ]
+    assert [(lv.concurrency, lv.lagging, lv.lag_s, lv.rerun) for lv in plain_sim.levels] == [
+        (1, False, 0.01, False),
+        *reruns,
     ]
     assert plain_sim.schedule.lagging is True
-    assert [lv.lagging for lv in run.metadata.targets["speculative"].simulation.levels] == [False] * 3
+    assert [lv.lagging for lv in run.metadata.targets["speculative"].simulation.levels] == [False] * len(
+        plain_sim.levels
+    )
 
     crossing = run.crossover
     assert crossing.status == "refused"
@@ -136,7 +143,35 @@ def test_stand_ins_that_keep_up_get_their_crossover(serve, tmp_path):
     assert bench(tmp_path / "run", speculative, plain) == 0
     run = load_results(tmp_path / "run")
     assert run.crossover.status != "refused" and run.crossover.recommended_threshold is not None
-    assert [lv.lagging for lv in run.metadata.targets["plain"].simulation.levels] == [None] * 3
+    levels = run.metadata.targets["plain"].simulation.levels
+    assert [(lv.concurrency, lv.pass_index, lv.lagging) for lv in levels] == [
+        (c, index, None) for c in (1, 2, 4) for index in (0, 1)
+    ]
+
+
+def test_a_stand_in_that_fell_behind_for_one_pass_costs_that_pass_a_rerun_not_the_run(serve, tmp_path, capsys):
+    # The plain stand-in's reads (from 0): before the sweep, then before and after each pass; it says it lags
+    # only right after C=2's first pass (read 6) - a few slow seconds on a shared machine.
+    speculative = serve(ScriptedBackend(lambda n: stand_in_info(KEEPING_UP))).url
+    plain = serve(ScriptedBackend(lambda n: stand_in_info(LAGGING if n == 6 else KEEPING_UP))).url
+    assert bench(tmp_path / "run", speculative, plain) == 0
+    _, progress = capsys.readouterr()
+    run = load_results(tmp_path / "run")
+    assert run.crossover.status != "refused" and run.crossover.recommended_threshold is not None
+    levels = run.metadata.targets["plain"].simulation.levels
+    assert [(lv.concurrency, lv.pass_index, lv.lagging, lv.rerun) for lv in levels] == [
+        (1, 0, False, False),
+        (1, 1, False, False),
+        (2, 0, True, True),  # measured again...
+        (2, 0, False, False),  # ...and kept
+        (2, 1, False, False),
+        (4, 0, False, False),
+        (4, 1, False, False),
+    ]
+    # The speculative stand-in ran that pass again too: the targets stay interleaved.
+    assert [lv.rerun for lv in run.metadata.targets["speculative"].simulation.levels].count(True) == 1
+    assert "C=2    pass 1: a stand-in fell behind its schedule, plain (lag 2.50 s" in progress
+    assert "measuring the pass again" in progress
 
 
 def test_the_real_stand_in_at_an_absurd_time_scale_is_refused(sim, tmp_path, capsys):

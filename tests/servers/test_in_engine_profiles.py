@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from crossover.servers.demo import gateway_config_path
 from crossover.servers.process import free_port, spawn, stop, wait_ready
 from crossover.servers.profile import ProfileError, load_profile, parse_profile
 from crossover.servers.sglang_check import load_adaptive_config
@@ -52,7 +53,7 @@ def test_the_standin_topology_comes_up_and_routes(standin_profile, state_dir, tm
     path = standin_profile("standin-in-engine")
     profile = load_profile(path)
     urls = [s.url for s in profile.servers]
-    config = (SHIPPED / "gateway" / "standin-in-engine.toml").read_text()
+    config = gateway_config_path("standin-in-engine").read_text()
     config = re.sub(r"^backends = .*$", f"backends = {urls!r}".replace("'", '"'), config, flags=re.MULTILINE)
     gateway_port = free_port()
     config = re.sub(r"^port = \d+", f"port = {gateway_port}", config, flags=re.MULTILINE)
