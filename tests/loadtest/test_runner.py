@@ -13,6 +13,9 @@ from crossover.loadtest.workload import Workload
 from tests.loadtest.scripted_backend import CHUNKS, TOKENS_PER_CHUNK
 
 LOAD = LoadSettings(request_timeout_s=30.0)
+# Time enters where tests/timing.py cannot see it: the paced backend sleeps between chunks, a level's window
+# and its measured concurrency are on the wall's clock.
+pytestmark = pytest.mark.timing
 
 
 def workload(model: str) -> Workload:
