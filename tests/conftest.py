@@ -4,6 +4,10 @@
              ready once `/health` answers 200, killed with their whole process group afterwards.
 - `serve`:   factory for an ASGI app on a real uvicorn server in a thread of this process, ready once
              uvicorn says it started, shut down afterwards.
+
+Every test that starts a live stand-in or reads a wall clock is marked `timing` (tests/timing.py says which);
+`python -m tests.busy` runs them beside CPU burners. A run ends with one line naming what its skips left
+unchecked and why.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import pytest
 import uvicorn
 
 from crossover.servers.process import free_port, spawn, stop, wait_ready
+from tests.timing import involves_time
 
 READY_TIMEOUT_S = 60.0
 
@@ -126,3 +132,38 @@ def pytest_xdist_make_scheduler(config, log):
             return REAL_SGLANG_TESTS if nodeid.startswith(REAL_SGLANG_TESTS) else nodeid
 
     return RealSGLangTogether(config, log)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "timing: starts a live stand-in or reads a wall clock (tests/timing.py finds them; tests.busy runs them)",
+    )
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if involves_time(item):
+            item.add_marker(pytest.mark.timing)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter):
+    """One line after pytest's own summary: what the skipped tests left unchecked, and why (reasons, counted)."""
+    yield
+    skipped = terminalreporter.stats.get("skipped", [])
+    reasons = Counter(skip_reason(report) for report in skipped)
+    if reasons:
+        listed = "; ".join(f"{reason} ({count})" for reason, count in reasons.most_common())
+        terminalreporter.write_line(f"not checked: {len(skipped)} skipped - {listed}", yellow=True, bold=True)
+
+
+SKIP_REASON_CHARS = 100
+
+
+def skip_reason(report) -> str:
+    """A skip's reason, its first clause (pytest's longrepr for a skip is (path, line, "Skipped: reason"))."""
+    longrepr = report.longrepr
+    reason = (longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)).removeprefix("Skipped: ")
+    reason = reason.split("; ")[0]
+    return reason if len(reason) <= SKIP_REASON_CHARS else reason[: SKIP_REASON_CHARS - 3] + "..."

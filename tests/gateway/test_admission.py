@@ -9,6 +9,9 @@ from crossover.gateway.admission import Admission
 from crossover.gateway.errors import Overloaded
 from tests.gateway.gateway_helpers import LONG, chat, wait_until
 
+# The queue's timeouts run on the wall's clock (tests/timing.py cannot see a timeout given as a setting).
+pytestmark = pytest.mark.timing
+
 
 def test_over_the_limit_and_queue_is_429():
     async def scenario():

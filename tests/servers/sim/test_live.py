@@ -1,20 +1,108 @@
-"""The live engine against its own virtual-time curve, and its lifecycle, over real sockets."""
+"""The live engine against its own virtual-time curve, and its lifecycle, over real sockets.
+
+The step loop's fidelity to the curve is judged on an event loop whose clock the test owns (VirtualTime):
+no load on the machine can move it. The same over HTTP at a real time scale is a benchmark (`-m slow`): how
+well the stand-in keeps its schedule depends on the machine, which is what a benchmark may measure and a
+test may not.
+"""
 
 import asyncio
+import random
+import selectors
 import signal
-import time
 
 import httpx
+import pytest
 
 from crossover.servers.sim.curve import sweep
+from crossover.servers.sim.engine import Engine, Sequence
+from crossover.servers.sim.live import LiveEngine
 from crossover.servers.sim.profile import load_profile
 
-TIME_SCALE = 4.0
 LEVELS = (1, 8, 32)
 INPUT_LEN, OUTPUT_LEN = 16, 128
-WARMUP_S, WINDOW_S = 1.0, 3.0
-# Clients that resend late on a busy machine leave the batch short for a moment: that, not the engine, is
-# what the tolerance allows for. The engine's own speed cannot matter: the window is read on its clock.
+# Profile seconds: ~50 requests at C=1, hundreds at C=32.
+WARMUP_S, WINDOW_S = 10.0, 60.0
+# Live, a finished request's successor joins the batch one step late (the loop picks the next batch before
+# its clients run); the curve's clients resend within the step. That costs ~2% at C=32.
+VIRTUAL_TOLERANCE = 0.03
+
+
+class VirtualTime(selectors.DefaultSelector):
+    """An event loop clock the test owns: when nothing is ready, time jumps to the next timer at once.
+
+        loop = VirtualTime.event_loop()   # asyncio.sleep(60) returns at once, loop.time() 60 s later
+
+    Only for code that does no I/O (the selector reports no events): here, the live engine and its clients.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+
+    def select(self, timeout=None):
+        if timeout is None:
+            raise RuntimeError("nothing scheduled and nothing ready: the loop would wait forever")
+        self.now += max(timeout, 0.0)
+        return []
+
+    @classmethod
+    def event_loop(cls) -> asyncio.AbstractEventLoop:
+        selector = cls()
+        loop = asyncio.SelectorEventLoop(selector)
+        loop.time = lambda: selector.now
+        return loop
+
+
+async def virtual_throughput(profile, concurrency: int) -> float:
+    """Closed-loop clients on the live engine in this loop; output tokens per profile second over the window."""
+    live = LiveEngine(Engine(profile, random.Random(0)), time_scale=1.0, memory=profile.memory)
+    await live.start()
+
+    async def client() -> None:
+        while True:
+            await live.finished(live.submit(Sequence(INPUT_LEN, OUTPUT_LEN)))
+
+    clients = [asyncio.create_task(client()) for _ in range(concurrency)]
+    try:
+        await asyncio.sleep(WARMUP_S)
+        clock0, tokens0 = live.now(), live.engine.generated_total
+        await asyncio.sleep(WINDOW_S)
+        clock1, tokens1 = live.now(), live.engine.generated_total
+    finally:
+        for task in clients:
+            task.cancel()
+        await asyncio.gather(*clients, return_exceptions=True)
+        await live.stop()
+    assert clock1 - clock0 == pytest.approx(WINDOW_S)  # time scale 1: the engine's clock is the loop's
+    return (tokens1 - tokens0) / (clock1 - clock0)
+
+
+@pytest.mark.parametrize("profile_name", ["k25-eagle3", "k25-plain"])
+def test_the_live_step_loop_reproduces_its_virtual_curve(profile_name):
+    profile = load_profile(profile_name)
+    virtual = sweep(profile, list(LEVELS), input_len=INPUT_LEN, output_len=OUTPUT_LEN)
+    loop = VirtualTime.event_loop()
+    try:
+        ratios = {
+            point.concurrency: loop.run_until_complete(virtual_throughput(profile, point.concurrency))
+            / point.output_throughput
+            for point in virtual
+        }
+    finally:
+        loop.close()
+    print("live / virtual throughput:", {c: round(r, 4) for c, r in ratios.items()})
+    for concurrency, ratio in ratios.items():
+        assert 1.0 - VIRTUAL_TOLERANCE <= ratio <= 1.0 + VIRTUAL_TOLERANCE, (concurrency, ratios)
+
+
+# --- the benchmark: the same over HTTP, at a real time scale, on the wall's clock -------------------------
+
+TIME_SCALE = 4.0
+LIVE_WARMUP_S, LIVE_WINDOW_S = 1.0, 3.0
+# Above: the stand-in can never beat its own model, however idle the machine. Below, load lowers the ratio -
+# clients starved of CPU leave the closed loop open and the engine idles between a stream's end and its
+# resend, and idle time passes on the engine's clock too (0.43 at C=1 seen on a busy 2-core machine).
 TOLERANCE = 0.15
 FLOOR = 0.5
 
@@ -26,11 +114,7 @@ async def engine_counters(client: httpx.AsyncClient, url: str) -> tuple[float, i
 
 
 async def live_throughput(url: str, concurrency: int) -> float:
-    """Closed-loop streams; output tokens per profile second of the engine's own clock over the window.
-
-    Judged on the stand-in's clock, not the wall's: a machine too busy to keep the schedule makes the window
-    last longer in wall time, not deliver fewer tokens per simulated second.
-    """
+    """Closed-loop streams; output tokens per profile second of the engine's clock over the window."""
     body = {
         "model": "m",
         "messages": [{"role": "user", "content": " ".join(["the"] * INPUT_LEN)}],
@@ -50,9 +134,9 @@ async def live_throughput(url: str, concurrency: int) -> float:
     async with httpx.AsyncClient(timeout=httpx.Timeout(60.0), limits=limits) as client:
         workers = [asyncio.create_task(worker(client)) for _ in range(concurrency)]
         try:
-            await asyncio.sleep(WARMUP_S)  # the load's duration, not a wait for readiness
+            await asyncio.sleep(LIVE_WARMUP_S)  # the load's duration, not a wait for readiness
             clock0, tokens0 = await engine_counters(client, url)
-            await asyncio.sleep(WINDOW_S)
+            await asyncio.sleep(LIVE_WINDOW_S)
             clock1, tokens1 = await engine_counters(client, url)
         finally:
             stop.set()
@@ -62,7 +146,8 @@ async def live_throughput(url: str, concurrency: int) -> float:
     return (tokens1 - tokens0) / (clock1 - clock0)
 
 
-def test_live_sim_reproduces_its_virtual_curve(sim):
+@pytest.mark.slow
+def test_benchmark_the_live_sim_over_http_keeps_to_its_virtual_curve(sim):
     server = sim("k25-eagle3", "--time-scale", str(TIME_SCALE))
     virtual = sweep(load_profile("k25-eagle3"), list(LEVELS), input_len=INPUT_LEN, output_len=OUTPUT_LEN)
     ratios = {}
@@ -71,10 +156,6 @@ def test_live_sim_reproduces_its_virtual_curve(sim):
         ratios[point.concurrency] = live / point.output_throughput
     print("live / virtual throughput (profile time):", {c: round(r, 3) for c, r in ratios.items()})
     for concurrency, ratio in ratios.items():
-        # Above: the stand-in can never beat its own model, however idle the machine. Below, load can only
-        # lower the ratio - clients starved of CPU leave the closed loop open and the engine idles between a
-        # stream's end and its resend (0.79 seen beside the whole suite on 2 cores) - so the bound there only
-        # catches an engine that runs at half its model's speed or worse.
         assert FLOOR <= ratio <= 1.0 + TOLERANCE, (concurrency, ratios)
 
 
@@ -89,13 +170,12 @@ def test_sigterm_stops_a_busy_sim_promptly(sim):
         response = client.send(request, stream=True)
         lines = response.iter_lines()
         next(lines)
-        started = time.monotonic()
         server.proc.terminate()
         rest = [line for line in lines if line]  # the stream ends cleanly rather than being cut
         assert '"finish_reason":"abort"' in rest[-2] and rest[-1] == "data: [DONE]"
         # uvicorn re-raises the signal once shut down, so the exit status says SIGTERM.
-        assert server.proc.wait(timeout=10) in (0, -signal.SIGTERM)
-        assert time.monotonic() - started < 15.0  # the stream it cut would have run for minutes
+        # (The stream it cut would have run for minutes of wall time: ending with "abort" is the promptness.)
+        assert server.proc.wait(timeout=30) in (0, -signal.SIGTERM)
 
 
 def test_measured_first_token_is_not_held_behind_a_longer_wait(sim_app, tmp_path):
