@@ -20,6 +20,16 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from crossover.gateway.agent_contract import TOKEN_ENV
 from crossover.gateway.modes import MODES as POOL_NAMES
 from crossover.gateway.modes import PLAIN, SPECULATIVE, Mode
+from crossover.gateway.switch_policy import (
+    DEFAULT_ADVANTAGE,
+    DEFAULT_MIN_DWELL_S,
+    DEFAULT_PRIOR_PHASE_S,
+    DEFAULT_WINDOW_S,
+    PolicySettings,
+    SwitchCost,
+    Switcher,
+    ThresholdRates,
+)
 
 # Re-exported: the rest of the gateway reads the words from here or from modes.py, never types them again.
 __all__ = ["PLAIN", "POOL_NAMES", "SPECULATIVE", "Mode"]
@@ -83,18 +93,13 @@ DEFAULT_TOPOLOGY: Topology = "partitioned"
 DEFAULT_MECHANISM: Mechanism = "sleep"
 DEFAULT_INITIAL_MODE: Mode = "speculative"
 DEFAULT_SWITCH_INTERVAL_S = 1.0
-DEFAULT_DWELL_S = 60.0
-DEFAULT_WINDOW_S = 30.0
+DEFAULT_DWELL_S = DEFAULT_MIN_DWELL_S
 DEFAULT_DRAIN_DEADLINE_S = 30.0
 DEFAULT_SWITCH_QUEUE_MAX = 1024
 DEFAULT_SWITCH_QUEUE_TIMEOUT_S = 600.0
 DEFAULT_SWITCH_TIMEOUT_S = 900.0
 DEFAULT_CONTROL_TIMEOUT_S = 120.0
 DEFAULT_VERIFY_TIMEOUT_S = 60.0
-# Until a load phase has been seen to end, a phase is expected to last this long (then: the mean seen).
-DEFAULT_PRIOR_PHASE_S = 600.0
-# Without measured curves, the mode the threshold calls for is assumed this much faster than the other.
-DEFAULT_ADVANTAGE = 0.1
 # What a switch costs (seconds without service) until one has been measured.
 DEFAULT_RESTART_COST_S = 300.0
 DEFAULT_SLEEP_COST_S = 30.0
@@ -218,8 +223,9 @@ class HealthSettings(_Section):
         return path
 
 
-class SwitchingSettings(_Section):
-    """How a time-shared GPU set moves between its two modes (`topology = "time-shared"`)."""
+class _SwitchRun(_Section):
+    """What [switching] says about when a switch is decided and how it drains: read by the switch controller and,
+    through SwitchSettings, by the replay."""
 
     mechanism: Mechanism = DEFAULT_MECHANISM
     initial_mode: Mode = DEFAULT_INITIAL_MODE
@@ -227,15 +233,20 @@ class SwitchingSettings(_Section):
     dwell: float = Field(DEFAULT_DWELL_S, ge=0)
     window: float = Field(DEFAULT_WINDOW_S, gt=0)
     drain_deadline: float = Field(DEFAULT_DRAIN_DEADLINE_S, ge=0)
+    # A fixed expected phase length; 0: learned from the load's phases, starting from prior_phase.
+    expected_phase: float = Field(0.0, ge=0)
+    prior_phase: float = Field(DEFAULT_PRIOR_PHASE_S, gt=0)
+    advantage: float = Field(DEFAULT_ADVANTAGE, gt=0)
+
+
+class SwitchingSettings(_SwitchRun):
+    """How a time-shared GPU set moves between its two modes (`topology = "time-shared"`)."""
+
     queue_max: int = Field(DEFAULT_SWITCH_QUEUE_MAX, ge=0)
     queue_timeout: float = Field(DEFAULT_SWITCH_QUEUE_TIMEOUT_S, gt=0)
     switch_timeout: float = Field(DEFAULT_SWITCH_TIMEOUT_S, gt=0)
     control_timeout: float = Field(DEFAULT_CONTROL_TIMEOUT_S, gt=0)
     verify_timeout: float = Field(DEFAULT_VERIFY_TIMEOUT_S, gt=0)
-    # A fixed expected phase length; 0: learned from the load's phases, starting from prior_phase.
-    expected_phase: float = Field(0.0, ge=0)
-    prior_phase: float = Field(DEFAULT_PRIOR_PHASE_S, gt=0)
-    advantage: float = Field(DEFAULT_ADVANTAGE, gt=0)
     # Seconds a switch costs before one has been measured; left out: the mechanism's prior (INITIAL_COSTS_S).
     initial_cost: float = Field(DEFAULT_SLEEP_COST_S, ge=0)
     agent_url: str = ""
@@ -388,6 +399,58 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The file's values arrive as init arguments (see load_settings); the environment overrides them.
         return env_settings, init_settings
+
+
+class SwitchSettings(_SwitchRun):
+    """What decides a time-shared GPU set's switches, and when: the gateway's own settings (`threshold`,
+    `hysteresis`, [switching]) as its switch controller runs them, and as `crossover sim replay
+    --gateway-config FILE` replays them - one set of defaults, one gain rule, one `Switcher`.
+
+        switch = SwitchSettings.of(load_settings(path))
+        switcher = switch.switcher()                    # the policy's stepper, its switch cost at the prior
+        policy = switch.policy()                         # or .policy(threshold, hysteresis): the live values
+    """
+
+    threshold: int = Field(DEFAULT_THRESHOLD, ge=0, le=MAX_THRESHOLD)
+    hysteresis: int = Field(DEFAULT_HYSTERESIS, ge=0, le=MAX_THRESHOLD)
+    # None: the mechanism's prior (INITIAL_COSTS_S), whichever mechanism runs.
+    initial_cost: float | None = Field(None, ge=0)
+
+    @classmethod
+    def of(cls, settings: Settings) -> SwitchSettings:
+        switching = settings.switching
+        given = "initial_cost" in switching.model_fields_set
+        return cls(
+            threshold=settings.threshold,
+            hysteresis=settings.hysteresis,
+            **switching.model_dump(include=set(_SwitchRun.model_fields)),
+            initial_cost=switching.initial_cost if given else None,
+        )
+
+    @model_validator(mode="after")
+    def _band(self) -> SwitchSettings:
+        check_threshold(self.threshold, self.hysteresis)
+        return self
+
+    def prior_s(self, mechanism: Mechanism | None = None) -> float:
+        """What a switch by `mechanism` (default: this one) is believed to cost until one is measured."""
+        return self.initial_cost if self.initial_cost is not None else INITIAL_COSTS_S[mechanism or self.mechanism]
+
+    def switcher(self, mechanism: Mechanism | None = None) -> Switcher:
+        return Switcher(SwitchCost(prior_s=self.prior_s(mechanism)))
+
+    def policy(self, threshold: int | None = None, hysteresis: int | None = None) -> PolicySettings:
+        """The policy's inputs; `threshold` and `hysteresis`: the live ones where an operator changed them."""
+        threshold = self.threshold if threshold is None else threshold
+        return PolicySettings(
+            threshold=threshold,
+            hysteresis=self.hysteresis if hysteresis is None else hysteresis,
+            min_dwell_s=self.dwell,
+            window_s=self.window,
+            expected_phase_s=self.expected_phase or None,
+            prior_phase_s=self.prior_phase,
+            rates=ThresholdRates(threshold, self.advantage),
+        )
 
 
 class SettingsError(Exception):

@@ -4,7 +4,8 @@ A pure decision with the clock injected: plain data in (load samples, the curren
 switch's measured cost, settings), a `SwitchDecision` out. No I/O, no hidden state, so the live switch
 controller (gateway/switching.py) and the virtual-time replay (`crossover sim replay`) run the same code.
 
-    settings = SwitchSettings(threshold=32, hysteresis=8, min_dwell_s=60, window_s=30)
+    settings = PolicySettings(threshold=32, hysteresis=8, min_dwell_s=60, window_s=30)
+    # (the gateway and `crossover sim replay` build theirs from config.SwitchSettings: .policy(), .switcher())
     cost = SwitchCost(prior_s=240.0)                # a restart of a big model: minutes
     phases = PhaseHistory()
     samples: deque[LoadSample] = deque()            # trim to the window yourself (window_samples helps)
@@ -180,7 +181,9 @@ def _curve(points: Iterable[tuple[float, float]], name: str) -> tuple[tuple[floa
 
 
 @dataclass(frozen=True, slots=True)
-class SwitchSettings:
+class PolicySettings:
+    """The decision's inputs. The gateway's are `config.SwitchSettings.policy()`: its defaults are these."""
+
     threshold: float
     hysteresis: float = 0.0
     min_dwell_s: float = DEFAULT_MIN_DWELL_S
@@ -267,7 +270,7 @@ class PhaseHistory:
     mean_s: float | None = None
     ended: int = 0
 
-    def observe(self, load: float | None, now: float, settings: SwitchSettings) -> PhaseHistory:
+    def observe(self, load: float | None, now: float, settings: PolicySettings) -> PhaseHistory:
         if load is None:
             return self
         if self.side is None:
@@ -304,7 +307,7 @@ def decide(
     mode: Mode,
     mode_since: float,
     switch_cost_s: float,
-    settings: SwitchSettings,
+    settings: PolicySettings,
     phases: PhaseHistory | None = None,
 ) -> SwitchDecision:
     """Stay in `mode` or switch (see the module docstring for the rules and reasons).
@@ -357,14 +360,14 @@ class Switcher:
         self.phases = PhaseHistory()
         self.samples: deque[LoadSample] = deque()
 
-    def observe(self, now: float, load: float, settings: SwitchSettings) -> None:
+    def observe(self, now: float, load: float, settings: PolicySettings) -> None:
         """One sample: trim the window to (now - window_s, now] and follow the load's phases."""
         self.samples.append(LoadSample(now, load))
         while self.samples and self.samples[0].t <= now - settings.window_s:
             self.samples.popleft()
         self.phases = self.phases.observe(window_load(self.samples, now, settings.window_s), now, settings)
 
-    def decide(self, now: float, *, mode: Mode, mode_since: float, settings: SwitchSettings) -> SwitchDecision:
+    def decide(self, now: float, *, mode: Mode, mode_since: float, settings: PolicySettings) -> SwitchDecision:
         return decide(
             self.samples,
             now=now,

@@ -47,7 +47,7 @@ from enum import StrEnum
 import httpx
 
 from crossover.gateway import switch_policy
-from crossover.gateway.config import Settings
+from crossover.gateway.config import Settings, SwitchSettings
 from crossover.gateway.errors import SwitchConflict, SwitchRateLimited, SwitchUnavailable
 from crossover.gateway.headers import bearer
 from crossover.gateway.health import Breaker
@@ -190,7 +190,8 @@ class SwitchController:
         self.last_decision: switch_policy.SwitchDecision | None = None
         self.switches = 0
         self.recoveries = 0
-        self.switcher = switch_policy.Switcher(switch_policy.SwitchCost(prior_s=self.settings.initial_cost))
+        self.switch = SwitchSettings.of(settings)  # what the policy runs, as `crossover sim replay` runs it
+        self.switcher = self.switch.switcher()
         self.backoff = Backoff(self.settings.backoff, self.settings.backoff_max)
         self.pinned = False
         self.watch = ServingWatch(self.settings.dead_after_probes * self.health_interval)
@@ -349,17 +350,8 @@ class SwitchController:
             except Exception:  # a bug in one tick must not end switching for the gateway's lifetime
                 log.exception("switch controller tick failed")
 
-    def policy_settings(self) -> switch_policy.SwitchSettings:
-        s = self.settings
-        return switch_policy.SwitchSettings(
-            threshold=self.routing.threshold,
-            hysteresis=self.routing.hysteresis,
-            min_dwell_s=s.dwell,
-            window_s=s.window,
-            expected_phase_s=s.expected_phase or None,
-            prior_phase_s=s.prior_phase,
-            rates=switch_policy.ThresholdRates(self.routing.threshold, s.advantage),
-        )
+    def policy_settings(self) -> switch_policy.PolicySettings:
+        return self.switch.policy(self.routing.threshold, self.routing.hysteresis)
 
     def tick(self) -> None:
         """One sampling period (the timer calls it every `interval`; tests may call it with their own clock)."""

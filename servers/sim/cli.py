@@ -23,8 +23,7 @@ from crossover.gateway.cli import (
     positive_int,
     positive_int_list,
 )
-from crossover.gateway.switch_policy import DEFAULT_MIN_DWELL_S, DEFAULT_WINDOW_S
-from crossover.servers.sim.replay import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_STOP_S
+from crossover.servers.sim.replay import DEFAULT_STOP_S
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_INPUT_LEN = 256
@@ -124,6 +123,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="M1,M2,...",
         help="any of always-speculative, always-plain, restart, sleep, oracle (default: all)",
     )
+    replay.add_argument(
+        "--gateway-config",
+        metavar="FILE",
+        help="a gateway TOML (`crossover serve --config`): replay its threshold, hysteresis and [switching] as it "
+        "would run them (default: the gateway's defaults, the threshold at the profiles' crossover); the options "
+        "below override it",
+    )
     replay.add_argument("--json", action="store_true", help="print JSON, one object per mechanism")
     replay.add_argument(
         "--exact",
@@ -143,27 +149,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="S",
         help=f"stopping a server in a restart (default: {DEFAULT_STOP_S:g})",
     )
+    # The gateway's own switch settings (gateway/config.py SwitchSettings), named as the replay always named them.
+    for name, kind, field in (
+        ("--drain-timeout-s", non_negative_float, "switching.drain_deadline"),
+        ("--threshold", non_negative_int, "threshold (default: the profiles' crossover)"),
+        ("--hysteresis", non_negative_int, "hysteresis"),
+        ("--min-dwell-s", non_negative_float, "switching.dwell"),
+        ("--window-s", positive_float, "switching.window"),
+    ):
+        replay.add_argument(name, type=kind, help=f"the gateway's {field}")
     replay.add_argument(
-        "--drain-timeout-s",
-        type=non_negative_float,
-        metavar="S",
-        help=f"in-flight requests' drain (default: {DEFAULT_DRAIN_TIMEOUT_S:g})",
+        "--expected-phase-s", type=positive_float, metavar="S", help="the gateway's switching.expected_phase"
     )
-    replay.add_argument("--threshold", type=non_negative_float, help="default: the profiles' crossover")
-    replay.add_argument("--hysteresis", type=non_negative_float, help="default: a quarter of the threshold")
-    replay.add_argument(
-        "--min-dwell-s",
-        type=non_negative_float,
-        metavar="S",
-        help=f"the policy's minimum dwell (default: {DEFAULT_MIN_DWELL_S:g})",
-    )
-    replay.add_argument(
-        "--window-s",
-        type=positive_float,
-        metavar="S",
-        help=f"the load window (its median; default: {DEFAULT_WINDOW_S:g})",
-    )
-    replay.add_argument("--expected-phase-s", type=positive_float, metavar="S", help="default: learned")
     replay.add_argument("--input-len", type=positive_int, default=DEFAULT_INPUT_LEN, help="(default: %(default)s)")
     replay.add_argument("--output-len", type=positive_int, default=DEFAULT_OUTPUT_LEN, help="(default: %(default)s)")
     replay.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
@@ -199,7 +196,7 @@ def _load(args: argparse.Namespace):
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from crossover.servers.sim.replay import run_command
+    from crossover.servers.sim.replay_report import run_command
 
     return run_command(args)
 

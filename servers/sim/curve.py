@@ -42,6 +42,8 @@ class CurvePoint:
     mean_ttft_s: float
     running: float
     queued: float
+    # Each measured request's time to first token (the replay repeats them for the stretches it skips).
+    ttfts: tuple[float, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -59,25 +61,37 @@ def sweep(
     return [run_level(profile, c, input_len=input_len, output_len=output_len, seed=seed) for c in concurrencies]
 
 
-def run_level(profile: Profile, concurrency: int, *, input_len: int, output_len: int, seed: int = 0) -> CurvePoint:
+def run_level(
+    profile: Profile,
+    concurrency: int,
+    *,
+    input_len: int,
+    output_len: int,
+    seed: int = 0,
+    measured_rounds: int = MEASURED_ROUNDS,
+    zero_steps_above_bs: int | None = None,
+) -> CurvePoint:
+    """One level. `zero_steps_above_bs`: the patched engine's gate (engine.py), for the in-engine topology."""
     if concurrency < 1 or input_len < 1 or output_len < 2:
         raise ValueError("concurrency and input_len must be >= 1 and output_len >= 2 (TPOT needs two tokens)")
     # Clients in a closed loop wait rather than give up, so a queue bound would only make them spin.
     profile = dataclasses.replace(profile, limits=dataclasses.replace(profile.limits, max_queued_requests=None))
     engine = Engine(profile, random.Random(seed))
+    engine.zero_steps_above_bs = zero_steps_above_bs
     if not engine.fits(input_len, output_len):
         raise ValueError(
             f"input_len + output_len = {input_len + output_len} exceeds the profile's KV pool "
             f"({profile.limits.max_total_num_tokens} tokens)"
         )
     warmup = WARMUP_ROUNDS * concurrency
-    total = warmup + max(MEASURED_ROUNDS * concurrency, MIN_MEASURED_REQUESTS)
+    total = warmup + max(measured_rounds * concurrency, MIN_MEASURED_REQUESTS)
     now = 0.0
     for _ in range(concurrency):
         engine.submit(Sequence(input_len, output_len), now)
     completed = measured = 0
     start = tokens_at_start = None
-    ttft_sum = tpot_sum = running_area = queued_area = 0.0
+    tpot_sum = running_area = queued_area = 0.0
+    ttfts: list[float] = []
     while completed < total:
         step = engine.next_step(now)
         if step is None:
@@ -90,7 +104,7 @@ def run_level(profile: Profile, concurrency: int, *, input_len: int, output_len:
             completed += 1
             if start is not None:
                 measured += 1
-                ttft_sum += seq.first_token_at - seq.arrival
+                ttfts.append(seq.first_token_at - seq.arrival)
                 tpot_sum += (seq.finished_at - seq.first_token_at) / (seq.generated - 1)
             elif completed == warmup:
                 start, tokens_at_start = now, engine.generated_total
@@ -100,9 +114,10 @@ def run_level(profile: Profile, concurrency: int, *, input_len: int, output_len:
         concurrency=concurrency,
         output_throughput=(engine.generated_total - tokens_at_start) / window,
         per_request_throughput=measured / tpot_sum if tpot_sum > 0 else float("inf"),
-        mean_ttft_s=ttft_sum / measured,
+        mean_ttft_s=sum(ttfts) / measured,
         running=running_area / window,
         queued=queued_area / window,
+        ttfts=tuple(ttfts),
     )
 
 

@@ -151,3 +151,28 @@ def test_the_example_file_is_valid_and_shows_every_field():
         for sub in getattr(section, "model_fields", {}):
             if name != "pools":  # a field whose default is unset shows commented out (TOML has no null)
                 assert f"\n{sub} =" in text or f"\n# {sub} =" in text, f"{name}.{sub}"
+
+
+def test_switch_settings_are_what_the_gateway_runs(tmp_path):
+    """One set of switch settings for the controller and `crossover sim replay --gateway-config`: read from the
+    file, the mechanism's prior cost unless one is given, the policy built with the live threshold."""
+    from crossover.gateway.config import INITIAL_COSTS_S, SwitchSettings
+    from crossover.gateway.switch_policy import ThresholdRates
+
+    text = 'topology = "time-shared"\nthreshold = 20\nhysteresis = 5\n[switching]\ndwell = 7\nadvantage = 0.3\n'
+    switch = SwitchSettings.of(load_settings(write(tmp_path, text + POOLS.replace(', "http://127.0.0.1:30003"', ""))))
+    assert (switch.threshold, switch.hysteresis, switch.dwell, switch.mechanism) == (20, 5, 7.0, "sleep")
+    assert switch.initial_cost is None and switch.prior_s("restart") == INITIAL_COSTS_S["restart"]
+    assert switch.switcher().cost.estimate_s == INITIAL_COSTS_S["sleep"]
+    policy = switch.policy(threshold=24)
+    assert (policy.threshold, policy.hysteresis, policy.min_dwell_s, policy.window_s) == (24, 5, 7.0, switch.window)
+    assert policy.rates == ThresholdRates(24, 0.3)
+    given = SwitchSettings.of(
+        load_settings(write(tmp_path, text + "initial_cost = 2\n" + POOLS.replace(', "http://127.0.0.1:30003"', "")))
+    )
+    assert given.prior_s("restart") == given.prior_s("sleep") == 2.0
+    # The defaults are the gateway's own, whoever builds them.
+    defaults = SwitchSettings.of(load_settings(write(tmp_path, POOLS)))
+    assert defaults.model_dump() == SwitchSettings().model_dump()
+    with pytest.raises(ValueError, match="hysteresis"):
+        SwitchSettings(threshold=4, hysteresis=4)

@@ -21,15 +21,15 @@ from crossover.gateway.switch_policy import (
     CurveRates,
     LoadSample,
     PhaseHistory,
+    PolicySettings,
     SwitchCost,
     SwitchDecision,
-    SwitchSettings,
     ThresholdRates,
     decide,
     window_load,
 )
 
-SETTINGS = SwitchSettings(threshold=32, hysteresis=8, min_dwell_s=60, window_s=30, expected_phase_s=600)
+SETTINGS = PolicySettings(threshold=32, hysteresis=8, min_dwell_s=60, window_s=30, expected_phase_s=600)
 
 
 def samples_of(loads: list[float], *, end: float, period: float = 1.0) -> list[LoadSample]:
@@ -51,7 +51,7 @@ def run(
     load_at,
     *,
     duration_s: float,
-    settings: SwitchSettings = SETTINGS,
+    settings: PolicySettings = SETTINGS,
     cost_s: float = 5.0,
     period: float = 1.0,
     learn_phases: bool = False,
@@ -142,7 +142,7 @@ def test_a_step_up_and_back_down_switches_exactly_once_each_way_after_the_dwell(
 
 
 def test_a_step_back_down_right_after_a_switch_waits_for_the_dwell():
-    settings = SwitchSettings(threshold=32, hysteresis=8, min_dwell_s=200, window_s=10, expected_phase_s=600)
+    settings = PolicySettings(threshold=32, hysteresis=8, min_dwell_s=200, window_s=10, expected_phase_s=600)
     switches = run(lambda t: 100 if 100 <= t < 150 else 1, duration_s=600, settings=settings)
     assert [d.mode for _, d in switches] == [PLAIN, SPECULATIVE]
     assert switches[1][0] - switches[0][0] == pytest.approx(settings.min_dwell_s)
@@ -162,7 +162,7 @@ def test_load_swinging_slowly_across_the_threshold_inside_the_band_does_not_flap
 
 def test_without_hysteresis_or_dwell_a_hovering_load_would_flap():
     """The test above can fail: the same load through a policy with no band and no dwell switches often."""
-    settings = SwitchSettings(threshold=32, hysteresis=0, min_dwell_s=0, window_s=5, expected_phase_s=600)
+    settings = PolicySettings(threshold=32, hysteresis=0, min_dwell_s=0, window_s=5, expected_phase_s=600)
     switches = run(lambda t: 34 if int(t // 40) % 2 == 0 else 26, duration_s=3600, settings=settings)
     assert len(switches) > 50
 
@@ -171,13 +171,13 @@ def test_without_hysteresis_or_dwell_a_hovering_load_would_flap():
 
 
 def test_a_short_burst_is_not_worth_a_restart():
-    settings = SwitchSettings(threshold=32, hysteresis=8, min_dwell_s=0, window_s=10, expected_phase_s=10)
+    settings = PolicySettings(threshold=32, hysteresis=8, min_dwell_s=0, window_s=10, expected_phase_s=10)
     switches = run(lambda t: 100 if 300 <= t < 310 else 1, duration_s=900, settings=settings, cost_s=240)
     assert switches == []
 
 
 def test_the_same_burst_reason_is_gain_below_cost():
-    settings = SwitchSettings(threshold=32, hysteresis=8, min_dwell_s=0, window_s=10, expected_phase_s=10)
+    settings = PolicySettings(threshold=32, hysteresis=8, min_dwell_s=0, window_s=10, expected_phase_s=10)
     decision = decide_after([100] * 10, end=310.0, cost_s=240, settings=settings)
     assert decision.reason == GAIN_BELOW_COST
     assert decision.gain == 0.0  # the burst is over before the restart is
@@ -187,7 +187,7 @@ def test_the_same_burst_reason_is_gain_below_cost():
 def test_gain_against_cost_break_even():
     # ThresholdRates: the right mode is 10% faster. Switch iff 0.1 x (H - c) > 1 x c, i.e. H > 11 c.
     def decision_for(phase_s: float) -> SwitchDecision:
-        settings = SwitchSettings(threshold=32, hysteresis=8, min_dwell_s=0, expected_phase_s=phase_s)
+        settings = PolicySettings(threshold=32, hysteresis=8, min_dwell_s=0, expected_phase_s=phase_s)
         return decide_after([100] * 30, cost_s=10.0, settings=settings)
 
     assert decision_for(109.0).reason == GAIN_BELOW_COST
@@ -195,14 +195,14 @@ def test_gain_against_cost_break_even():
 
 
 def test_a_long_phase_is_worth_even_a_restart():
-    settings = SwitchSettings(threshold=32, hysteresis=8, min_dwell_s=60, window_s=30, expected_phase_s=7200)
+    settings = PolicySettings(threshold=32, hysteresis=8, min_dwell_s=60, window_s=30, expected_phase_s=7200)
     switches = run(lambda t: 100 if t >= 300 else 1, duration_s=900, settings=settings, cost_s=240)
     assert [d.mode for _, d in switches] == [PLAIN]
 
 
 def test_curves_that_say_the_other_mode_is_slower_mean_no_gain():
     rates = CurveRates.from_points(speculative=[(1, 100), (100, 400)], plain=[(1, 90), (100, 380)])
-    settings = SwitchSettings(threshold=32, hysteresis=8, min_dwell_s=0, expected_phase_s=3600, rates=rates)
+    settings = PolicySettings(threshold=32, hysteresis=8, min_dwell_s=0, expected_phase_s=3600, rates=rates)
     decision = decide_after([64] * 30, settings=settings)
     assert decision.reason == NO_GAIN
 
@@ -217,7 +217,7 @@ def test_curves_weigh_the_gain_at_the_measured_rates():
     assert rates.crossover() == 100  # plain 360 >= speculative 340 first at load 100
 
     def reason(phase_s: float) -> str:
-        settings = SwitchSettings(threshold=32, hysteresis=8, min_dwell_s=0, expected_phase_s=phase_s, rates=rates)
+        settings = PolicySettings(threshold=32, hysteresis=8, min_dwell_s=0, expected_phase_s=phase_s, rates=rates)
         return decide_after([100] * 30, cost_s=60.0, settings=settings).reason
 
     assert reason(1070.0) == GAIN_BELOW_COST
@@ -269,7 +269,7 @@ def test_threshold_rates_favour_the_mode_the_threshold_calls_for():
 
 
 def test_phase_history_learns_the_phase_length():
-    settings = SwitchSettings(threshold=32, hysteresis=8, window_s=10)
+    settings = PolicySettings(threshold=32, hysteresis=8, window_s=10)
     phases = PhaseHistory(alpha=0.5)
     for t, load in [(0, 1), (100, 50), (150, 50), (400, 1), (700, 60)]:
         phases = phases.observe(load, float(t), settings)
@@ -293,7 +293,7 @@ def test_the_expected_rest_of_a_phase_shrinks_with_its_age_but_never_below_it():
 def test_learned_short_bursts_stop_restarts_and_a_long_phase_still_gets_one():
     # Bursts of 20 s every 200 s: once learned, a restart (120 s) is not worth it; then a long high phase
     # grows old enough that it is.
-    settings = SwitchSettings(threshold=32, hysteresis=8, min_dwell_s=0, window_s=10, prior_phase_s=20)
+    settings = PolicySettings(threshold=32, hysteresis=8, min_dwell_s=0, window_s=10, prior_phase_s=20)
 
     def load(t: float) -> float:
         if t >= 4000:
@@ -329,10 +329,10 @@ def test_switch_cost_refuses_impossible_durations(bad):
 
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="hysteresis"):
-        SwitchSettings(threshold=8, hysteresis=8)
+        PolicySettings(threshold=8, hysteresis=8)
     with pytest.raises(ValueError, match="window_s"):
-        SwitchSettings(threshold=8, window_s=0)
+        PolicySettings(threshold=8, window_s=0)
     with pytest.raises(ValueError, match="expected_phase_s"):
-        SwitchSettings(threshold=8, expected_phase_s=0)
+        PolicySettings(threshold=8, expected_phase_s=0)
     with pytest.raises(ValueError, match="mode"):
-        decide([], now=0.0, mode="eagle", mode_since=0.0, switch_cost_s=0.0, settings=SwitchSettings(threshold=8))
+        decide([], now=0.0, mode="eagle", mode_since=0.0, switch_cost_s=0.0, settings=PolicySettings(threshold=8))

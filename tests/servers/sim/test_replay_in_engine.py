@@ -8,10 +8,10 @@ from crossover.servers.sim.replay import (
     IN_ENGINE,
     MECHANISMS,
     ReplaySetup,
-    TracePhase,
     replay,
     zero_step_gate,
 )
+from crossover.servers.sim.trace import TracePhase
 
 
 def llama(accept_length: float):

@@ -1,0 +1,54 @@
+"""Load traces (servers/sim/trace.py): CSV and JSON say the same; a bad one says where and why."""
+
+from __future__ import annotations
+
+import pytest
+
+from crossover.servers.sim.trace import TRACES_DIR, TraceError, TracePhase, load_trace, parse_trace
+
+SHIPPED_TRACES = sorted(str(path) for path in TRACES_DIR.glob("*.csv"))
+
+
+def test_a_csv_trace_and_a_json_trace_say_the_same(tmp_path):
+    (tmp_path / "t.csv").write_text("duration_s,concurrency\n60,1\n\n120.5, 64\n")
+    (tmp_path / "t.json").write_text('[{"duration_s": 60, "concurrency": 1}, {"duration_s": 120.5, "concurrency": 64}]')
+    expected = [TracePhase(duration_s=60, concurrency=1), TracePhase(duration_s=120.5, concurrency=64)]
+    assert load_trace(tmp_path / "t.csv") == expected
+    assert load_trace(tmp_path / "t.json") == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "json_format", "message"),
+    [
+        ("duration,clients\n60,1\n", False, "header must be 'duration_s,concurrency'"),
+        ("", False, "header must be"),
+        ("duration_s,concurrency\n", False, "no phases"),
+        ("duration_s,concurrency\n60,1\n0,4\n", False, "row 3: duration_s: Input should be greater than 0"),
+        ("duration_s,concurrency\n60,lots\n", False, "row 2: concurrency"),
+        ("duration_s,concurrency\n60,-1\n", False, "row 2: concurrency: Input should be greater than or equal"),
+        ("duration_s,concurrency\n60\n", False, "row 2: concurrency: Field required"),
+        ("duration_s,concurrency\ninf,1\n", False, "row 2: duration_s"),
+        ("[{", True, "not valid JSON"),
+        ("{}", True, "list"),
+        ("[]", True, "no phases"),
+        ('[{"duration_s": 1, "concurrency": 1, "rate": 3}]', True, "item 0: rate: Extra inputs"),
+        ('[{"duration_s": 1}]', True, "item 0: concurrency: Field required"),
+    ],
+)
+def test_a_bad_trace_says_where_and_why(text, json_format, message):
+    with pytest.raises(TraceError, match="^t: .*" + message.replace("(", r"\(")):
+        parse_trace(text, where="t", json_format=json_format)
+
+
+def test_a_missing_trace_file_is_a_trace_error(tmp_path):
+    with pytest.raises(TraceError, match="cannot read"):
+        load_trace(tmp_path / "nope.csv")
+
+
+def test_traces_are_shipped():
+    assert SHIPPED_TRACES
+
+
+def test_every_shipped_trace_loads():
+    for path in SHIPPED_TRACES:
+        assert load_trace(path)
