@@ -31,3 +31,4 @@ system systemd-analyze systemd       # verifies deploy/'s systemd units
 python -m pip install -e '.[test]'
 build crossover.servers.sglang_check .venv-sglang         # SGLang 0.5.23's own parser checks every profile's argv
 build tests.real_sglang.engine_env .venv-sglang-serve     # real SGLang 0.5.23 on CPU for tests/real_sglang/
+build tests.uvicorn_floor .venv-uvicorn-floor             # uvicorn at pyproject's floor: the client protocol's internals
