@@ -194,7 +194,14 @@ class SwitchController:
         self.backoff = Backoff(self.settings.backoff, self.settings.backoff_max)
         self.pinned = False
         self.watch = ServingWatch(self.settings.dead_after_probes * self.health_interval)
-        self.targets = {mode: Target(pools.pool(mode)[0].url, bearer(pools.pool(mode)[0].api_key)) for mode in MODES}
+        self.targets = {
+            mode: Target(
+                pools.pool(mode)[0].url,
+                bearer(pools.pool(mode)[0].api_key),
+                bearer(getattr(settings.pools, mode).control_key),
+            )
+            for mode in MODES
+        }
         self.leases: dict[Mode, set[Lease]] = {mode: set() for mode in MODES}
         self.queue = SwitchQueue(
             self.settings.queue_max,
