@@ -29,7 +29,7 @@ import httpx
 
 from crossover.gateway.admission import Admission
 from crossover.gateway.config import SPECULATIVE, Settings
-from crossover.gateway.errors import BackendFailed, GatewayError, InvalidRequest, NotForTopology
+from crossover.gateway.errors import BackendBusy, BackendFailed, GatewayError, InvalidRequest, NotForTopology
 from crossover.gateway.health import Breaker
 from crossover.gateway.in_engine import GateRefused, GateSync
 from crossover.gateway.metrics import GateCollector, Metrics, SwitchCollector
@@ -156,6 +156,8 @@ class TimeShared(Topology):
         return lease.mode, ACTIVE_MODE
 
     def open_failed(self, pool: str, error: GatewayError) -> GatewayError:
+        if isinstance(error, BackendBusy):
+            return error  # SGLang's queue-full (or a 503/429): the server is up and full - busy, retry shortly
         # Its one server failed it (dead, say): a 503 that says the GPU set is on it, with Retry-After.
         return self.controller.serving_failed(pool)
 

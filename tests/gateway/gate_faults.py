@@ -6,6 +6,7 @@ it saw: the credentials per path, the gate calls, and the requests its engine se
     faults.refuse.add(12)        # a gate of 12 (dry run or not) -> 400 `rejected`, as the patch refuses a gate
     faults.hang.set()            # every gate call waits until faults.release is set (the test's teardown sets it)
     faults.malformed = 3         # the next 3 gate reads answer {"success": true, "state": "idle"}
+    faults.queue_full = True     # chat completions answer SGLang's queue-full (HTTP 503), as a full server does
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class GateFaults:
         self.release = threading.Event()
         self.malformed = 0
         self.malformed_sent = 0
+        self.queue_full = False
         self.credentials: defaultdict[str, set[str]] = defaultdict(set)  # path -> Authorization values
         self.gate_calls: Counter[str] = Counter()  # "GET" / "POST" / "dry_run"
         # Whether the engine behind has had its gate set since it started (or last failed to answer: a restart
@@ -59,6 +61,9 @@ class GateFaults:
             if request.method == "POST" and body.get("zero_steps_above_bs", "absent") in self.refuse:
                 message = f"zero_steps_above_bs={body['zero_steps_above_bs']} needs a CUDA graph never captured"
                 return JSONResponse({"success": False, "message": message, "reason": "rejected", "partial": False}, 400)
+        if path == "/v1/chat/completions" and self.queue_full:
+            error = {"message": "The request queue is full.", "type": "BadRequestError", "code": 503}
+            return JSONResponse({"object": "error", **error}, 503)
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
         try:
             async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
