@@ -24,6 +24,7 @@ from tests.gateway.gate_faults import GateFaults
 from tests.gateway.gateway_helpers import LONG, chat
 from tests.gateway.test_switching import (
     AUTH,
+    TOKEN,
     ClosedLoop,
     admin_state,
     put_mode,
@@ -35,6 +36,7 @@ from tests.gateway.test_switching import (
     wait_phase,
 )
 from tests.gateway.test_switching_restart import (
+    AGENT_TOKEN,
     agent_box,  # noqa: F401 - a fixture
     restart_gateway,  # noqa: F401 - a fixture
 )
@@ -405,6 +407,49 @@ def test_restart_the_agent_killed_while_it_starts_the_target_the_target_is_adopt
         assert again.status_code == 200 and again.headers["x-crossover-pool"] == "plain", again.text
     assert box.status("plain")["pid"] == pid and box.status("plain")["state"] == "ready"
     assert admin_state(gw)["mode"] == "plain"
+
+
+def test_restart_with_the_agent_gone_an_operator_put_serves_the_mode_that_serves(
+    agent_box,  # noqa: F811
+    gateway,
+):
+    # Nothing heals by itself here (health rounds and backoff an hour apart): only the operator's PUT can bring
+    # service back, and with the agent gone it does so by serving the server that already serves.
+    box = agent_box(plain_startup_s=3.0)
+    switching = {
+        "mechanism": "restart",
+        "dwell": 3600.0,
+        "window": 1.0,
+        "interval": 0.1,
+        "agent_url": box.agent_url,
+        "agent_token": AGENT_TOKEN,
+        "agent_servers": {"speculative": "speculative", "plain": "plain"},
+        "operator_interval": 0.0,
+        "backoff": 3600.0,
+        "backoff_max": 3600.0,
+    }
+    gw = gateway(
+        [box.urls["speculative"]],
+        [box.urls["plain"]],
+        topology="time-shared",
+        admin_token=TOKEN,
+        threshold=4,
+        hysteresis=2,
+        switching=switching,
+        health={"interval": 3600.0, "timeout": 2.0},
+    )
+    wait_phase(gw, "active", "speculative")
+    assert put_mode(gw, "plain").status_code == 202
+    wait_until(lambda: box.status("plain")["state"] == "starting", what="the agent starting plain")
+    box.kill_agent()
+    wait_phase(gw, "unavailable", timeout=RECOVERY_WAIT_S)
+    wait_until(lambda: serves(box.urls["plain"]), timeout=RECOVERY_WAIT_S, what="the plain server up by itself")
+    assert admin_state(gw)["phase"] == "unavailable"  # nothing healed it: the hour-long waits hold
+    assert put_mode(gw, "plain").status_code == 202
+    state = wait_phase(gw, "active", "plain")
+    assert state["last_switch"]["outcome"] == "ok", state
+    served = httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=30, trust_env=False)
+    assert served.status_code == 200 and served.headers["x-crossover-pool"] == "plain", served.text
 
 
 def serves(url: str) -> bool:
