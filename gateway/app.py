@@ -110,9 +110,13 @@ def create_app(
         return JSONResponse(model_card(name))
 
     async def health(request: Request) -> JSONResponse:
-        healthy = sum(1 for backend in state.pools.all() if backend.healthy)
-        status = "draining" if state.draining else "ok" if healthy else "unavailable"
-        return JSONResponse({"status": status, "healthy_backends": healthy}, status_code=200 if status == "ok" else 503)
+        backends = state.pools.all()
+        healthy = sum(1 for backend in backends if backend.healthy)
+        # Usable: healthy and in rotation (in-engine: not held out for its gate) - what a request can reach.
+        usable = sum(1 for backend in backends if backend.healthy and backend.usable)
+        status = "draining" if state.draining else "ok" if usable else "unavailable"
+        body = {"status": status, "usable_backends": usable, "healthy_backends": healthy}
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -135,6 +135,32 @@ class PoolSettings(_Section):
     backends: list[str] = Field(min_length=1)
     # The pool's SGLang --api-key: sent on every call the gateway makes to these backends, in place of the client's.
     api_key: str = ""
+    # Its SGLang --admin-api-key, for control calls only (the speculation gate, release, resume); generation keeps
+    # api_key. Empty: control calls send api_key (SGLang's admin endpoints take it when it has no admin key). Or
+    # read from admin_api_key_file (one line; the key stays off the command line and out of the TOML).
+    admin_api_key: str = ""
+    admin_api_key_file: Path | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_admin_key(cls, data: object) -> object:
+        if not isinstance(data, dict) or data.get("admin_api_key_file") in (None, ""):
+            return data
+        if data.get("admin_api_key"):
+            raise ValueError("give admin_api_key or admin_api_key_file, not both")
+        path = Path(data["admin_api_key_file"])
+        try:
+            key = path.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"admin_api_key_file {path} cannot be read: {exc}") from None
+        if not key:
+            raise ValueError(f"admin_api_key_file {path} is empty")
+        return {**data, "admin_api_key": key}
+
+    @property
+    def control_key(self) -> str | None:
+        """The bearer token for control calls."""
+        return self.admin_api_key or self.api_key or None
 
     @field_validator("backends")
     @classmethod
@@ -165,6 +191,11 @@ class PoolSettings(_Section):
     @classmethod
     def _api_key(cls, key: str) -> str:
         return check_token(key, "api_key", empty_ok=True)
+
+    @field_validator("admin_api_key")
+    @classmethod
+    def _admin_api_key(cls, key: str) -> str:
+        return check_token(key, "admin_api_key", empty_ok=True)
 
 
 class PoolsSettings(_Section):

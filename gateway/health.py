@@ -114,6 +114,7 @@ class Breaker:
     def _eject(self, backend: Backend, source: str) -> None:
         backend.healthy = False
         backend.ejected_until = time.monotonic() + self.settings.eject_seconds
+        backend.ejections += 1
         log.warning("ejected backend %s (%s) for %g s", backend.url, source, self.settings.eject_seconds)
         self.on_eject(backend, source)
 

@@ -300,10 +300,32 @@ class GateCollector(Collector):
         synced = GaugeMetricFamily(
             "crossover_backend_gate_in_sync", "1 if the backend's gate is the live threshold.", labels=["backend"]
         )
+        held = GaugeMetricFamily(
+            "crossover_backend_gate_held_out",
+            "1 while the backend is out of rotation for its gate (none while one is wanted, or unknown).",
+            labels=["backend"],
+        )
+        moved = CounterMetricFamily(
+            "crossover_backend_gate_moved",
+            "Gates moved by someone other than the gateway (then restored).",
+            labels=["backend"],
+        )
+        errors = CounterMetricFamily(
+            "crossover_gate_sync_errors",
+            "Gate calls that failed, by kind (unreachable, malformed, refused, unauthorized, failed).",
+            labels=["backend", "kind"],
+        )
         for backend in self.sync.pools.speculative:
             read = self.sync.gates.get(backend.url)
             value = read.zero_steps_above_bs if read and read.zero_steps_above_bs is not None else -1
             gate.add_metric([backend.url], value)
-            synced.add_metric([backend.url], 0 if backend.gate_pending else 1)
+            synced.add_metric([backend.url], 1 if self.sync.in_sync(backend) else 0)
+            held.add_metric([backend.url], 1 if backend.gate_pending else 0)
+            moved.add_metric([backend.url], self.sync.moved[backend.url])
+        for (url, kind), count in sorted(self.sync.error_counts.items()):
+            errors.add_metric([url, kind], count)
         yield gate
         yield synced
+        yield held
+        yield moved
+        yield errors

@@ -34,10 +34,18 @@ class Backend:
     models: tuple[str, ...] = ()
     # In-engine topology: held out until its speculation gate is the gateway's again (gateway/in_engine.py).
     gate_pending: bool = False
+    # Times the breaker ejected it (gateway/health.py).
+    ejections: int = 0
+    # In-engine: `ejections` as of the gate's last read-back. An ejection since then (a restart: it comes back on
+    # its start-up gate) holds it out until the gate is read again, whenever the probes bring it back. None: no
+    # gate to check (the other topologies).
+    gate_read_ejections: int | None = None
 
     @property
     def usable(self) -> bool:
-        return self.healthy is not False and not self.gate_pending
+        return (
+            self.healthy is not False and not self.gate_pending and self.gate_read_ejections in (None, self.ejections)
+        )
 
     def state(self) -> dict:
         now = time.monotonic()

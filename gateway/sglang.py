@@ -154,37 +154,70 @@ GATE_PATH = "/speculative/adaptive"
 
 
 class NotPatched(SGLangError):
-    """A server has no /speculative/adaptive (an unpatched SGLang, or one without --speculative-adaptive)."""
+    """A server with no gate to move: no /speculative/adaptive (an unpatched SGLang), or the patch's 501
+    `not_applicable` (no speculation, no --speculative-adaptive, PP > 1): no retry or gateway restart fixes it."""
 
 
 class GateRejected(SGLangError):
-    """The server answered, but refused the gate (its message says why) or read back another value."""
+    """The server answered, but refused the gate (`reason` says how, the message why) or read back another value."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, reason: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.reason = reason
+
+    @property
+    def refused(self) -> bool:
+        """The engine refused this gate itself (400 `invalid_body` / `rejected`): keep the one it has."""
+        return self.status == 400
+
+    @property
+    def unauthorized(self) -> bool:
+        """401 `unauthorized` / 403 `admin_api_key_required`: the gateway's admin credential is wrong or missing."""
+        return self.status in (401, 403)
+
+
+class MalformedGate(GateRejected, ValueError):
+    """A 200 whose state is not a gate (`"state": "idle"`, `"generation": null`): logged, counted, read again."""
 
 
 @dataclass(frozen=True, slots=True)
 class Gate:
-    """What one server's engine says about its gate, as last read back."""
+    """What one server's engine says about its gate, as last read back (DP group 0's, when all groups agree)."""
 
     zero_steps_above_bs: int | None
     generation: int
     active_steps: int | None = None
+    # How many DP groups answered (the patch's `states`, one per group); they all hold this gate.
+    groups: int = 1
 
 
 async def read_gate(client: httpx.AsyncClient, url: str, *, headers: dict[str, str] | None, timeout: float) -> Gate:
-    """The gate as the engine holds it now; NotPatched or GateRejected if it cannot say."""
-    return _gate(url, await client.get(url + GATE_PATH, headers=headers, timeout=timeout))
+    """The gate as the engine holds it now, in every DP group; NotPatched or GateRejected if it cannot say."""
+    async with asyncio.timeout(timeout):
+        return _gate(url, await client.get(url + GATE_PATH, headers=headers, timeout=timeout))
 
 
 async def write_gate(
-    client: httpx.AsyncClient, url: str, gate: int | None, *, headers: dict[str, str] | None, timeout: float
+    client: httpx.AsyncClient,
+    url: str,
+    gate: int | None,
+    *,
+    headers: dict[str, str] | None,
+    timeout: float,
+    dry_run: bool = False,
+    expected_generation: int | None = None,
 ) -> Gate:
-    """Zero draft steps for batches of more than `gate` requests (None: no gate; 0: never speculate)."""
-    response = await client.post(url + GATE_PATH, json={"zero_steps_above_bs": gate}, headers=headers, timeout=timeout)
-    return _gate(url, response)
+    """Zero draft steps for batches of more than `gate` requests (None: no gate; 0: never speculate); `dry_run`:
+    the engine checks it and changes nothing; `expected_generation`: only if no one moved it since (else
+    GateRejected, status 409). `headers` carry the admin key: the patch's POST demands it."""
+    body: dict = {"zero_steps_above_bs": gate}
+    if dry_run:
+        body["dry_run"] = True
+    if expected_generation is not None:
+        body["expected_generation"] = expected_generation  # compare-and-set: 409 if the gate moved since
+    async with asyncio.timeout(timeout):
+        return _gate(url, await client.post(url + GATE_PATH, json=body, headers=headers, timeout=timeout))
 
 
 def _gate(url: str, response: httpx.Response) -> Gate:
@@ -195,9 +228,34 @@ def _gate(url: str, response: httpx.Response) -> Gate:
     except ValueError:
         body = {}
     if response.status_code != 200 or not isinstance(body, dict) or not body.get("success"):
-        message = body.get("message") if isinstance(body, dict) else None
+        message = (body.get("message") or body.get("error")) if isinstance(body, dict) else None
+        reason = body.get("reason") if isinstance(body, dict) else None
+        text = f"{url} {GATE_PATH}: HTTP {response.status_code}" + (f" ({reason})" if reason else "")
+        text += f": {message or response.text[:200]}"
+        if response.status_code == 501:
+            raise NotPatched(text)
+        raise GateRejected(text, response.status_code, reason if isinstance(reason, str) else None)
+    states = body.get("states")
+    if not isinstance(states, list) or not states:
+        states = [body.get("state")]
+    gates = [_state(url, state) for state in states]
+    if len({gate.zero_steps_above_bs for gate in gates}) > 1:
         raise GateRejected(
-            f"{url} {GATE_PATH}: HTTP {response.status_code}: {message or response.text[:200]}", response.status_code
+            f"{url} {GATE_PATH}: DP groups hold different gates: {[g.zero_steps_above_bs for g in gates]}"
         )
-    state = body.get("state") or {}
-    return Gate(state.get("zero_steps_above_bs"), int(state.get("generation", 0)), state.get("active_steps"))
+    first = gates[0]
+    return Gate(first.zero_steps_above_bs, first.generation, first.active_steps, len(gates))
+
+
+def _state(url: str, state: object) -> Gate:
+    """One DP group's state, checked: MalformedGate for anything that is not one."""
+    gate = state.get("zero_steps_above_bs", "missing") if isinstance(state, dict) else "missing"
+    generation = state.get("generation") if isinstance(state, dict) else None
+    active = state.get("active_steps") if isinstance(state, dict) else None
+
+    def whole(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not (gate is None or whole(gate)) or not whole(generation) or not (active is None or whole(active)):
+        raise MalformedGate(f"{url} {GATE_PATH}: HTTP 200 with a state that is not a gate: {str(state)[:200]}", 200)
+    return Gate(gate, generation, active)

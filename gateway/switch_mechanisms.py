@@ -80,10 +80,12 @@ class ModeState(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """One mode's server as the gateway calls it: its URL and what every call carries (its SGLang --api-key)."""
+    """One mode's server as the gateway calls it: its URL, what every call carries (its SGLang --api-key), and
+    what a control call (release, resume) carries instead (its --admin-api-key; the API key if it has none)."""
 
     url: str
     headers: dict[str, str] = field(default_factory=dict)
+    control: dict[str, str] = field(default_factory=dict)
 
 
 class Mechanism:
@@ -159,7 +161,7 @@ class SleepMechanism(Mechanism):
         target = self.targets[mode]
         try:
             await sglang.control(
-                self.client, target.url, call, headers=target.headers, timeout=self.settings.control_timeout
+                self.client, target.url, call, headers=target.control, timeout=self.settings.control_timeout
             )
         except sglang.SGLangError as exc:
             raise SwitchFailed(call.name, str(exc)) from None

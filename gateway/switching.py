@@ -195,7 +195,14 @@ class SwitchController:
         self.backoff = Backoff(self.settings.backoff, self.settings.backoff_max)
         self.pinned = False
         self.watch = ServingWatch(self.settings.dead_after_probes * self.health_interval)
-        self.targets = {mode: Target(pools.pool(mode)[0].url, bearer(pools.pool(mode)[0].api_key)) for mode in MODES}
+        self.targets = {
+            mode: Target(
+                pools.pool(mode)[0].url,
+                bearer(pools.pool(mode)[0].api_key),
+                bearer(getattr(settings.pools, mode).control_key),
+            )
+            for mode in MODES
+        }
         self.leases: dict[Mode, set[Lease]] = {mode: set() for mode in MODES}
         self.queue = SwitchQueue(
             self.settings.queue_max,
@@ -206,6 +213,7 @@ class SwitchController:
         self._timer: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
         self._last_operator = -math.inf
+        self._next_look = -math.inf  # while no mode serves: when to look for one that serves by itself
         self._closed = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -364,6 +372,11 @@ class SwitchController:
         if self.phase is Phase.UNAVAILABLE:
             if self.backoff.ready(now):
                 self._task = asyncio.create_task(self._recover_task(None))
+            elif now >= self._next_look:
+                # Between attempts, every probe interval: a mode may have come up by itself (an agent that died
+                # while it started the target leaves that server starting). Adopt it, with no operator.
+                self._next_look = now + self.health_interval
+                self._task = asyncio.create_task(self._adopt_if_serving())
             return
         if self.phase is not Phase.ACTIVE:
             return
@@ -457,7 +470,11 @@ class SwitchController:
             record.failed_step, record.error = failure.step, failure.message
             self.last_switch = record
             log.error("switch %s -> %s (%s) not started: %s", old, target, mechanism.name, failure)
-            self._finish(record, old if old is not None and self.phase is Phase.ACTIVE else None, started)
+            serving = old if old is not None and self.phase is Phase.ACTIVE else None
+            if serving is None:
+                # No mode serves (say the agent is gone): an operator's call still serves one that serves as it is.
+                serving = await self._already_serving(target)
+            self._finish(record, serving, started)
             return
         if old is not None and old != target and await mechanism.mode_state(old) is ModeState.DEAD:
             log.warning("the %s server is dead: nothing to drain or release", old)
@@ -524,6 +541,28 @@ class SwitchController:
         log.warning("no mode serves at start-up (%s): bringing one up", ", ".join(f"{m} {states[m]}" for m in MODES))
         await self._recover_task(None, reason=STARTUP)
 
+    async def _already_serving(self, prefer: Mode) -> Mode | None:
+        """A mode that serves as it is (it generates), `prefer` first; asked before anything is started or
+        stopped, so a recovery never stops a server that serves. Never raises."""
+        try:
+            serving, _ = await find_serving(self._mechanism, prefer, asleep_too=False)
+        except Exception:
+            log.exception("looking for a mode that serves failed unexpectedly")
+            return None
+        return serving
+
+    async def _adopt_if_serving(self) -> None:
+        """No mode serves: if one does by now, serve it (counted as a recovery)."""
+        started = self.clock()
+        serving = await self._already_serving(self.settings.initial_mode)
+        if serving is None or self.phase is not Phase.UNAVAILABLE:
+            return
+        log.warning("%s mode serves (it came up without the gateway): adopting it", serving)
+        record = SwitchRecord(None, serving, self._mechanism.name, RECOVERY)
+        self.last_switch = record
+        self.recoveries += 1
+        self._finish(record, serving, started)
+
     async def _recover_task(self, dead: Mode | None, reason: str = RECOVERY) -> None:
         """The serving mode died (`dead`), or none serves: bring up whichever mode can serve soonest."""
         mechanism = self._mechanism
@@ -545,6 +584,13 @@ class SwitchController:
         self._enter(Phase.RECOVERING)
         for backend in self.pools.pool(dead) if dead is not None else ():
             self.breaker.rest(backend)
+        # First a mode that already serves: starting one would stop it (one GPU set).
+        serving = await self._already_serving(order[0])
+        if serving is not None:
+            log.warning("recovery: %s mode already serves: adopting it (nothing started or stopped)", serving)
+            record.to_mode = serving
+            self._finish(record, serving, started)
+            return
         for mode in order:
             record.to_mode = self.target = mode
             try:

@@ -17,7 +17,8 @@ topology and never which one it is. What a topology cannot honour it refuses wit
 - time-shared: every request goes to the mode that serves (held during a switch); threshold and hysteresis are the
   switch policy's, a routing policy is refused; a mode switches now, a pin keeps the policy off it.
 - in-engine: one pool; the threshold is every engine's gate (hysteresis is kept and moves nothing), a routing
-  policy is refused; a mode forces every gate until the next threshold change, pinned until `{"pin": false}`.
+  policy is refused; a mode forces every gate until the next threshold change, pinned until `{"pin": false}`; a gate
+  the engines refuse is a 400 `gate_refused` with their reason, and the previous gate stays live.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ import httpx
 
 from crossover.gateway.admission import Admission
 from crossover.gateway.config import SPECULATIVE, Settings
-from crossover.gateway.errors import BackendFailed, GatewayError, NotForTopology
+from crossover.gateway.errors import BackendBusy, BackendFailed, GatewayError, InvalidRequest, NotForTopology
 from crossover.gateway.health import Breaker
-from crossover.gateway.in_engine import GateSync
+from crossover.gateway.in_engine import GateRefused, GateSync
 from crossover.gateway.metrics import GateCollector, Metrics, SwitchCollector
 from crossover.gateway.modes import Mode
 from crossover.gateway.policy import IN_ENGINE
@@ -155,6 +156,8 @@ class TimeShared(Topology):
         return lease.mode, ACTIVE_MODE
 
     def open_failed(self, pool: str, error: GatewayError) -> GatewayError:
+        if isinstance(error, BackendBusy):
+            return error  # SGLang's queue-full (or a 503/429): the server is up and full - busy, retry shortly
         # Its one server failed it (dead, say): a 503 that says the GPU set is on it, with Retry-After.
         return self.controller.serving_failed(pool)
 
@@ -202,11 +205,14 @@ class InEngine(Topology):
     async def threshold_changed(self, fields: set[str]) -> None:
         if THRESHOLD not in fields:
             return  # hysteresis alone moves no gate (and ends no forced mode)
-        failed = await self.gates.threshold_changed()
+        try:
+            failed = await self.gates.threshold_changed()
+        except GateRefused as exc:
+            raise InvalidRequest(str(exc), param=THRESHOLD, code="gate_refused") from None
         if failed:
             raise BackendFailed(
-                "the threshold is live, but these backends' gates are not (held out of rotation until they are): "
-                + "; ".join(failed)
+                "the threshold is live, but these backends' gates are not yet (each serves on the gate it has, "
+                "held out only where that is none; retried every health interval): " + "; ".join(failed)
             )
 
     def threshold_view(self) -> dict:
@@ -228,7 +234,10 @@ class InEngine(Topology):
                 param="pin",
                 code="nothing_to_pin",
             )
-        failed = await self.gates.force(mode, pin=pin)
+        try:
+            failed = await self.gates.force(mode, pin=pin)
+        except GateRefused as exc:
+            raise InvalidRequest(str(exc), param="mode", code="gate_refused") from None
         if failed:
             raise BackendFailed("the mode is live, but these backends' gates are not: " + "; ".join(failed))
         return self.gates.view(), 200
@@ -250,6 +259,7 @@ def make_topology(
         )
         return TimeShared(pools, routing, metrics, controller)
     if settings.topology == "in-engine":
-        gates = GateSync(pools, routing, client, settings.health.timeout, settings.health.interval)
+        spec = settings.pools.speculative
+        gates = GateSync(pools, routing, client, settings.health.timeout, settings.health.interval, spec.control_key)
         return InEngine(pools, routing, metrics, gates)
     return Partitioned(pools, routing, metrics)

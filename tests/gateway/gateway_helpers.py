@@ -360,9 +360,10 @@ class ClosingBackend(_RawBackend):
                 await self.answer(writer, MODELS)
 
 
-def start_in_engine(backends: list[str]) -> None:
+def start_in_engine(backends: list[str], admin_api_key: str = "") -> None:
     """Run the start-up (and shutdown) of an in-engine gateway in front of `backends`: what it refuses, it raises."""
-    settings = Settings(topology="in-engine", admin_token="t", pools={"speculative": {"backends": backends}})
+    pool = {"backends": backends, "admin_api_key": admin_api_key}
+    settings = Settings(topology="in-engine", admin_token="t", pools={"speculative": pool})
     app = create_app(settings, registry=CollectorRegistry())
 
     async def start() -> None:

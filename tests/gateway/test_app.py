@@ -90,7 +90,7 @@ def test_models_health_and_request_ids(sims, gateway):
         models = client.get("/v1/models").json()
         assert models["object"] == "list" and [card["id"] for card in models["data"]] == [MODEL]
         assert client.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
-        assert client.get("/health").json() == {"status": "ok", "healthy_backends": 2}
+        assert client.get("/health").json() == {"status": "ok", "usable_backends": 2, "healthy_backends": 2}
 
         echoed = client.post("/v1/chat/completions", json=chat(), headers={"x-request-id": "trace-42"})
         assert echoed.headers["x-request-id"] == "trace-42"

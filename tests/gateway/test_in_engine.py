@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections import Counter
 
 import httpx
 import pytest
@@ -12,8 +14,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from crossover.gateway.config import Settings
+from crossover.gateway.in_engine import ControlUnauthorized
 from crossover.gateway.sglang import PATCH_NAME, NotPatched
-from tests.gateway.gateway_helpers import SIM_SCALE, hold, sim_running, start_in_engine, wait_until
+from tests.gateway.gate_faults import GATE, GateFaults
+from tests.gateway.gateway_helpers import SIM_SCALE, chat, hold, sim_running, start_in_engine, wait_until
 
 TOKEN = "admin-secret"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -136,9 +140,10 @@ def test_a_mode_is_forced_on_every_engine_until_the_next_threshold(gateway, gate
 
 
 def test_a_patched_server_without_adaptive_speculation_is_refused_at_start(serve):
-    # What the patch answers on a server started without --speculative-adaptive.
+    # What the patch answers on a server started without --speculative-adaptive: 501, reason not_applicable.
     async def no_gate(request):
-        return JSONResponse({"success": False, "message": "adaptive speculation is off: it needs ..."}, 400)
+        body = {"success": False, "message": "adaptive speculation is off: it needs ...", "reason": "not_applicable"}
+        return JSONResponse({**body, "partial": False}, 501)
 
     async def health(request):
         return JSONResponse({})
@@ -200,3 +205,229 @@ def test_a_routing_policy_is_refused_on_one_pool(gateway, gated):
     assert error["code"] == "no_routing_policy" and error["param"] == "policy" and "one pool" in error["message"]
     assert gw.state.routing.threshold == 6  # all or nothing
     assert [engine_gate(s.url)["zero_steps_above_bs"] for s in gated] == [6, 6]
+
+
+# -- what real engines do that the stand-in does not: refuse, hang, answer malformed (tests/gateway/gate_faults.py)
+
+
+@pytest.fixture
+def faulty(sim, serve):
+    """`faulty(n, *extra)`: n gated stand-ins, each behind a GateFaults backend: [(stand-in, faults, url)]."""
+    made: list[GateFaults] = []
+
+    def start(n: int, *extra: str) -> list[tuple]:
+        out = []
+        for _ in range(n):
+            engine = sim("k25-eagle3", *SIM_SCALE, "--speculation-gate", *extra)
+            faults = GateFaults(engine.url)
+            made.append(faults)
+            out.append((engine, faults, serve(faults.app()).url))
+        return out
+
+    yield start
+    for faults in made:
+        faults.release.set()
+
+
+async def load(url: str, stop: asyncio.Event, concurrency: int = 4) -> Counter:
+    """Non-streamed chats through the gateway until `stop`: their statuses."""
+    statuses: Counter = Counter()
+    async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
+
+        async def worker() -> None:
+            while not stop.is_set():
+                response = await client.post(url + "/v1/chat/completions", json=chat(max_tokens=4))
+                statuses[response.status_code] += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return statuses
+
+
+@pytest.mark.parametrize("engines", [2, 1])
+def test_engines_that_refuse_a_gate_keep_theirs_and_serve(gateway, faulty, engines):
+    backends = faulty(engines)
+    for _, faults, _ in backends:
+        faults.refuse.add(12)
+    gw = in_engine(gateway, [url for _, _, url in backends], threshold=4)
+
+    async def refused_under_load() -> tuple[httpx.Response, Counter]:
+        stop = asyncio.Event()
+        running = asyncio.create_task(load(gw.url, stop))
+        async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
+            await wait_for_served(backends, 4)
+            response = await client.put(gw.url + "/admin/threshold", json={"threshold": 12}, headers=ADMIN)
+            await wait_for_served(backends, 8)
+        stop.set()
+        return response, await running
+
+    response, statuses = asyncio.run(refused_under_load())
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "gate_refused" and error["param"] == "threshold", error
+    assert "needs a CUDA graph never captured" in error["message"] and "(rejected)" in error["message"]
+    assert set(statuses) == {200}, statuses  # 0 failed requests
+    assert [engine_gate(engine.url)["zero_steps_above_bs"] for engine, _, _ in backends] == [4] * engines
+    live = httpx.get(gw.url + "/admin/threshold", headers=ADMIN, timeout=10).json()
+    assert live["threshold"] == 4 and live["gate"]["zero_steps_above_bs"] == 4  # the previous gate is the live one
+    assert all(faults.gate_calls["POST"] == 1 for _, faults, _ in backends)  # the start-up write only
+    assert httpx.get(gw.url + "/health", timeout=10).status_code == 200
+    refused_mode = put(gw, "/admin/mode", {"mode": "plain"})  # a mode's gate is checked the same way
+    assert refused_mode.status_code == 200  # gate 0 is not refused here
+
+
+async def wait_for_served(backends: list[tuple], more: int) -> None:
+    start = sum(faults.served for _, faults, _ in backends)
+    await asyncio.to_thread(
+        wait_until, lambda: sum(faults.served for _, faults, _ in backends) >= start + more, what="requests served"
+    )
+
+
+def test_the_admin_credential_is_for_control_and_the_api_key_for_generation(gateway, faulty, tmp_path):
+    [(engine, faults, url)] = faulty(1, "--admin-api-key", "engine-admin")
+    key_file = tmp_path / "admin.key"
+    key_file.write_text("engine-admin\n")
+    pool = {"backends": [url], "api_key": "engine-api", "admin_api_key_file": str(key_file)}
+    gw = gateway(
+        [],
+        [],
+        topology="in-engine",
+        threshold=4,
+        admin_token=TOKEN,
+        pools={"speculative": pool},
+        health={"interval": 0.2, "timeout": 2.0},
+    )
+    response = httpx.post(gw.url + "/v1/chat/completions", json=chat(max_tokens=2), timeout=30)
+    assert response.status_code == 200, response.text
+    assert engine_gate(engine.url)["zero_steps_above_bs"] == 4
+    assert faults.credentials["/v1/chat/completions"] == {"Bearer engine-api"}
+    assert faults.credentials[GATE] == {"Bearer engine-admin"}
+    assert put(gw, "/admin/threshold", {"threshold": 6}).status_code == 200
+    assert engine_gate(engine.url)["zero_steps_above_bs"] == 6
+
+
+def test_a_control_call_refused_for_its_credential_refuses_start_up(sim):
+    engine = sim("k25-eagle3", *SIM_SCALE, "--speculation-gate", "--admin-api-key", "engine-admin")
+    with pytest.raises(ControlUnauthorized) as refused:
+        start_in_engine([engine.url])  # no admin credential: the POST is a 401
+    message = str(refused.value)
+    assert "\n" not in message and "admin_api_key" in message and "HTTP 401 (unauthorized)" in message
+
+
+def test_a_malformed_gate_reply_is_logged_counted_and_retried(gateway, faulty, caplog):
+    caplog.set_level(logging.WARNING, logger="crossover.in_engine")
+    [(engine, faults, url)] = faulty(1)
+    gw = in_engine(gateway, [url], threshold=4)
+    faults.malformed = 3
+    wait_until(lambda: faults.malformed == 0, what="three malformed replies read")
+    # Someone else moves the gate: a sync that is still alive puts it back, and says so.
+    httpx.post(engine.url + GATE, json={"zero_steps_above_bs": 9}, timeout=10, trust_env=False)
+    wait_until(lambda: engine_gate(engine.url)["zero_steps_above_bs"] == 4, what="the gate restored")
+    assert gw.metric("crossover_gate_sync_errors_total", backend=url, kind="malformed") == 3
+    assert gw.metric("crossover_backend_gate_moved_total", backend=url) == 1
+    assert "not in sync (malformed)" in caplog.text and "moved by someone else: 4 -> 9" in caplog.text
+    assert gw.state.pools.speculative[0].usable  # it stayed in rotation on its gate throughout
+    assert httpx.post(gw.url + "/v1/chat/completions", json=chat(max_tokens=2), timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("engines", [2, 1])
+def test_an_engine_restarted_under_load_serves_nothing_ungated(gateway, faulty, sim, engines):
+    backends = faulty(engines)
+    # A sync interval far longer than the restart: only holding a returning engine out keeps it gated.
+    gw = gateway(
+        [],
+        [],
+        topology="in-engine",
+        threshold=2,
+        admin_token=TOKEN,
+        pools={"speculative": {"backends": [url for _, _, url in backends]}},
+        health={"interval": 5.0, "timeout": 2.0, "eject_seconds": 0.3},
+    )
+    engine, faults, _ = backends[0]
+
+    async def restart_under_load() -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(load(gw.url, stop, concurrency=6))
+        await wait_for_served(backends[:1], 3)
+        engine.kill()
+        again = await asyncio.to_thread(sim, "k25-eagle3", *SIM_SCALE, "--speculation-gate", port=engine.port)
+        served = faults.served
+        await asyncio.to_thread(wait_until, lambda: faults.served >= served + 10, what="the restarted engine serving")
+        stop.set()
+        await running
+        assert engine_gate(again.url)["zero_steps_above_bs"] == 2
+
+    asyncio.run(restart_under_load())
+    assert faults.ungated_served == 0
+
+
+def test_one_hanging_gate_endpoint_does_not_hold_up_changes(gateway, faulty):
+    backends = faulty(2)
+    gw = in_engine(gateway, [url for _, _, url in backends], threshold=4)
+    (_, hanging, hanging_url), (sound, _, _) = backends[1], backends[0]
+    before = hanging.gate_calls["dry_run"]  # the start-up check
+    hanging.hang.set()
+
+    async def puts() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=120, trust_env=False) as client:
+            return await asyncio.gather(
+                *(client.put(gw.url + "/admin/threshold", json={"threshold": t}, headers=ADMIN) for t in range(5, 15))
+            )
+
+    answers = asyncio.run(puts())
+    assert all(a.status_code in (200, 502) for a in answers), [a.text for a in answers]
+    # Each change waited on the hanging endpoint at most once: the first found it slow, the rest left it to the
+    # background rounds (every call has its own timeout, 2 s here).
+    assert hanging.gate_calls["dry_run"] - before <= 1, hanging.gate_calls
+    final = gw.state.routing.threshold
+    assert engine_gate(sound.url)["zero_steps_above_bs"] == final
+    assert gw.state.pools.speculative[1].usable  # on its last good gate meanwhile
+    hanging.release.set()
+    wait_until(lambda: engine_gate(backends[1][0].url)["zero_steps_above_bs"] == final, what="it catches up")
+
+    def caught_up() -> bool:
+        view = httpx.get(gw.url + "/admin/threshold", headers=ADMIN, timeout=10).json()["backend_gates"]
+        return view[hanging_url]["in_sync"]
+
+    wait_until(caught_up, what="in sync again")
+
+
+def test_health_is_503_when_no_backend_is_usable(gateway, faulty, sim, caplog):
+    caplog.set_level(logging.WARNING, logger="crossover.in_engine")
+    [(engine, faults, url)] = faulty(1)
+    gw = in_engine(gateway, [url], threshold=4, eject_seconds=0.3)
+    assert httpx.get(gw.url + "/health", timeout=10).json()["usable_backends"] == 1
+    faults.refuse.add(4)  # it comes back ungated and refuses the gate: it must not serve
+    engine.kill()
+    backend = gw.state.pools.speculative[0]
+    wait_until(lambda: not backend.usable, what="the dead engine out of rotation")
+    sim("k25-eagle3", *SIM_SCALE, "--speculation-gate", port=engine.port)
+    wait_until(lambda: backend.healthy is True and gw.state.topology.gates.gates.get(url), what="it is back, read")
+    health = httpx.get(gw.url + "/health", timeout=10)
+    assert (health.status_code, health.json()) == (
+        503,
+        {"status": "unavailable", "usable_backends": 0, "healthy_backends": 1},
+    )
+    assert gw.metric("crossover_backend_gate_held_out", backend=url) == 1
+    assert "held out of rotation" in caplog.text
+    faults.refuse.clear()
+    wait_until(lambda: backend.usable, what="gated and back in rotation")
+    assert httpx.get(gw.url + "/health", timeout=10).status_code == 200
+
+
+def test_the_admin_credential_comes_from_a_file_or_the_settings(tmp_path):
+    key = tmp_path / "admin.key"
+    key.write_text("  from-file\n")
+
+    def pool(**fields) -> Settings:
+        return Settings(topology="in-engine", pools={"speculative": {"backends": ["http://127.0.0.1:1"], **fields}})
+
+    assert pool(admin_api_key_file=str(key)).pools.speculative.control_key == "from-file"
+    assert pool(api_key="api", admin_api_key="admin").pools.speculative.control_key == "admin"
+    assert pool(api_key="api").pools.speculative.control_key == "api"  # what SGLang takes without an admin key
+    with pytest.raises(ValueError, match="not both"):
+        pool(admin_api_key="a", admin_api_key_file=str(key))
+    (tmp_path / "empty.key").write_text("\n")
+    with pytest.raises(ValueError, match="is empty"):
+        pool(admin_api_key_file=str(tmp_path / "empty.key"))
+    with pytest.raises(ValueError, match="cannot be read"):
+        pool(admin_api_key_file=str(tmp_path / "missing.key"))

@@ -20,12 +20,15 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
+from tests.gateway.gate_faults import GateFaults
 from tests.gateway.gateway_helpers import LONG, chat
 from tests.gateway.test_switching import (
     AUTH,
+    TOKEN,
     ClosedLoop,
     admin_state,
     put_mode,
+    release,
     sleep_pair,  # noqa: F401 - a fixture
     time_shared,  # noqa: F401 - a fixture
     until,
@@ -33,9 +36,11 @@ from tests.gateway.test_switching import (
     wait_phase,
 )
 from tests.gateway.test_switching_restart import (
+    AGENT_TOKEN,
     agent_box,  # noqa: F401 - a fixture
     restart_gateway,  # noqa: F401 - a fixture
 )
+from tests.waiting import wait_until
 
 RECOVERY_WAIT_S = 90.0
 # The self-healing settings of these tests: a few 0.2 s health intervals, a short backoff.
@@ -367,3 +372,108 @@ def test_benchmark_kill_9_to_first_success_restart(agent_box, restart_gateway): 
     detection = HEALING["dead_after_probes"] * gw.settings.health.interval
     print(f"restart at 1/{BENCH_SCALE:g} of Kimi's costs: {result}; at Kimi's: ~{at_kimi(result, detection)} s")
     assert admin_state(gw)["mode"] == "speculative"
+
+
+# --- the agent dies mid-switch; SGLang's queue-full ----------------------------------------------------------
+
+
+def test_restart_the_agent_killed_while_it_starts_the_target_the_target_is_adopted(
+    agent_box,  # noqa: F811
+    restart_gateway,  # noqa: F811
+    caplog,
+):
+    # The plain server loads for a while: the agent dies while it waits for it. The server lives on (a real
+    # agent's do), comes up by itself, and the gateway serves it without an operator; the agent's return stops
+    # nothing.
+    box = agent_box(plain_startup_s=3.0)
+    gw = restart_gateway(box, **HEALING)
+    wait_phase(gw, "active", "speculative")
+    caplog.set_level(logging.INFO, logger="crossover.switching")
+    assert put_mode(gw, "plain").status_code == 202
+    wait_until(lambda: box.status("plain")["state"] == "starting", what="the agent starting plain")
+    pid = box.status("plain")["pid"]
+    box.kill_agent()
+    wait_until(lambda: serves(box.urls["plain"]), timeout=RECOVERY_WAIT_S, what="the plain server up by itself")
+    state = wait_phase(gw, "active", "plain", timeout=RECOVERY_WAIT_S)  # no operator call since the kill
+    assert state["last_switch"]["to"] == "plain" and state["last_switch"]["outcome"] == "ok", state
+    assert any("adopting it" in r.getMessage() for r in caplog.records)
+    served = httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=30, trust_env=False)
+    assert served.status_code == 200 and served.headers["x-crossover-pool"] == "plain", served.text
+
+    box.start_agent()
+    wait_until(lambda: box.status("plain")["state"] == "ready", what="the agent back, the plain server known")
+    for _ in range(20):  # a few health rounds and many switch ticks with the agent back: plain still serves
+        again = httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=30, trust_env=False)
+        assert again.status_code == 200 and again.headers["x-crossover-pool"] == "plain", again.text
+    assert box.status("plain")["pid"] == pid and box.status("plain")["state"] == "ready"
+    assert admin_state(gw)["mode"] == "plain"
+
+
+def test_restart_with_the_agent_gone_an_operator_put_serves_the_mode_that_serves(
+    agent_box,  # noqa: F811
+    gateway,
+):
+    # Nothing heals by itself here (health rounds and backoff an hour apart): only the operator's PUT can bring
+    # service back, and with the agent gone it does so by serving the server that already serves.
+    box = agent_box(plain_startup_s=3.0)
+    switching = {
+        "mechanism": "restart",
+        "dwell": 3600.0,
+        "window": 1.0,
+        "interval": 0.1,
+        "agent_url": box.agent_url,
+        "agent_token": AGENT_TOKEN,
+        "agent_servers": {"speculative": "speculative", "plain": "plain"},
+        "operator_interval": 0.0,
+        "backoff": 3600.0,
+        "backoff_max": 3600.0,
+    }
+    gw = gateway(
+        [box.urls["speculative"]],
+        [box.urls["plain"]],
+        topology="time-shared",
+        admin_token=TOKEN,
+        threshold=4,
+        hysteresis=2,
+        switching=switching,
+        health={"interval": 3600.0, "timeout": 2.0},
+    )
+    wait_phase(gw, "active", "speculative")
+    assert put_mode(gw, "plain").status_code == 202
+    wait_until(lambda: box.status("plain")["state"] == "starting", what="the agent starting plain")
+    box.kill_agent()
+    wait_phase(gw, "unavailable", timeout=RECOVERY_WAIT_S)
+    wait_until(lambda: serves(box.urls["plain"]), timeout=RECOVERY_WAIT_S, what="the plain server up by itself")
+    assert admin_state(gw)["phase"] == "unavailable"  # nothing healed it: the hour-long waits hold
+    assert put_mode(gw, "plain").status_code == 202
+    state = wait_phase(gw, "active", "plain")
+    assert state["last_switch"]["outcome"] == "ok", state
+    served = httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=30, trust_env=False)
+    assert served.status_code == 200 and served.headers["x-crossover-pool"] == "plain", served.text
+
+
+def serves(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=5, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_sglang_queue_full_in_time_shared_mode_is_busy_not_a_dead_mode(sim, serve, time_shared):  # noqa: F811
+    speculative = sim("k25-eagle3", "--time-scale", "20")
+    plain = sim("k25-plain", "--time-scale", "20")
+    release(plain.url)
+    full = GateFaults(speculative.url)  # forwards everything; answers SGLang's queue-full when told
+    gw = time_shared(serve(full.app()).url, plain.url, dwell=3600.0)
+    wait_phase(gw, "active", "speculative")
+    full.queue_full = True
+    refused = httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=30, trust_env=False)
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["code"] == "backend_busy", refused.text  # not serving_mode_failed
+    assert int(refused.headers["retry-after"]) <= 2  # retry shortly: the server is up, only full
+    gw.settled()
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="busy") == 1
+    assert gw.metric("crossover_requests_total", pool="speculative", outcome="unavailable") == 0
+    full.queue_full = False
+    assert httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=30, trust_env=False).status_code == 200
+    assert admin_state(gw)["phase"] == "active"  # nothing to recover

@@ -146,7 +146,7 @@ def test_the_gateway_is_ready_and_healthy_on_the_real_server(real_sglang, active
     gw = real_gateway()
     wait_until(lambda: all(b.healthy for b in gw.state.pools.all()), timeout=WAIT_S, what="backends healthy")
     health = httpx.get(gw.url + "/health", timeout=10, trust_env=False)
-    assert (health.status_code, health.json()) == (200, {"status": "ok", "healthy_backends": 2})
+    assert (health.status_code, health.json()) == (200, {"status": "ok", "usable_backends": 2, "healthy_backends": 2})
     assert all(b.models == (real_sglang.model,) for b in gw.state.pools.all())
     # SGLang's /health is an empty 200 (it runs a 1-token generation to say so).
     health = httpx.get(active_url + "/health", timeout=30, trust_env=False)

@@ -18,6 +18,7 @@ import subprocess
 import httpx
 import pytest
 
+from crossover.gateway.in_engine import ControlUnauthorized
 from crossover.gateway.sglang import NotPatched
 from crossover.servers.process import free_port
 from crossover.servers.sglang_check import venv_python
@@ -233,16 +234,18 @@ def test_the_metrics_count_the_refused_updates_only(patched_url):
     assert 'result="rejected"' in lines[0] and lines[0].endswith(" 1.0"), lines
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 32 item 3: gateway/in_engine.py must send the admin credential on gate calls and read a 501 "
-    "(reason not_applicable) to a gate read as NotPatched, as it read the 400 the patch answered before",
-)
 def test_the_in_engine_gateway_refuses_a_plain_patched_server_and_says_why(patched_url):
     with pytest.raises(NotPatched) as refused:
-        start_in_engine([patched_url])
+        start_in_engine([patched_url], admin_api_key=ADMIN_KEY)
     assert patched_url in str(refused.value)
     assert OFF["message"] in str(refused.value) and "HTTP 501" in str(refused.value)
+
+
+def test_the_in_engine_gateway_without_the_admin_key_refuses_to_start(patched_url):
+    with pytest.raises(ControlUnauthorized) as refused:
+        start_in_engine([patched_url])  # the engine has an admin key: its GET answers 401 without it
+    assert patched_url in str(refused.value) and "admin_api_key" in str(refused.value)
+    assert "HTTP 401" in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_down_stops_the_patched_server_and_leaves_no_process(patched_server):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tomllib
 
 import httpx
 import openai
@@ -15,6 +16,8 @@ from crossover.servers.demo import gateway_config_path
 from crossover.servers.process import free_port, spawn, stop, wait_ready
 from crossover.servers.profile import ProfileError, load_profile, parse_profile
 from crossover.servers.sglang_check import load_adaptive_config
+from crossover.servers.sim.profile import load_profile as load_sim_profile
+from crossover.servers.sim.replay import zero_step_gate
 from tests.conftest import crossover_argv
 from tests.servers.conftest import SHIPPED, run_cli
 
@@ -68,10 +71,11 @@ def test_the_standin_topology_comes_up_and_routes(standin_profile, state_dir, tm
         wait_ready(url + "/health", gateway, READY_S)
         for backend in urls:
             gate = httpx.get(backend + "/speculative/adaptive", timeout=10).json()["state"]
-            assert gate["zero_steps_above_bs"] == 24  # the config's threshold, set by the gateway at start
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=30)
+            assert gate["zero_steps_above_bs"] == 256  # the config's threshold, set by the gateway at start
+        # The README's snippet, as it stands (but for the port).
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
         reply = client.chat.completions.create(
-            model="kimi-k2.5", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            model="moonshotai/Kimi-K2.5", messages=[{"role": "user", "content": "Hi"}]
         )
         assert reply.choices[0].message.content
     finally:
@@ -90,3 +94,16 @@ def test_the_gateway_refuses_unpatched_backends_at_start(tmp_path, sim):
     )
     assert result.returncode != 0
     assert "patches/sglang-0.5.23" in result.stderr and "crossover patches apply" in result.stderr
+
+
+def test_the_shipped_gate_is_the_one_the_model_says_pays():
+    # zero_step_gate(k25-eagle3) is None: speculation out-yields a zero-step step at every batch size, so the
+    # shipped configs set no gate that engages - the threshold is the running cap, and no batch is above it.
+    assert zero_step_gate(load_sim_profile("k25-eagle3"), 512) is None
+    config = tomllib.loads((SHIPPED / "gateway" / "standin-in-engine.toml").read_text())
+    for name in ("standin-in-engine", "kimi-k25-in-engine"):
+        servers = load_profile(name).servers
+        assert all(config["threshold"] >= server.max_running_requests for server in servers), name
+        assert {server.served_model_name for server in servers} == {"moonshotai/Kimi-K2.5"}, name
+    assert config["served_model_names"] == ["moonshotai/Kimi-K2.5"]
+    assert "zero_step_gate(k25-eagle3)" in (SHIPPED / "gateway" / "standin-in-engine.toml").read_text()
