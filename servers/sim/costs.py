@@ -70,6 +70,7 @@ class Acceptance:
         self.num_steps, self.mean = num_steps, mean
         self.q = solve_chain_probability(num_steps, mean)
         probs = [self.q ** (k - 1) * (1 - self.q) for k in range(1, num_steps + 1)] + [self.q**num_steps]
+        self.probabilities = tuple(probs)  # of 1, 2, ... num_steps + 1 tokens
         self._cumulative = list(_running_sum(probs))
         self._cumulative[-1] = 1.0
         self._tokens = range(1, num_steps + 2)
