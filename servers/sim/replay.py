@@ -270,7 +270,13 @@ def profiles_crossover(
 def steady_level(profile: Profile, concurrency: int, input_len: int, output_len: int, seed: int = 0) -> CurvePoint:
     """A mode's closed loop at `concurrency` (curve.py), once per process."""
     return run_level(
-        profile, concurrency, input_len=input_len, output_len=output_len, seed=seed, measured_rounds=STEADY_LEVEL_ROUNDS
+        profile,
+        concurrency,
+        input_len=input_len,
+        output_len=output_len,
+        seed=seed,
+        measured_rounds=STEADY_LEVEL_ROUNDS,
+        engine_type=LazyEngine,
     )
 
 
