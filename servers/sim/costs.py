@@ -70,6 +70,7 @@ class Acceptance:
         self.num_steps, self.mean = num_steps, mean
         self.q = solve_chain_probability(num_steps, mean)
         probs = [self.q ** (k - 1) * (1 - self.q) for k in range(1, num_steps + 1)] + [self.q**num_steps]
+        self.probabilities = tuple(probs)  # of 1, 2, ... num_steps + 1 tokens
         self._cumulative = list(_running_sum(probs))
         self._cumulative[-1] = 1.0
         self._tokens = range(1, num_steps + 2)
@@ -157,22 +158,27 @@ class StepTableCosts:
         self._contexts = [t.context for t in profile.tables]
         self._prefill = profile.prefill
         self._overhead = profile.step_overhead_s
+        # Each table's step time by batch (and draft-extend skipped), as the steps ask for it: a virtual replay
+        # asks for the same few hundred batches millions of times.
+        self._step_s: dict[int, list[float]] = {}
+        self._zero_step_s: dict[tuple[int, bool], list[float]] = {}
 
     def decode_s(self, batch: int, context_tokens: int, in_flight: int) -> float:
         if batch <= 0:
             return self._overhead
-        mean_context = context_tokens / batch
-        return self._overhead + _between(
-            self._contexts, mean_context, [self._table_step_s(t, batch) for t in self._tables]
-        )
+        steps = self._step_s.get(batch)
+        if steps is None:
+            steps = self._step_s[batch] = [self._table_step_s(t, batch) for t in self._tables]
+        return self._overhead + _between(self._contexts, context_tokens / batch, steps)
 
     def zero_step_s(self, batch: int, context_tokens: int, skip_draft_extend: bool) -> float:
         if batch <= 0:
             return self._overhead
-        mean_context = context_tokens / batch
-        return self._overhead + _between(
-            self._contexts, mean_context, [self._zero_step_table_s(t, batch, skip_draft_extend) for t in self._tables]
-        )
+        steps = self._zero_step_s.get((batch, skip_draft_extend))
+        if steps is None:
+            steps = [self._zero_step_table_s(t, batch, skip_draft_extend) for t in self._tables]
+            self._zero_step_s[batch, skip_draft_extend] = steps
+        return self._overhead + _between(self._contexts, context_tokens / batch, steps)
 
     @staticmethod
     def _zero_step_table_s(table: StepTable, batch: int, skip_draft_extend: bool) -> float:

@@ -70,13 +70,15 @@ def run_level(
     seed: int = 0,
     measured_rounds: int = MEASURED_ROUNDS,
     zero_steps_above_bs: int | None = None,
+    engine_type: type[Engine] = Engine,
 ) -> CurvePoint:
-    """One level. `zero_steps_above_bs`: the patched engine's gate (engine.py), for the in-engine topology."""
+    """One level. `zero_steps_above_bs`: the patched engine's gate (engine.py), for the in-engine topology;
+    `engine_type`: lazy_engine.LazyEngine steps many requests faster (the replay's levels)."""
     if concurrency < 1 or input_len < 1 or output_len < 2:
         raise ValueError("concurrency and input_len must be >= 1 and output_len >= 2 (TPOT needs two tokens)")
     # Clients in a closed loop wait rather than give up, so a queue bound would only make them spin.
     profile = dataclasses.replace(profile, limits=dataclasses.replace(profile.limits, max_queued_requests=None))
-    engine = Engine(profile, random.Random(seed))
+    engine = engine_type(profile, random.Random(seed))
     engine.zero_steps_above_bs = zero_steps_above_bs
     if not engine.fits(input_len, output_len):
         raise ValueError(

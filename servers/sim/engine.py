@@ -274,6 +274,8 @@ class Engine:
 
     def _admit(self, now: float) -> list[Sequence]:
         limits, waiting = self.limits, self._waiting
+        if not waiting:
+            return []  # most steps (this is asked before each)
         room = limits.max_running_requests - self.num_running
         in_flight = self.num_running + len(waiting)
         batch: list[Sequence] = []

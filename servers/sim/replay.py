@@ -6,8 +6,9 @@ both stand-in engines and the gateway's own switching decision, in virtual time.
     setup = ReplaySetup.from_profiles(load_profile("k25-eagle3"), load_profile("k25-plain"), trace, switch=switch)
     results = replay_all(setup, trace, MECHANISMS)
 
-One engine per mode (engine.py, the live stand-in's code). Each phase runs `concurrency` clients in a closed
-loop (each sends its next request the moment its last one ends). Only one mode serves at a time:
+One engine per mode (lazy_engine.py: the live stand-in's engine.py, each request's decode steps drawn once).
+Each phase runs `concurrency` clients in a closed loop (each sends its next request the moment its last one
+ends). Only one mode serves at a time:
 
 - `always-speculative`, `always-plain`: one mode throughout, no switches.
 - `restart`, `sleep`: the gateway's switch controller, as its settings (`SwitchSettings`: threshold,
@@ -52,6 +53,7 @@ from crossover.gateway.switch_policy import PolicySettings
 from crossover.servers.sim.costs import make_costs
 from crossover.servers.sim.curve import CurvePoint, run_level
 from crossover.servers.sim.engine import Engine, Sequence
+from crossover.servers.sim.lazy_engine import LazyEngine
 from crossover.servers.sim.profile import Profile
 from crossover.servers.sim.trace import TracePhase
 
@@ -268,7 +270,13 @@ def profiles_crossover(
 def steady_level(profile: Profile, concurrency: int, input_len: int, output_len: int, seed: int = 0) -> CurvePoint:
     """A mode's closed loop at `concurrency` (curve.py), once per process."""
     return run_level(
-        profile, concurrency, input_len=input_len, output_len=output_len, seed=seed, measured_rounds=STEADY_LEVEL_ROUNDS
+        profile,
+        concurrency,
+        input_len=input_len,
+        output_len=output_len,
+        seed=seed,
+        measured_rounds=STEADY_LEVEL_ROUNDS,
+        engine_type=LazyEngine,
     )
 
 
@@ -333,8 +341,8 @@ class _Replay:
         """`on_sample(t, load)`: each load sample the policy is given, as it is given."""
         self.setup, self.trace, self.mechanism = setup, trace, mechanism
         self.engines = {
-            SPECULATIVE: Engine(_closed_loop(setup.speculative), random.Random(setup.seed)),
-            PLAIN: Engine(_closed_loop(setup.plain), random.Random(setup.seed + 1)),
+            SPECULATIVE: LazyEngine(_closed_loop(setup.speculative), random.Random(setup.seed)),
+            PLAIN: LazyEngine(_closed_loop(setup.plain), random.Random(setup.seed + 1)),
         }
         for engine in self.engines.values():
             if not engine.fits(setup.input_len, setup.output_len):

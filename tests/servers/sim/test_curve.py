@@ -5,6 +5,8 @@ import dataclasses
 import pytest
 
 from crossover.servers.sim.curve import batch_table, run_level, sweep
+from crossover.servers.sim.engine import Engine
+from crossover.servers.sim.lazy_engine import LazyEngine
 from crossover.servers.sim.profile import MeasuredPoint, load_profile, with_overrides
 
 
@@ -73,6 +75,18 @@ def test_llama8b_closed_loop_at_one_stream_decodes_at_table_speed():
     # 768 input + 512 output: the mean context while decoding is the table's 1024.
     point = run_level(load_profile("llama8b-h200-plain"), 1, input_len=768, output_len=512)
     assert point.per_request_throughput == pytest.approx(183, rel=0.05)
+
+
+def test_a_level_on_the_lazy_engine_is_the_same_level():
+    """The replay's levels (lazy_engine.py): plain exactly, speculative within its draws' noise."""
+    # A level's mean TTFT is a few rounds of prefill waits: seed to seed it moves by up to 10 %, in both engines.
+    for name, rel, ttft_rel in (("llama8b-h200-plain", 1e-9, 1e-9), ("llama8b-h200-eagle3", 0.01, 0.10)):
+        stepped, lazy = (
+            run_level(load_profile(name), 64, input_len=768, output_len=512, engine_type=kind)
+            for kind in (Engine, LazyEngine)
+        )
+        assert lazy.output_throughput == pytest.approx(stepped.output_throughput, rel=rel), name
+        assert lazy.mean_ttft_s == pytest.approx(stepped.mean_ttft_s, rel=ttft_rel), name
 
 
 def test_a_measured_profile_replays_the_curve_it_was_made_from():
