@@ -119,6 +119,17 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def read_key_file(path: Path, what: str) -> str:
+    """A key kept in a file (so it is not on a command line); ValueError, naming `what`, when there is none."""
+    try:
+        key = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{what} {path} cannot be read: {exc}") from None
+    if not key:
+        raise ValueError(f"{what} {path} is empty")
+    return key
+
+
 def check_token(token: str, what: str, *, empty_ok: bool) -> str:
     """A bearer token as HTTP can carry it: a header value loses surrounding whitespace on the way, so a token
     that is blank or has any would never match, and nothing could authenticate."""
@@ -148,14 +159,7 @@ class PoolSettings(_Section):
             return data
         if data.get("admin_api_key"):
             raise ValueError("give admin_api_key or admin_api_key_file, not both")
-        path = Path(data["admin_api_key_file"])
-        try:
-            key = path.read_text().strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"admin_api_key_file {path} cannot be read: {exc}") from None
-        if not key:
-            raise ValueError(f"admin_api_key_file {path} is empty")
-        return {**data, "admin_api_key": key}
+        return {**data, "admin_api_key": read_key_file(Path(data["admin_api_key_file"]), "admin_api_key_file")}
 
     @property
     def control_key(self) -> str | None:

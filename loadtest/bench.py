@@ -21,6 +21,7 @@ import httpx
 
 from crossover.loadtest import plots, results
 from crossover.loadtest.apply import ApplyError, apply_threshold
+from crossover.loadtest.engine_gate import GATES, EngineGate, EngineGateError
 from crossover.loadtest.models import Crossover, Level, LevelSchedule, Metadata, Results, Simulation, TargetInfo
 from crossover.loadtest.plan import BenchPlan, Target
 from crossover.loadtest.runner import probe, run_sweep
@@ -161,7 +162,12 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> Results:
     this_pass: dict[str, LevelSchedule] = {}  # the pass just run, per simulated target
     kept: dict[str, list[LevelSchedule]] = {}  # the level's passes that count, per simulated target
 
+    gate = None if plan.in_engine_url is None else EngineGate(plan.in_engine_url, plan.in_engine_admin_key)
+    original = None if gate is None else await gate.read()
+
     async def pass_begins(target: Target, concurrency: int) -> Callable[[], Awaitable[None]] | None:
+        if gate is not None and target.name in GATES:
+            await gate.set(GATES[target.name])
         if (simulation := simulations[target.name]) is None:
             return None
         before, began = await server_info(target, headers), time.monotonic()
@@ -195,16 +201,22 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> Results:
         meta = metadata(plan, workload, infos, simulations, started)
         results.write_results(plan.out_dir, results.build_results(meta, levels, plan.speculative, plan.plain))
 
-    await run_sweep(
-        plan.targets,
-        plan.concurrencies,
-        workload,
-        plan.load,
-        on_level_start=display.level_started,
-        on_level_begin=pass_begins,
-        on_level_done=level_done,
-        on_pass_done=pass_done,
-    )
+    try:
+        await run_sweep(
+            plan.targets,
+            plan.concurrencies,
+            workload,
+            plan.load,
+            on_level_start=display.level_started,
+            on_level_begin=pass_begins,
+            on_level_done=level_done,
+            on_pass_done=pass_done,
+        )
+    finally:
+        # Also on Ctrl-C (the runner cancels this task) and a failed level: the engine serves on as it was.
+        if gate is not None:
+            await gate.set(original)
+            display.out.print(f"{plan.in_engine_url}: gate restored to {original}")
     meta = metadata(plan, workload, infos, simulations, started)
     return results.build_results(meta, levels, plan.speculative, plan.plain)
 
@@ -224,7 +236,7 @@ def run(plan: BenchPlan) -> int:
     try:
         with display, _event_loop_runner() as runner:
             run_results = runner.run(_collect(plan, display))
-    except BenchError as exc:
+    except (BenchError, EngineGateError) as exc:
         print(f"crossover bench: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -241,6 +253,13 @@ def run(plan: BenchPlan) -> int:
     console = display.out
     print_summary(console, run_results.levels)
     print_crossover(console, run_results.crossover, run_results.queueing)
+    if plan.in_engine_url is not None:
+        # gate-0 against gate-off is the run's crossover; against any other target (a plain server), both
+        # settings, so the report says where zero-step stops paying against plain too.
+        others = [t.name for t in plan.targets if t.name not in GATES]
+        for setting, other in ((s, o) for o in others for s in GATES):
+            section = results.crossover_section(run_results.levels, setting, other, run_results.metadata.targets)
+            print_crossover(console, section, [])
     console.print("wrote " + ", ".join(str(p) for p in written))
     applied = apply_recommendation(console, run_results.crossover, plan.apply_url, plan.admin_token)
     # A refused crossover is a failed run for a script that wanted one: the results are kept, not trusted.

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from crossover.loadtest.plan import Target
 
+DEFAULT_SPECULATIVE, DEFAULT_PLAIN = "speculative", "plain"
 # Plan fields -> the flag a user would fix.
 FLAGS = {
     "targets": "--target",
@@ -113,9 +114,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     bench.add_argument("--model", help="model name to request (default: the first of the first target's /v1/models)")
     bench.add_argument(
-        "--speculative", default="speculative", metavar="NAME", help="the speculative target (default: %(default)s)"
+        "--speculative",
+        default=DEFAULT_SPECULATIVE,
+        metavar="NAME",
+        help="the speculative target (default: %(default)s; gate-off with --in-engine)",
     )
-    bench.add_argument("--plain", default="plain", metavar="NAME", help="the plain target (default: %(default)s)")
+    bench.add_argument(
+        "--plain",
+        default=DEFAULT_PLAIN,
+        metavar="NAME",
+        help="the plain target (default: %(default)s; gate-0 with --in-engine)",
+    )
+    bench.add_argument(
+        "--in-engine",
+        metavar="URL",
+        help="a patched SGLang (patches/sglang-0.5.23): measure it with its gate off and at 0 as targets gate-off "
+        "and gate-0 (the crossover then compares those two; its own gate is restored at the end)",
+    )
+    bench.add_argument(
+        "--admin-key-file", type=Path, metavar="FILE", help="the --in-engine server's admin key, for setting its gate"
+    )
     bench.add_argument("--out", type=Path, help="output directory (default ./crossover-bench-<time>)")
     bench.add_argument("--apply", metavar="GATEWAY_URL", help="PUT the recommended threshold to this gateway")
     bench.add_argument("--admin-token", help="gateway admin token (default $CROSSOVER_ADMIN_TOKEN)")
@@ -164,13 +182,19 @@ class UsageError(Exception):
     pass
 
 
-def parse_targets(values: list[str]) -> list[Target]:
-    """`NAME=URL` flags -> targets (the URL itself is checked by the model)."""
+def parse_targets(values: list[str], in_engine: str | None = None) -> list[Target]:
+    """`NAME=URL` flags -> targets (the URL itself is checked by the model); `--in-engine` adds its two."""
     from pydantic import ValidationError
 
+    from crossover.loadtest.engine_gate import GATES
     from crossover.loadtest.plan import Target
 
     targets = []
+    if in_engine is not None:
+        try:
+            targets = [Target(name=name, url=in_engine) for name in GATES]
+        except ValidationError:
+            raise UsageError(f"--in-engine {in_engine!r}: expected http(s)://HOST:PORT") from None
     for value in values:
         name, sep, url = value.partition("=")
         try:
@@ -180,7 +204,7 @@ def parse_targets(values: list[str]) -> list[Target]:
         except (ValueError, ValidationError):
             raise UsageError(f"--target {value!r}: expected NAME=http(s)://HOST:PORT") from None
     if not targets:
-        raise UsageError("give at least one --target NAME=URL")
+        raise UsageError("give at least one --target NAME=URL (or --in-engine URL)")
     return targets
 
 
@@ -191,6 +215,15 @@ def plan_error(exc: ValidationError) -> UsageError:
     flag = next((FLAGS[part] for part in reversed(fields) if part in FLAGS), None)
     message = error["msg"].removeprefix("Value error, ")
     return UsageError(f"{flag}: {message}" if flag else message)
+
+
+def read_key(path: Path | None) -> str | None:
+    from crossover.gateway.config import read_key_file
+
+    try:
+        return None if path is None else read_key_file(path, "--admin-key-file")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _admin_token(args: argparse.Namespace) -> str | None:
@@ -209,13 +242,17 @@ def run_bench(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from crossover.loadtest.bench import run
+    from crossover.loadtest.engine_gate import GATE_OFF, GATE_ZERO
     from crossover.loadtest.extras import MissingExtra
     from crossover.loadtest.plan import BenchPlan, LoadSettings
 
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
     try:
+        speculative, plain = args.speculative, args.plain
+        if args.in_engine is not None and (speculative, plain) == (DEFAULT_SPECULATIVE, DEFAULT_PLAIN):
+            speculative, plain = GATE_OFF, GATE_ZERO
         plan = BenchPlan(
-            targets=parse_targets(args.target),
+            targets=parse_targets(args.target, args.in_engine),
             concurrencies=args.concurrency,
             workload_model=args.model,
             output_len=args.output_len,
@@ -232,12 +269,14 @@ def run_bench(args: argparse.Namespace) -> int:
                 headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
                 seed=args.seed,
             ),
-            speculative=args.speculative,
-            plain=args.plain,
+            speculative=speculative,
+            plain=plain,
             out_dir=args.out or Path(f"crossover-bench-{datetime.now():%Y%m%d-%H%M%S}"),
             plots=args.plots,
             apply_url=args.apply,
             admin_token=args.admin_token or os.environ.get("CROSSOVER_ADMIN_TOKEN"),
+            in_engine_url=args.in_engine,
+            in_engine_admin_key=read_key(args.admin_key_file),
         )
     except UsageError as exc:
         return _fail(exc, 2)

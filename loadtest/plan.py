@@ -111,6 +111,9 @@ class BenchPlan(BaseModel):
     plots: bool = True
     apply_url: str | None = None
     admin_token: str | None = None
+    # --in-engine: the patched engine that the gate-off and gate-0 targets point at, and its admin key.
+    in_engine_url: str | None = None
+    in_engine_admin_key: str | None = Field(None, repr=False)
 
     @field_validator("concurrencies")
     @classmethod
