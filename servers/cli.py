@@ -222,6 +222,11 @@ def _up(args: argparse.Namespace) -> int:
     if _report_fit(profile, skip_ports=running):
         return 1
     try:
+        supervisor.check_launchable()  # a missing admin key file: one line, nothing started
+    except SupervisorError as exc:
+        _say(f"error: {exc}")
+        return 1
+    try:
         asyncio.run(supervisor.up())
     except (SupervisorError, KeyboardInterrupt) as exc:
         _say(f"error: {exc}" if isinstance(exc, SupervisorError) else "interrupted")

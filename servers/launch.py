@@ -6,6 +6,10 @@
 `server_args` is the part after the SGLang command (`sglang serve`): what SGLang's own parser must accept
 (tests/servers/test_sglang_parser.py feeds it to 0.5.23's `prepare_server_args`). `env` holds only what the
 profile sets; the process gets it on top of the caller's environment.
+
+A server's admin key (`admin_api_key_file`) is never in `argv`: it shows as `<from /path>` there (what `plan`
+prints, the log and the state file record), and `run_argv()` reads the file - on the host that starts it, when
+it starts.
 """
 
 from __future__ import annotations
@@ -13,20 +17,51 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from crossover.servers.profile import Profile, Server
+
+
+class LaunchError(ValueError):
+    """A server cannot be started as its profile says (its admin key file); one line naming the file."""
 
 
 @dataclass(frozen=True)
 class LaunchCommand:
     name: str
     role: str
-    argv: list[str]
+    argv: list[str]  # safe to print: an admin key is its placeholder
     env: dict[str, str]
     server_args: list[str]  # argv without the launcher and the engine command
+    admin_api_key_file: str | None = None
 
     def as_json(self) -> dict:
         return {"name": self.name, "role": self.role, "argv": self.argv, "env": self.env}
+
+    def run_argv(self) -> list[str]:
+        """The argv to exec: the admin key read from its file now (LaunchError when it cannot be)."""
+        if self.admin_api_key_file is None:
+            return list(self.argv)
+        key = read_admin_key(self.admin_api_key_file)
+        shown = admin_key_placeholder(self.admin_api_key_file)
+        return [key if arg == shown else arg for arg in self.argv]
+
+
+def admin_key_placeholder(path: str) -> str:
+    return f"<from {path}>"
+
+
+def read_admin_key(path: str) -> str:
+    """The one-line key in `path`; LaunchError (one line) when it is missing, unreadable or empty."""
+    try:
+        key = Path(path).read_text().strip()
+    except OSError as exc:
+        raise LaunchError(f"admin_api_key_file {path} cannot be read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise LaunchError(f"admin_api_key_file {path} is not text") from None
+    if not key or any(c.isspace() for c in key):
+        raise LaunchError(f"admin_api_key_file {path} must hold one key (one line, no spaces)")
+    return key
 
 
 # SGLang on CPU from the registry's wheel: its CPU attention backend (intel_amx) needs the CPU kernel build, so
@@ -54,6 +89,7 @@ def launch_command(profile: Profile, server: Server) -> LaunchCommand:
         argv=[*server.launcher, *command, *args],
         env=env,
         server_args=args,
+        admin_api_key_file=server.admin_api_key_file,
     )
 
 
@@ -93,6 +129,11 @@ def sglang_args(profile: Profile, server: Server) -> list[str]:
         args += ["--cuda-graph-max-bs-decode", str(server.cuda_graph_max_bs_decode)]
     if server.mem_fraction_static is not None:
         args += ["--mem-fraction-static", f"{server.mem_fraction_static:g}"]
+    if server.admin_api_key_file:
+        # SGLang 0.5.23 takes its admin key only as this flag (no environment variable; its --config YAML is
+        # opened at parse time, so a plan could not be checked off the GPU host): the key is in the engine's
+        # command line, visible to `ps` on that host. run_argv() puts it in; everything printed shows the file.
+        args += ["--admin-api-key", admin_key_placeholder(server.admin_api_key_file)]
     if profile.sleeps:
         # Sleep/wake keeps the released server's weights in host memory; without the backup they come back
         # as garbage (sglang.md).
@@ -114,6 +155,8 @@ def sim_args(profile: Profile, server: Server) -> list[str]:
     if server.max_running_requests is not None:
         args += ["--max-running-requests", str(server.max_running_requests)]
     args += ["--extra-metric-labels", metric_labels(server)]
+    if server.admin_api_key_file:
+        args += ["--admin-api-key-file", server.admin_api_key_file]  # the stand-in reads it: the key stays off ps
     if profile.topology == "in-engine":
         args.append("--speculation-gate")  # the stand-in plays a patched server
     return [*args, *server.extra_args]

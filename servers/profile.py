@@ -96,6 +96,9 @@ class Server(_Strict):
     # Target + draft weights in GB; used when model_path is not a local folder with a safetensors index.
     weights_gb: float | None = Field(default=None, gt=0)
     env: dict[str, str] = Field(default_factory=dict)
+    # A file on the host that starts the server, holding its admin key (SGLang's --admin-api-key: the patched
+    # POST /speculative/adaptive, release and resume need it). Read at launch, never printed.
+    admin_api_key_file: str | None = Field(default=None, min_length=1)
     extra_args: list[str] = Field(default_factory=list)
     # argv prefix the server runs under (numactl, taskset, a wrapper script).
     launcher: list[str] = Field(default_factory=list)

@@ -140,6 +140,7 @@ PARSED_FIELDS = [
     "enable_weights_cpu_backup",
     "enable_metrics",
     "extra_metric_labels",
+    "admin_api_key",  # a profile's is its placeholder: the parse never reads the key file
 ]
 
 # Runs inside the SGLang interpreter: {"argvs", "fields"} on stdin (JSON), one {"error", "values"} per argv.

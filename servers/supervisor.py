@@ -28,7 +28,7 @@ import httpx
 from crossover.gateway import sglang
 from crossover.gateway.agent_contract import TOKEN_ENV, ServerState, ServerStatus
 from crossover.servers import fit
-from crossover.servers.launch import launch_command
+from crossover.servers.launch import LaunchError, launch_command
 from crossover.servers.process import spawn
 from crossover.servers.profile import Profile, Server
 from crossover.servers.state import ServerRecord, StateStore, record_alive, record_members, start_ticks
@@ -82,6 +82,10 @@ class Supervisor:
         if existing is not None:
             self.store.remove(name)
         command = launch_command(self.profile, server)
+        try:
+            argv = command.run_argv()  # the admin key, read now on this host; the log and the record show its file
+        except LaunchError as exc:
+            raise SupervisorError(f"{name}: {exc}") from None
         self.store.logs.mkdir(parents=True, exist_ok=True)
         log_path = self.store.logs / f"{name}.log"
         began = time.monotonic()
@@ -90,7 +94,7 @@ class Supervisor:
             log_file.flush()
             try:
                 proc = spawn(
-                    command.argv,
+                    argv,
                     die_with_parent=False,
                     # The agent's token stays with the agent: a model server has no use for it.
                     env={**{k: v for k, v in os.environ.items() if k != TOKEN_ENV}, **command.env},
@@ -208,6 +212,7 @@ class Supervisor:
         the others first, one by one, each released before the next starts (each sizes its KV cache from
         the memory free when it starts), then the initial mode."""
         profile = self.profile
+        self.check_launchable()
         if profile.time_shared is None:
             await asyncio.gather(*(self.start(s.name) for s in profile.servers))
             return
@@ -227,6 +232,14 @@ class Supervisor:
                         f"{server.name} is running on the GPU set; `down` first, or switch through the agent"
                     )
         await self.start(initial)
+
+    def check_launchable(self) -> None:
+        """Every server's admin key file reads, before any server starts (SupervisorError naming the first)."""
+        for server in self.profile.servers:
+            try:
+                launch_command(self.profile, server).run_argv()
+            except LaunchError as exc:
+                raise SupervisorError(f"{server.name}: {exc}") from None
 
     async def stop_started(self) -> list[StopReport]:
         """Stop only what this supervisor started (a failed `up` must not take down what ran before it)."""

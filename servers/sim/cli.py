@@ -81,8 +81,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="serve GET/POST /speculative/adaptive as an SGLang patched with patches/sglang-0.5.23 does",
     )
-    serve.add_argument(
+    admin_key = serve.add_mutually_exclusive_group()
+    admin_key.add_argument(
         "--admin-api-key", metavar="KEY", help="as SGLang's: POST /speculative/adaptive then needs this bearer token"
+    )
+    admin_key.add_argument(
+        "--admin-api-key-file", metavar="PATH", help="the same key, read from a file (it stays off the command line)"
     )
     serve.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(run=_serve)
@@ -214,6 +218,14 @@ def _serve(args: argparse.Namespace) -> int:
         profile = _load(args)
     except ProfileError as exc:
         return _fail(str(exc))
+    admin_api_key = args.admin_api_key
+    if args.admin_api_key_file is not None:
+        from crossover.servers.launch import LaunchError, read_admin_key
+
+        try:
+            admin_api_key = read_admin_key(args.admin_api_key_file)
+        except LaunchError as exc:
+            return _fail(str(exc))
     if (error := listen_error(args.host, args.port)) is not None:
         return _fail(error)
     spec = profile.speculative
@@ -236,7 +248,7 @@ def _serve(args: argparse.Namespace) -> int:
             seed=args.seed,
             extra_metric_labels=args.extra_metric_labels,
             speculation_gate=args.speculation_gate,
-            admin_api_key=args.admin_api_key,
+            admin_api_key=admin_api_key,
         ),
         log_level=args.log_level,
     )

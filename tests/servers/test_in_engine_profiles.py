@@ -4,6 +4,7 @@ test_sglang_parser.py; here its slot config with SGLang's own loader) and standi
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import tomllib
@@ -19,7 +20,7 @@ from crossover.servers.sglang_check import load_adaptive_config
 from crossover.servers.sim.profile import load_profile as load_sim_profile
 from crossover.servers.sim.replay import zero_step_gate
 from tests.conftest import crossover_argv
-from tests.servers.conftest import SHIPPED, run_cli
+from tests.servers.conftest import ROOT, SHIPPED, recorded_groups, run_cli
 
 READY_S = 60.0
 
@@ -52,11 +53,42 @@ def test_plan_says_the_profile_needs_the_patch_and_whether_sglang_has_it(sglang_
     assert standin.returncode == 0 and "--speculation-gate" in standin.stdout and "needs SGLang" not in standin.stderr
 
 
+def test_plan_shows_the_admin_key_file_never_a_key(tmp_path):
+    key_file = tmp_path / "admin.key"
+    key_file.write_text("k-never-printed\n")
+    text = (SHIPPED / "kimi-k25-in-engine.toml").read_text().replace("/etc/crossover/sglang-admin.key", str(key_file))
+    profile = tmp_path / "kimi.toml"
+    profile.write_text(text)
+    shown = run_cli("plan", str(profile), "--no-fit-check")
+    as_json = run_cli("plan", str(profile), "--no-fit-check", "--json")
+    assert f"--admin-api-key '<from {key_file}>'" in shown.stdout
+    assert f"<from {key_file}>" in json.loads(as_json.stdout)[0]["argv"]
+    assert "k-never-printed" not in shown.stdout + shown.stderr + as_json.stdout + as_json.stderr
+    shipped = run_cli("plan", "kimi-k25-in-engine", "--no-fit-check")
+    assert "--admin-api-key '<from /etc/crossover/sglang-admin.key>'" in shipped.stdout
+
+
+def test_up_with_a_missing_admin_key_file_says_so_in_one_line_and_starts_nothing(standin_profile, state_dir):
+    path = standin_profile("standin-in-engine", admin_api_key_file="/nonexistent/admin.key")
+    up = run_cli("up", str(path), "--state-dir", str(state_dir))
+    assert up.returncode == 1
+    errors = [line for line in up.stderr.splitlines() if "error" in line]
+    assert errors == [
+        "crossover servers: error: gated-a: admin_api_key_file /nonexistent/admin.key cannot be read: "
+        "No such file or directory"
+    ]
+    assert recorded_groups(state_dir) == {}
+
+
 def test_the_standin_topology_comes_up_and_routes(standin_profile, state_dir, tmp_path):
-    path = standin_profile("standin-in-engine")
+    # The shipped demo key, by absolute path: the shipped files name it relative to the repository root.
+    key_file = ROOT / "servers" / "profiles" / "standin-in-engine.admin.key"
+    path = standin_profile("standin-in-engine", admin_api_key_file=str(key_file))
     profile = load_profile(path)
     urls = [s.url for s in profile.servers]
     config = gateway_config_path("standin-in-engine").read_text()
+    assert 'admin_api_key_file = "servers/profiles/standin-in-engine.admin.key"' in config
+    config = config.replace('"servers/profiles/standin-in-engine.admin.key"', json.dumps(str(key_file)))
     config = re.sub(r"^backends = .*$", f"backends = {urls!r}".replace("'", '"'), config, flags=re.MULTILINE)
     gateway_port = free_port()
     config = re.sub(r"^port = \d+", f"port = {gateway_port}", config, flags=re.MULTILINE)
@@ -72,6 +104,14 @@ def test_the_standin_topology_comes_up_and_routes(standin_profile, state_dir, tm
         for backend in urls:
             gate = httpx.get(backend + "/speculative/adaptive", timeout=10).json()["state"]
             assert gate["zero_steps_above_bs"] == 256  # the config's threshold, set by the gateway at start
+            # ... with the admin key: the stand-ins refuse the gate's POST without it.
+            for headers in ({}, {"Authorization": "Bearer not-the-key"}):
+                refused = httpx.post(
+                    backend + "/speculative/adaptive", json={"zero_steps_above_bs": 0}, headers=headers, timeout=10
+                )
+                assert refused.status_code == 401, refused.text
+            after = httpx.get(backend + "/speculative/adaptive", timeout=10).json()["state"]
+            assert after["zero_steps_above_bs"] == 256
         # The README's snippet, as it stands (but for the port).
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
         reply = client.chat.completions.create(
@@ -100,10 +140,10 @@ def test_the_shipped_gate_is_the_one_the_model_says_pays():
     # zero_step_gate(k25-eagle3) is None: speculation out-yields a zero-step step at every batch size, so the
     # shipped configs set no gate that engages - the threshold is the running cap, and no batch is above it.
     assert zero_step_gate(load_sim_profile("k25-eagle3"), 512) is None
-    config = tomllib.loads((SHIPPED / "gateway" / "standin-in-engine.toml").read_text())
+    config = tomllib.loads(gateway_config_path("standin-in-engine").read_text())
     for name in ("standin-in-engine", "kimi-k25-in-engine"):
         servers = load_profile(name).servers
         assert all(config["threshold"] >= server.max_running_requests for server in servers), name
         assert {server.served_model_name for server in servers} == {"moonshotai/Kimi-K2.5"}, name
     assert config["served_model_names"] == ["moonshotai/Kimi-K2.5"]
-    assert "zero_step_gate(k25-eagle3)" in (SHIPPED / "gateway" / "standin-in-engine.toml").read_text()
+    assert "zero_step_gate(k25-eagle3)" in gateway_config_path("standin-in-engine").read_text()

@@ -12,7 +12,7 @@ import argparse
 import pytest
 
 from crossover.gateway.cli import build_parser
-from crossover.servers.launch import launch_command, launch_commands, sim_command
+from crossover.servers.launch import admin_key_placeholder, launch_command, launch_commands, sim_command
 from crossover.servers.profile import load_profile, parse_profile, shipped_profiles
 from crossover.servers.sglang_check import parse, parse_errors
 from tests.servers.conftest import SHIPPED
@@ -48,6 +48,9 @@ def test_sglang_accepts_every_shipped_argv_and_reads_the_values_meant(sglang_pyt
         assert read["cuda_graph_max_bs_decode"] == server.cuda_graph_max_bs_decode
         assert read["enable_metrics"] and read["extra_metric_labels"] == {"role": server.role, "server": server.name}
         assert read["enable_memory_saver"] == read["enable_weights_cpu_backup"] == profile.sleeps
+        # The admin key is its placeholder here (the file is read only at launch, on the GPU host).
+        key_file = server.admin_api_key_file
+        assert read["admin_api_key"] == (admin_key_placeholder(key_file) if key_file else None)
         if spec is None:
             assert read["speculative_algorithm"] is None
         else:

@@ -58,6 +58,10 @@ def test_curve_table_and_steps():
             "must be a finite number >= 0",
         ),
         (["sim", "serve", "--profile", "k25-plain", "--port", "70000"], "not a TCP port"),
+        (
+            ["sim", "serve", "--profile", "k25-plain", "--port", "1", "--admin-api-key-file", "/nonexistent/k"],
+            "admin_api_key_file /nonexistent/k cannot be read: No such file or directory",
+        ),
     ],
 )
 def test_bad_arguments_fail_clearly(args, message):

@@ -70,8 +70,12 @@ def test_the_endpoint_validates_and_answers_as_the_patch_does(sim):
         assert f'result="{result}"}} {count}.0' in metrics
 
 
-def test_post_needs_the_admin_key_the_stand_in_was_given(sim):
-    server = sim("llama8b-h200-eagle3", "--speculation-gate", "--admin-api-key", "admin-secret")
+@pytest.mark.parametrize("from_file", [False, True])
+def test_post_needs_the_admin_key_the_stand_in_was_given(sim, tmp_path, from_file):
+    key_file = tmp_path / "admin.key"
+    key_file.write_text("admin-secret\n")
+    given = ["--admin-api-key-file", str(key_file)] if from_file else ["--admin-api-key", "admin-secret"]
+    server = sim("llama8b-h200-eagle3", "--speculation-gate", *given)
     for key in (None, "wrong"):
         response = post(server.url, {"zero_steps_above_bs": 8}, key)
         assert (response.status_code, response.json()["reason"]) == (401, "unauthorized")
