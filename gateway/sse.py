@@ -92,4 +92,6 @@ def usage_tokens(data: bytes) -> int:
     return int(match[1]) if match else 0
 
 
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+# At most 18 digits: a count longer than that is no count (and int() refuses one of over 4,300 digits), so it
+# counts as none rather than raising on every such answer.
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,18})(?!\d)')

@@ -39,4 +39,9 @@ def test_usage_is_read_from_a_whole_body_not_from_the_generated_text():
     }
     assert usage_tokens(json.dumps(body).encode()) == 12
     assert usage_tokens(json.dumps({"choices": [], "usage": {"completion_tokens": None}}).encode()) == 0
+
+
+def test_a_count_too_long_to_be_one_is_no_count():
+    assert usage_tokens(b'{"usage": {"completion_tokens": 999999999999999999}}') == 999999999999999999
+    assert usage_tokens(b'{"usage": {"completion_tokens": 1' + b"0" * 4999 + b"}}") == 0
     assert usage_tokens(json.dumps({"choices": [{"text": 'x "completion_tokens": 5'}]}).encode()) == 0
