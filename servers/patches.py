@@ -6,6 +6,10 @@ checked on and reverted from an installed SGLang tree - the pinned release only.
     crossover patches apply  [--sglang PATH]   # idempotent; verifies by importing every touched module
     crossover patches revert [--sglang PATH]   # also repairs a half-applied tree
 
+A release's folder holds a series (its `series` file names the order; without one, the `*.patch` files by name):
+each patch is a diff of the tree the ones before it leave, `apply` puts on what is missing in order, `revert` takes
+off what is there newest first, `check` reports each patch.
+
 PATH is the `sglang` package directory or a directory that holds it (site-packages, an unzipped wheel); without
 it, the tree the given `--python` (default: this interpreter) would import. The patch is applied in Python, hunk
 by hunk with exact context (no fuzz, no offsets guessed across other code), to every file or to none: a tree
@@ -84,17 +88,45 @@ class FilePatch:
         return self.path.removesuffix(".py").replace("/", ".")
 
 
+@dataclass(frozen=True)
+class FileSeries:
+    """One file's edits across the series: `(patch name, its hunks)` in series order. Each step's line numbers
+    are the file as the steps before it left it, so the steps apply in order and undo in reverse."""
+
+    path: str
+    steps: tuple[tuple[str, tuple[Hunk, ...]], ...]
+
+    @property
+    def module(self) -> str:
+        return self.path.removesuffix(".py").replace("/", ".")
+
+
 def patch_dir(version: str = SGLANG_VERSION) -> Path:
     return PATCHES_ROOT / f"sglang-{version}"
 
 
-def load_patches(version: str = SGLANG_VERSION) -> list[FilePatch]:
-    """Every file every `*.patch` of the release's folder touches, in order."""
+def series_names(version: str = SGLANG_VERSION) -> list[str]:
+    """The release's patches in the order they apply: the folder's `series` file (quilt's convention: one name a
+    line, `#` comments), else the `*.patch` files by name."""
     folder = patch_dir(version)
-    files = sorted(folder.glob("*.patch"))
-    if not files:
+    listing = folder / "series"
+    if listing.is_file():
+        names = [line.split("#")[0].strip() for line in listing.read_text().splitlines()]
+        names = [name for name in names if name]
+    else:
+        names = sorted(path.name for path in folder.glob("*.patch"))
+    if not names:
         raise PatchError(f"no patches for SGLang {version} in {folder}")
-    return [fp for path in files for fp in parse_patch(path.read_text())]
+    return names
+
+
+def load_patches(version: str = SGLANG_VERSION) -> list[FileSeries]:
+    """Every file the series touches, once, in the order the series first touches it, with its steps."""
+    steps: dict[str, list[tuple[str, tuple[Hunk, ...]]]] = {}
+    for name in series_names(version):
+        for fp in parse_patch((patch_dir(version) / name).read_text()):
+            steps.setdefault(fp.path, []).append((name, fp.hunks))
+    return [FileSeries(path, tuple(file_steps)) for path, file_steps in steps.items()]
 
 
 def parse_patch(text: str) -> list[FilePatch]:
@@ -162,8 +194,23 @@ def _apply_hunks(lines: list[str], hunks: tuple[Hunk, ...], reverse: bool) -> li
     return out
 
 
-def _hunk_ok(lines: list[str], hunks: tuple[Hunk, ...], reverse: bool) -> bool:
-    return _apply_hunks(lines, hunks, reverse) is not None
+def _stage(lines: list[str], fs: FileSeries) -> int | None:
+    """How many of the file's steps are applied (0 .. all), or None when the file is no stage of the series:
+    the largest count whose steps undo back to a text on which the whole series applies again to this file."""
+    for count in range(len(fs.steps), -1, -1):
+        base = _run_steps(lines, reversed(fs.steps[:count]), reverse=True)
+        if base is not None and _run_steps(base, fs.steps, reverse=False) is not None:
+            return count
+    return None
+
+
+def _run_steps(lines: list[str], steps, reverse: bool) -> list[str] | None:
+    """Each step's hunks applied (or undone) in the order given; None as soon as one does not fit."""
+    for _name, hunks in steps:
+        lines = _apply_hunks(lines, hunks, reverse)
+        if lines is None:
+            return None
+    return lines
 
 
 def locate(sglang: Path | None = None, python: str | None = None) -> Path:
@@ -216,6 +263,14 @@ def tree_version(root: Path) -> str:
 class FileState:
     path: str
     state: TreeState
+    stage: int | None = None  # how many of the file's steps are applied; None: a conflict
+    patches: tuple[str, ...] = ()  # the series' patches that touch the file, in order
+
+    def patch_state(self, name: str) -> TreeState:
+        """This file as far as one patch of the series goes."""
+        if self.stage is None:
+            return "conflict"
+        return "applied" if self.patches.index(name) < self.stage else "not applied"
 
 
 def read_source(file: Path) -> str:
@@ -239,21 +294,28 @@ def _lines(file: Path) -> list[str]:
     return read_source(file).splitlines(keepends=True)
 
 
-def inspect(root: Path, patches: list[FilePatch]) -> list[FileState]:
+def inspect(root: Path, patches: list[FileSeries]) -> list[FileState]:
     states: list[FileState] = []
-    for fp in patches:
-        file = root / fp.path
-        if not os.path.lexists(file):
-            states.append(FileState(fp.path, "conflict"))
-            continue
-        lines = _lines(file)
-        if _hunk_ok(lines, fp.hunks, reverse=False):
-            states.append(FileState(fp.path, "not applied"))
-        elif _hunk_ok(lines, fp.hunks, reverse=True):
-            states.append(FileState(fp.path, "applied"))
+    for fs in patches:
+        file = root / fs.path
+        names = tuple(name for name, _hunks in fs.steps)
+        stage = _stage(_lines(file), fs) if os.path.lexists(file) else None
+        if stage is None:
+            state: TreeState = "conflict"
+        elif stage == len(fs.steps):
+            state = "applied"
         else:
-            states.append(FileState(fp.path, "conflict"))
+            state = "not applied" if stage == 0 else "partially applied"
+        states.append(FileState(fs.path, state, stage, names))
     return states
+
+
+def per_patch(states: list[FileState], version: str = SGLANG_VERSION) -> list[tuple[str, TreeState]]:
+    """Each patch of the series, in order, and how far the tree has it."""
+    return [
+        (name, overall([FileState(s.path, s.patch_state(name)) for s in states if name in s.patches]))
+        for name in series_names(version)
+    ]
 
 
 def overall(states: list[FileState]) -> TreeState:
@@ -339,15 +401,20 @@ def _keep_old(file: Path) -> Path:
     return _exclusive(file.parent, file.name, "crossover-old", lambda path: os.link(file, path, follow_symlinks=False))
 
 
-def _rewrite(root: Path, patches: list[FilePatch], reverse: bool) -> list[str]:
-    """Compute every file first and check each parses, write them all beside their targets, then swap them in;
+def _rewrite(root: Path, patches: list[FileSeries], reverse: bool) -> list[str]:
+    """Compute every file first (from the stage it is at, the series' remaining steps in order, or its applied
+    steps undone newest first) and check each parses, write them all beside their targets, then swap them in;
     any failure leaves every target as it was."""
     contents: dict[Path, str] = {}
-    for fp in patches:
-        file = root / fp.path
-        new = _apply_hunks(_lines(file), fp.hunks, reverse)
+    for fs in patches:
+        file = root / fs.path
+        lines = _lines(file)
+        stage = _stage(lines, fs)
+        new = None
+        if stage is not None:
+            new = _run_steps(lines, reversed(fs.steps[:stage]) if reverse else fs.steps[stage:], reverse)
         if new is None:
-            raise PatchError(f"{fp.path}: the patch's context is not there (the file was changed by something else)")
+            raise PatchError(f"{fs.path}: the patch's context is not there (the file was changed by something else)")
         text = "".join(new)
         ast.parse(text, filename=str(file))
         contents[file] = text
@@ -438,7 +505,7 @@ def apply(
         return Outcome(False, f"already applied to SGLang {version} at {root / 'sglang'}; nothing changed")
     if state == "conflict":
         raise PatchError(_conflict_message(root, states))
-    todo = _files_in(version, states, "not applied")
+    todo = _files_in(version, states, ("not applied", "partially applied"))
     touched = _rewrite(root, todo, reverse=False)
     if verify:
         error = import_check(root, [fp.module for fp in load_patches(version)], python, env)
@@ -455,12 +522,12 @@ def revert(root: Path, version: str = SGLANG_VERSION) -> Outcome:
         return Outcome(False, f"not applied at {root / 'sglang'}; nothing changed")
     if state == "conflict":
         raise PatchError(_conflict_message(root, states))
-    touched = _rewrite(root, _files_in(version, states, "applied"), reverse=True)
+    touched = _rewrite(root, _files_in(version, states, ("applied", "partially applied")), reverse=True)
     return Outcome(True, f"reverted at {root / 'sglang'}: " + ", ".join(touched))
 
 
-def _files_in(version: str, states: list[FileState], state: TreeState) -> list[FilePatch]:
-    wanted = {s.path for s in states if s.state == state}
+def _files_in(version: str, states: list[FileState], wanted_states: tuple[TreeState, ...]) -> list[FileSeries]:
+    wanted = {s.path for s in states if s.state in wanted_states}
     return [fp for fp in load_patches(version) if fp.path in wanted]
 
 
@@ -522,8 +589,11 @@ def _run(args: argparse.Namespace) -> int:
         root = locate(args.sglang, args.python)
         if args.patches_command == "check":
             state, states = check(root)
-            for s in states:
-                print(f"{s.state:17} {s.path}")
+            for name, patch_state in per_patch(states):
+                print(f"{patch_state:17} {name}")
+                for s in states:
+                    if name in s.patches:
+                        print(f"  {s.patch_state(name):15} {s.path}")
             starlette_refused = _report_starlette(root, args.python)
             print(f"SGLang {SGLANG_VERSION} at {root / 'sglang'}: patches {state}")
             return 0 if state == "applied" and not starlette_refused else 1

@@ -6,7 +6,8 @@ validation, the controller, and the control path from the
 HTTP handler through the tokenizer side and SGLang's own scheduler dispatcher back to the reply.
 
 Writing is all or nothing: a write failing part-way, a planted temp-name link, a FIFO or undecodable bytes in the
-tree leave it byte for byte as it was; `revert` repairs a tree a cut-short run left half-applied.
+tree leave it byte for byte as it was; `revert` repairs a tree a cut-short run left half-applied. The folder is a
+series (the gate, then slot replacement on top of it): applied in order and reverted newest first, all or none.
 
 The release tree is never modified: each test patches a farm of symlinks to it (the patcher replaces a file, it
 never writes through one)."""
@@ -245,6 +246,46 @@ def test_revert_repairs_a_half_applied_tree_and_apply_finishes_one(tree, release
     patches._rewrite(tree, patches.load_patches()[4:], reverse=False)
     assert cli("apply", str(tree)) == 0
     assert patches.check(tree)[0] == "applied"
+
+
+def first_patch_only() -> list[patches.FileSeries]:
+    """The series cut after its first patch: the gate as upstream would merge it before slot replacement."""
+    return [patches.FileSeries(fs.path, fs.steps[:1]) for fs in patches.load_patches()]
+
+
+def test_the_series_applies_in_order_check_reports_each_patch_revert_undoes_newest_first(tree, release, patch_python):
+    assert patches.series_names() == ["runtime-speculation-gate.patch", "runtime-speculation-slots.patch"]
+    before = touched(tree)
+    patches._rewrite(tree, first_patch_only(), reverse=False)
+    # The gate stands alone: every touched module imports with the first patch only.
+    env = {"PYTHONPATH": CPU_IMPORT_PATH}
+    assert patches.import_check(tree, [fs.module for fs in patches.load_patches()], str(patch_python), env) is None
+    gate_only = touched(tree)
+    assert "reset_config" not in gate_only["sglang/srt/managers/io_struct.py"].decode()
+
+    result = run_patches("check", "--sglang", str(tree))
+    assert result.returncode == 1 and "patches partially applied" in result.stdout, result.stdout
+    lines = result.stdout.splitlines()
+    assert "applied           runtime-speculation-gate.patch" in lines
+    assert "not applied       runtime-speculation-slots.patch" in lines
+
+    assert cli("apply", str(tree)) == 0  # finishes the series: the second patch on top of the first
+    assert patches.check(tree)[0] == "applied"
+    assert "reset_config" in (tree / "sglang/srt/managers/io_struct.py").read_text()
+    assert cli("revert", str(tree)) == 0  # both undone, newest first
+    assert touched(tree) == before == {path: (release / path).read_bytes() for path in before}
+
+    # All or nothing across the series: the second patch's context broken in one file refuses the whole apply.
+    target = tree / "sglang/srt/speculative/adaptive_runtime_state.py"
+    patches._rewrite(tree, first_patch_only(), reverse=False)
+    text = target.read_text().replace(
+        "        captured = self.captured_steps\n", "        captured = self.captured_steps  # local\n"
+    )
+    target.unlink()
+    target.write_text(text)
+    broken = touched(tree)
+    assert cli("apply", str(tree)) == 1
+    assert touched(tree) == broken
 
 
 def test_check_reports_the_targets_starlette_and_refuses_below_the_floor(tree, patch_python):
