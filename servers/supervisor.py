@@ -28,7 +28,7 @@ import httpx
 from crossover.gateway import sglang
 from crossover.gateway.agent_contract import TOKEN_ENV, ServerState, ServerStatus
 from crossover.servers import fit
-from crossover.servers.launch import LaunchError, launch_command
+from crossover.servers.launch import LaunchError, launch_command, read_admin_key
 from crossover.servers.process import spawn
 from crossover.servers.profile import Profile, Server
 from crossover.servers.state import ServerRecord, StateStore, record_alive, record_members, start_ticks
@@ -153,14 +153,14 @@ class Supervisor:
     async def release(self, name: str) -> None:
         """Sleep: hand the GPU memory back, weights to host memory. SGLang refuses while busy."""
         record = self._require(name)
-        await self._admin(record, sglang.RELEASE)
+        await self._admin(name, record, sglang.RELEASE)
         self.store.update(name, released=True)
         self._log(f"{name}: released (weights in host memory)")
 
     async def resume(self, name: str) -> float:
         server, record = self.profile.server(name), self._require(name)
         began = time.monotonic()
-        await self._admin(record, sglang.RESUME)
+        await self._admin(name, record, sglang.RESUME)
         self.store.update(name, released=False)
         # torch_memory_saver has corrupted weights after repeated cycles: verify before trusting a resume.
         await self._wait_generation(server, record, began + server.ready_timeout_s)
@@ -304,10 +304,17 @@ class Supervisor:
             f"{server.name}: no 1-token generation within {server.ready_timeout_s:g} s (last: {last}); see {record.log}"
         )
 
-    async def _admin(self, record: ServerRecord, call: sglang.ControlCall) -> None:
+    async def _admin(self, name: str, record: ServerRecord, call: sglang.ControlCall) -> None:
+        # SGLang's release/resume are ADMIN_OPTIONAL: with --admin-api-key they take that key and nothing else. The
+        # file is read now, as at start, so a key rotated with the file is the one sent.
+        key_file = self.profile.server(name).admin_api_key_file
+        try:
+            headers = {"Authorization": f"Bearer {read_admin_key(key_file)}"} if key_file else None
+        except LaunchError as exc:
+            raise SupervisorError(f"{name}: {exc}") from None
         async with httpx.AsyncClient(timeout=httpx.Timeout(RELEASE_TIMEOUT_S, connect=5.0), trust_env=False) as c:
             try:
-                await sglang.control(c, record.url, call, headers=None, timeout=RELEASE_TIMEOUT_S)
+                await sglang.control(c, record.url, call, headers=headers, timeout=RELEASE_TIMEOUT_S)
             except sglang.SGLangError as exc:
                 raise SupervisorError(str(exc)) from None
 

@@ -34,7 +34,7 @@ from crossover.servers.sim.live import MEMORY_TAGS, Busy, LiveEngine
 from crossover.servers.sim.metrics import SimMetrics
 from crossover.servers.sim.openai_format import WEIGHT_VERSION, BadRequest, error_body
 from crossover.servers.sim.profile import Profile
-from crossover.servers.sim.speculation_gate import GateMetrics, StandInGate, gate_routes
+from crossover.servers.sim.speculation_gate import GateMetrics, StandInGate, bearer_matches, gate_routes
 
 SGLANG_VERSION = "0.5.23"  # the release whose surface the stand-in mirrors
 LOAD_SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")
@@ -56,7 +56,8 @@ class SimSettings:
     extra_metric_labels: dict[str, str] = field(default_factory=dict)
     # Serve /speculative/adaptive as a server patched with patches/sglang-0.5.23 (speculative profiles only).
     speculation_gate: bool = False
-    # SGLang's --admin-api-key: the gate's POST then needs it (speculation_gate.py says what it does without one).
+    # SGLang's --admin-api-key: the gate's POST then needs it (speculation_gate.py says what it does without one), and
+    # so do pause/continue and release/resume (SGLang's ADMIN_OPTIONAL endpoints: open only while no key is set).
     admin_api_key: str | None = None
 
 
@@ -233,7 +234,16 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
             status_code=200 if idle else 400,
         )
 
+    def unauthorized(request: Request) -> Response | None:
+        """SGLang's answer to a control call without the admin key, when the server has one (else None)."""
+        key = settings.admin_api_key
+        if key is None or bearer_matches(request.headers.get("authorization"), key):
+            return None
+        return json_response({"error": "Unauthorized"}, 401)
+
     async def pause_generation(request: Request) -> Response:
+        if refused := unauthorized(request):
+            return refused
         try:
             body = await _optional_json(request)
             mode = body.get("mode", "abort")
@@ -245,6 +255,8 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         return json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(request: Request) -> Response:
+        if refused := unauthorized(request):
+            return refused
         try:
             await _optional_json(request)
         except (BadRequest, TooLarge) as exc:
@@ -253,6 +265,8 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         return json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     async def release_memory(request: Request) -> Response:
+        if refused := unauthorized(request):
+            return refused
         try:
             await live.release_memory(await _tags(request))
         except (BadRequest, TooLarge, Busy) as exc:
@@ -260,6 +274,8 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         return json_response(None)
 
     async def resume_memory(request: Request) -> Response:
+        if refused := unauthorized(request):
+            return refused
         try:
             await live.resume_memory(await _tags(request))
         except (BadRequest, TooLarge) as exc:

@@ -170,6 +170,12 @@ def parse_body(body: Any) -> dict[str, Any]:
     return fields
 
 
+def bearer_matches(authorization: str | None, key: str) -> bool:
+    """SGLang's check of an `Authorization: Bearer <key>` header (constant-time)."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(token.encode(), key.encode())
+
+
 class StandInGate:
     """The gate's state on one stand-in engine; `generation` counts applied updates, as the patch's does."""
 
@@ -209,10 +215,7 @@ class StandInGate:
 
     def authorize(self, authorization: str | None) -> None:
         """The patch's admin-key check on POST (open while the stand-in has no key: see the module's note)."""
-        if self.admin_api_key is None:
-            return
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(), self.admin_api_key.encode()):
+        if self.admin_api_key is not None and not bearer_matches(authorization, self.admin_api_key):
             raise GateError("Unauthorized", 401, "unauthorized")
 
     def update(self, body: Any) -> dict[str, Any]:

@@ -4,15 +4,19 @@ test_sglang_parser.py; here its slot config with SGLang's own loader) and standi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
 import tomllib
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from crossover.loadtest.models import Results
 from crossover.servers.demo import gateway_config_path
 from crossover.servers.process import free_port, spawn, stop, wait_ready
 from crossover.servers.profile import ProfileError, load_profile, parse_profile
@@ -20,6 +24,7 @@ from crossover.servers.sglang_check import load_adaptive_config
 from crossover.servers.sim.profile import load_profile as load_sim_profile
 from crossover.servers.sim.replay import zero_step_gate
 from tests.conftest import crossover_argv
+from tests.loadtest.test_bench import crossover_cli
 from tests.servers.conftest import ROOT, SHIPPED, recorded_groups, run_cli
 
 READY_S = 60.0
@@ -80,27 +85,45 @@ def test_up_with_a_missing_admin_key_file_says_so_in_one_line_and_starts_nothing
     assert recorded_groups(state_dir) == {}
 
 
-def test_the_standin_topology_comes_up_and_routes(standin_profile, state_dir, tmp_path):
-    # The shipped demo key, by absolute path: the shipped files name it relative to the repository root.
-    key_file = ROOT / "servers" / "profiles" / "standin-in-engine.admin.key"
-    path = standin_profile("standin-in-engine", admin_api_key_file=str(key_file))
-    profile = load_profile(path)
-    urls = [s.url for s in profile.servers]
+# The shipped demo key, by absolute path: the shipped files name it relative to the repository root.
+KEY_FILE = ROOT / "servers" / "profiles" / "standin-in-engine.admin.key"
+
+
+def shipped_gateway_config(tmp_path, urls: list[str]) -> tuple[Path, int]:
+    """The shipped gateway config of standin-in-engine, in front of `urls` on a free port: (its path, the port)."""
     config = gateway_config_path("standin-in-engine").read_text()
     assert 'admin_api_key_file = "servers/profiles/standin-in-engine.admin.key"' in config
-    config = config.replace('"servers/profiles/standin-in-engine.admin.key"', json.dumps(str(key_file)))
+    config = config.replace('"servers/profiles/standin-in-engine.admin.key"', json.dumps(str(KEY_FILE)))
     config = re.sub(r"^backends = .*$", f"backends = {urls!r}".replace("'", '"'), config, flags=re.MULTILINE)
     gateway_port = free_port()
     config = re.sub(r"^port = \d+", f"port = {gateway_port}", config, flags=re.MULTILINE)
     config_path = tmp_path / "gateway.toml"
     config_path.write_text(config)
+    return config_path, gateway_port
 
+
+@contextlib.contextmanager
+def shipped_topology(standin_profile, state_dir, tmp_path, *, behind_gateway: int, **changes) -> Iterator[tuple]:
+    """standin-in-engine up (with `changes`), the shipped gateway in front of its first `behind_gateway` servers:
+    yields (the servers' URLs, the gateway's URL); then everything down."""
+    path = standin_profile("standin-in-engine", admin_api_key_file=str(KEY_FILE), **changes)
+    urls = [s.url for s in load_profile(path).servers]
+    config_path, gateway_port = shipped_gateway_config(tmp_path, urls[:behind_gateway])
     up = run_cli("up", str(path), "--state-dir", str(state_dir))
     assert up.returncode == 0, up.stderr
     gateway = spawn(crossover_argv("serve", "--config", str(config_path)), die_with_parent=False)
     try:
         url = f"http://127.0.0.1:{gateway_port}"
         wait_ready(url + "/health", gateway, READY_S)
+        yield urls, url
+    finally:
+        stop([gateway])
+        down = run_cli("down", str(path), "--state-dir", str(state_dir))
+    assert down.returncode == 0, down.stderr
+
+
+def test_the_standin_topology_comes_up_and_routes(standin_profile, state_dir, tmp_path):
+    with shipped_topology(standin_profile, state_dir, tmp_path, behind_gateway=2) as (urls, url):
         for backend in urls:
             gate = httpx.get(backend + "/speculative/adaptive", timeout=10).json()["state"]
             assert gate["zero_steps_above_bs"] == 256  # the config's threshold, set by the gateway at start
@@ -118,10 +141,6 @@ def test_the_standin_topology_comes_up_and_routes(standin_profile, state_dir, tm
             model="moonshotai/Kimi-K2.5", messages=[{"role": "user", "content": "Hi"}]
         )
         assert reply.choices[0].message.content
-    finally:
-        stop([gateway])
-        down = run_cli("down", str(path), "--state-dir", str(state_dir))
-    assert down.returncode == 0, down.stderr
 
 
 def test_the_gateway_refuses_unpatched_backends_at_start(tmp_path, sim):
@@ -147,3 +166,41 @@ def test_the_shipped_gate_is_the_one_the_model_says_pays():
         assert {server.served_model_name for server in servers} == {"moonshotai/Kimi-K2.5"}, name
     assert config["served_model_names"] == ["moonshotai/Kimi-K2.5"]
     assert "zero_step_gate(k25-eagle3)" in gateway_config_path("standin-in-engine").read_text()
+
+
+def test_the_shipped_gate_is_not_slower_than_no_gate(standin_profile, state_dir, tmp_path):
+    # The shipped config (gateway + gate 256) against the same stand-in ungated: one stand-in per target, so neither
+    # shares an engine; at time scale 1 (k25's steps of tens of milliseconds) a busy machine keeps them on schedule.
+    topology = shipped_topology(standin_profile, state_dir, tmp_path, behind_gateway=1, time_scale=1)
+    with topology as ((gated, ungated), url):
+        admin = {"Authorization": f"Bearer {KEY_FILE.read_text().strip()}"}
+        removed = httpx.post(
+            ungated + "/speculative/adaptive", json={"zero_steps_above_bs": None}, headers=admin, timeout=10
+        )
+        assert removed.status_code == 200, removed.text
+        assert httpx.get(ungated + "/speculative/adaptive", timeout=10).json()["state"]["zero_steps_above_bs"] is None
+        assert httpx.get(gated + "/speculative/adaptive", timeout=10).json()["state"]["zero_steps_above_bs"] == 256
+
+        out = tmp_path / "bench"
+        # Speculative (ungated) against plain (the shipped gate): "speculative" ahead at a level is the gate costing.
+        done = crossover_cli(
+            "bench",
+            *("--target", f"ungated={ungated}", "--target", f"shipped={url}"),
+            *("--speculative", "ungated", "--plain", "shipped", "--concurrency", "1,8", "--out", str(out)),
+            *("--duration-per-level", "3", "--warmup-rounds", "1", "--output-len", "16", "--input-len", "16"),
+            "--no-plots",
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    run = Results.model_validate_json((out / "results.json").read_text())
+    levels = {(lv.target, lv.concurrency): lv for lv in run.levels}
+    assert set(levels) == {(t, c) for t in ("ungated", "shipped") for c in (1, 8)}
+    assert all(lv.completed > 0 and lv.failed == 0 for lv in run.levels)
+    for c in (1, 8):
+        shipped, ungated_level = levels["shipped", c], levels["ungated", c]
+        assert shipped.output_throughput_interval and ungated_level.output_throughput_interval
+        # Not slower: the shipped target's interval reaches the ungated one's (it is not below it as a whole).
+        assert shipped.output_throughput_interval[1] >= ungated_level.output_throughput_interval[0], (c, done.stdout)
+    # ... and the bench's own verdict (combined intervals) never has the ungated target clearly ahead.
+    assert {e.concurrency for e in run.crossover.evidence} == {1, 8}
+    assert all(e.verdict != "speculative" for e in run.crossover.evidence), done.stdout

@@ -4,9 +4,11 @@ when a server ignores SIGTERM, and when the supervisor that started them was SIG
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import pytest
 from crossover.servers.process import spawn
 from crossover.servers.profile import load_profile
 from crossover.servers.state import group_members
+from crossover.servers.supervisor import Supervisor, SupervisorError
 from tests.conftest import crossover_argv
 from tests.servers.conftest import recorded_groups, run_cli
 from tests.waiting import wait_until
@@ -240,3 +243,35 @@ def test_a_foreground_supervisor_ends_when_down_runs_elsewhere(standin_profile, 
     with foreground_supervisor(profile, state_dir) as supervisor:
         assert_down(profile, state_dir, recorded_groups(state_dir))
         assert supervisor.wait(30) == 0
+
+
+def test_sleep_release_and_resume_send_the_servers_admin_key(standin_profile, state_dir, tmp_path):
+    # SGLang's release/resume take only the admin key once a server has one; so does the stand-in.
+    key_file = tmp_path / "admin.key"
+    key_file.write_text("k-admin\n")
+    profile = standin_profile("standin-time-shared", mechanism="sleep")
+    text = profile.read_text()
+    text = re.sub(r"^(port = \d+.*)$", rf"\1\nadmin_api_key_file = {json.dumps(str(key_file))}", text, flags=re.M)
+    profile.write_text(text)
+    servers = {s.name: s for s in load_profile(profile).servers}
+    assert all(s.admin_api_key_file == str(key_file) for s in servers.values())
+
+    result = run_cli("up", str(profile), "--state-dir", str(state_dir))
+    assert result.returncode == 0, result.stderr
+    try:
+        assert statuses(profile, state_dir)["plain"]["state"] == "released"  # its release carried the key
+        plain = servers["plain"].url
+        for headers in ({}, {"Authorization": "Bearer not-the-key"}):
+            for path in ("/resume_memory_occupation", "/release_memory_occupation", "/pause_generation"):
+                refused = httpx.post(plain + path, json={}, headers=headers, timeout=10)
+                assert refused.status_code == 401 and refused.json() == {"error": "Unauthorized"}, path
+        # The key is read at call time: the supervisor resumes with the file's current key.
+        supervisor = Supervisor(load_profile(profile), state_dir)
+        key_file.write_text("k-rotated\n")
+        with pytest.raises(SupervisorError, match="401"):
+            asyncio.run(supervisor.resume("plain"))
+        key_file.write_text("k-admin\n")
+        asyncio.run(supervisor.resume("plain"))
+        generate(plain)
+    finally:
+        assert_down(profile, state_dir, recorded_groups(state_dir))
