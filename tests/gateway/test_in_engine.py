@@ -96,8 +96,9 @@ def test_a_restarted_backend_gets_the_gate_back_before_it_serves(gateway, sim):
     wait_until(lambda: backend.gate_pending, what="the dead backend held out")
     # Back on the same port with its start-up gate (none), as a restarted SGLang comes back.
     again = sim("k25-eagle3", *SIM_SCALE, "--speculation-gate", port=first.port)
-    wait_until(lambda: not backend.gate_pending, what="the gate re-applied")
-    assert backend.usable
+    # Usable again once both are true: the gate re-applied and the breaker's probe has it healthy (either may come
+    # first); from then on it serves, so the gate must already be the gateway's.
+    wait_until(lambda: backend.usable, what="the backend back in rotation")
     state = engine_gate(again.url)
     assert state["zero_steps_above_bs"] == 7 and state["generation"] >= 1  # re-applied on a fresh engine
     response = httpx.post(
