@@ -23,7 +23,7 @@ from crossover.gateway.cli import (
     positive_int,
     positive_int_list,
 )
-from crossover.servers.sim.replay import DEFAULT_STOP_S
+from crossover.servers.sim.replay import DEFAULT_STOP_S, MECHANISMS
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_INPUT_LEN = 256
@@ -123,9 +123,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     replay.add_argument(
         "--mechanism",
-        default="always-speculative,always-plain,restart,sleep,in-engine,oracle",
+        default=",".join(MECHANISMS),
         metavar="M1,M2,...",
-        help="any of always-speculative, always-plain, restart, sleep, oracle (default: all)",
+        help=f"any of {', '.join(MECHANISMS)} (default: all)",
     )
     replay.add_argument(
         "--gateway-config",
@@ -141,6 +141,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="step every token of steady phases too (default: measure a steady stretch and repeat it; within ~1%%)",
     )
     replay.add_argument("--accept-length", type=positive_float, help="override the speculative accept length")
+    replay.add_argument(
+        "--max-running-requests",
+        type=positive_int,
+        metavar="N",
+        help="the speculative server's running cap, the one in-engine serves under (default: its profile's; "
+        "servers/profiles/kimi-k25-in-engine.toml starts the engine at 256)",
+    )
     for name, what in (
         ("--startup-s", "weight loading of the new server in a restart"),
         ("--release-s", "/release_memory_occupation in a sleep switch"),

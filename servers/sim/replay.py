@@ -23,7 +23,9 @@ ends). Only one mode serves at a time:
   run zero draft steps (engine.py's gate, costs.py's ZERO_STEP_MODEL), in the speculative server's KV pool
   and running cap. Nothing switches, nothing waits. The gate is where a zero-step step out-yields a
   speculative one *in the same server* (`zero_step_gate`), not the crossover against the plain server: what
-  the plain server wins by its larger pool and cap, the gate cannot win back.
+  the plain server wins by its larger pool and cap, the gate cannot win back. Its result carries what it
+  assumed (`InEngineAssumptions`: gate, cost model, pool, cap); the cap is the speculative profile's
+  (`with_overrides(max_running_requests=N)`, `--max-running-requests N`).
 - `oracle`: the best of all the others (`follows` names it).
 
 Beside them, the *free-switch bound* (`free_switch_bound`): a perfect, free switch - in each phase the better
@@ -50,7 +52,7 @@ from typing import NamedTuple
 from crossover.gateway.config import MAX_THRESHOLD, SwitchSettings, fit_hysteresis
 from crossover.gateway.modes import PLAIN, SPECULATIVE, Mode
 from crossover.gateway.switch_policy import PolicySettings
-from crossover.servers.sim.costs import make_costs
+from crossover.servers.sim.costs import ZERO_STEP_MODEL, make_costs
 from crossover.servers.sim.curve import CurvePoint, run_level
 from crossover.servers.sim.engine import Engine, Sequence
 from crossover.servers.sim.lazy_engine import LazyEngine
@@ -218,6 +220,8 @@ class ReplayResult:
     follows: str | None = None  # the oracle: the mechanism whose figures it has (the best of all)
     phase_tokens: tuple[float, ...] = field(default=(), repr=False)  # output tokens of each phase of the trace
     switch_log: tuple[SwitchEvent, ...] = ()  # each switch the policy decided
+    running_peak: int = 0  # the most requests running at once on the serving engine (its cap bounds it)
+    in_engine: InEngineAssumptions | None = None  # what the in-engine replay assumed (None: another mechanism)
 
     def as_json(self, best_output_tokens: int | None = None, free_switch_tokens: float | None = None) -> dict:
         """Every column of the table; `vs_best_percent` against `best_output_tokens` (default: its own),
@@ -242,7 +246,36 @@ class ReplayResult:
             "ttft_p50_s": None if self.ttft_p50_s is None else round(self.ttft_p50_s, 4),
             "ttft_p99_s": None if self.ttft_p99_s is None else round(self.ttft_p99_s, 4),
             "switch_log": [event._asdict() for event in self.switch_log],
+            "running_peak": self.running_peak,
+            "in_engine": None if self.in_engine is None else self.in_engine._asdict(),
         }
+
+
+class InEngineAssumptions(NamedTuple):
+    """What `in-engine` ran on: the gate (None: speculation out-yields a zero-step step at every batch up to
+    the cap, so it never engages), the context it was found at, the zero-step cost model, and the pool."""
+
+    gate: int | None
+    gate_context_tokens: int
+    zero_step_model: str
+    pool: str  # the speculative server's profile: the patched engine serves in its KV pool
+    kv_pool_tokens: int
+    max_running_requests: int
+
+    @classmethod
+    def of(cls, setup: ReplaySetup) -> InEngineAssumptions:
+        # A request holds its input and, on average over its life, half its output.
+        context = setup.input_len + setup.output_len // 2
+        limits = setup.speculative.limits
+        gate = zero_step_gate(setup.speculative, context)
+        return cls(
+            gate,
+            context,
+            ZERO_STEP_MODEL,
+            setup.speculative.name,
+            limits.max_total_num_tokens,
+            limits.max_running_requests,
+        )
 
 
 def profiles_crossover(
@@ -349,9 +382,9 @@ class _Replay:
                 raise ValueError(
                     f"input_len + output_len = {setup.input_len + setup.output_len} exceeds a profile's KV pool"
                 )
-        if mechanism == IN_ENGINE:
-            context = setup.input_len + setup.output_len // 2
-            self.engines[SPECULATIVE].zero_steps_above_bs = zero_step_gate(setup.speculative, context)
+        self.in_engine = InEngineAssumptions.of(setup) if mechanism == IN_ENGINE else None
+        if self.in_engine is not None:
+            self.engines[SPECULATIVE].zero_steps_above_bs = self.in_engine.gate
         if mechanism == ALWAYS_PLAIN:
             self.mode: Mode = PLAIN
         else:
@@ -371,6 +404,7 @@ class _Replay:
         self.ttfts: list[float] = []
         self.completed = self.cut = self.switches = 0
         self.switching_s = 0.0
+        self.running_peak = 0
         self.steady = _Steady()
         self.phase_tokens: list[float] = []
         self.switch_log: list[SwitchEvent] = []
@@ -433,6 +467,8 @@ class _Replay:
             requests_cut=self.cut,
             phase_tokens=tuple(self.phase_tokens),
             switch_log=tuple(self.switch_log),
+            running_peak=self.running_peak,
+            in_engine=self.in_engine,
         )
 
     def _served(self) -> float:
@@ -460,6 +496,7 @@ class _Replay:
     def _finish_step(self, step, now: float) -> None:
         # The engine stamps each sequence's first token; reading it at the finish keeps this loop off the
         # batch (per step it would cost as much as the step itself at C = 500).
+        self.running_peak = max(self.running_peak, self.engine.num_running)
         _, finished = self.engine.finish_step(step, now)
         for seq in finished:
             request = self.owner.pop(seq)

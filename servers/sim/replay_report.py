@@ -13,9 +13,11 @@ from crossover.gateway.modes import PLAIN, SPECULATIVE
 from crossover.servers.sim.profile import ProfileError, load_profile, with_overrides
 from crossover.servers.sim.replay import (
     DEFAULT_STOP_S,
+    IN_ENGINE,
     MECHANISMS,
     RESTART,
     SLEEP,
+    InEngineAssumptions,
     ReplayResult,
     ReplaySetup,
     SwitchTimes,
@@ -41,7 +43,11 @@ def run_command(args) -> int:
         if args.gateway_config is not None:
             # The gateway's own loader, environment overrides included: what `crossover serve` would run.
             switch = SwitchSettings.of(load_settings(Path(args.gateway_config)))
-        speculative = with_overrides(load_profile(args.speculative), accept_length=args.accept_length)
+        speculative = with_overrides(
+            load_profile(args.speculative),
+            accept_length=args.accept_length,
+            max_running_requests=args.max_running_requests,
+        )
         plain = load_profile(args.plain)
         trace = load_trace(args.trace)
         times = SwitchTimes.from_profiles(
@@ -80,6 +86,8 @@ def run_command(args) -> int:
         print(json.dumps([r.as_json(best, free) for r in results], indent=2))
         return 0
     print(describe(setup, trace))
+    if IN_ENGINE in mechanisms:
+        print(describe_in_engine(InEngineAssumptions.of(setup)))
     print(format_table(results, free))
     return 0
 
@@ -103,6 +111,20 @@ def describe(setup: ReplaySetup, trace: list[TracePhase]) -> str:
     )
 
 
+def describe_in_engine(assumed: InEngineAssumptions) -> str:
+    """What the in-engine replay assumed, in words (the JSON's `in_engine`)."""
+    gate = (
+        f"gate {assumed.gate} (zero draft steps above a batch of {assumed.gate})"
+        if assumed.gate is not None
+        else "gate none (speculation out-yields a zero-step step at every batch up to the cap: it never engages)"
+    )
+    return (
+        f"in-engine: {gate}, found at {assumed.gate_context_tokens} context tokens a request; zero-step cost "
+        f"model: {assumed.zero_step_model}; pool {assumed.pool} (KV {assumed.kv_pool_tokens} tokens), running cap "
+        f"{assumed.max_running_requests}"
+    )
+
+
 def format_table(results: list[ReplayResult], free_switch_tokens: float | None = None) -> str:
     """One row a mechanism: `vs best` against the best of them (the oracle's), `vs free sw.` against
     `free_switch_tokens` (free_switch_bound), which closes the table."""
@@ -116,14 +138,14 @@ def format_table(results: list[ReplayResult], free_switch_tokens: float | None =
     width = max([20, *map(len, names)])
     lines = [
         f"{'mechanism':<{width}} {'output tokens':>14} {'vs best':>8} {'vs free sw.':>12} {'completed':>10} "
-        f"{'cut':>5} {'switches':>9} {'switching s':>12} {'TTFT p50 s':>11} {'TTFT p99 s':>11}"
+        f"{'cut':>5} {'switches':>9} {'switching s':>12} {'TTFT p50 s':>11} {'TTFT p99 s':>11} {'peak running':>13}"
     ]
     for name, r in zip(names, results, strict=True):
         vs_free = f"{100 * r.output_tokens / free:>11.1f}%" if free else f"{'-':>12}"
         lines.append(
             f"{name:<{width}} {r.output_tokens:>14} {100 * r.output_tokens / best:>7.1f}% {vs_free} "
             f"{r.requests_completed:>10} {r.requests_cut:>5} {r.switches:>9} {r.switching_s:>12.1f} "
-            f"{seconds(r.ttft_p50_s):>11} {seconds(r.ttft_p99_s):>11}"
+            f"{seconds(r.ttft_p50_s):>11} {seconds(r.ttft_p99_s):>11} {r.running_peak:>13}"
         )
     if free:
         lines.append(

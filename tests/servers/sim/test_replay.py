@@ -207,11 +207,14 @@ def test_the_command_prints_one_json_object_per_mechanism(pair, tmp_path, capsys
             "ttft_p50_s",
             "ttft_p99_s",
             "switch_log",
+            "running_peak",
+            "in_engine",
             "free_switch_output_tokens",
             "vs_free_switch_percent",
         }
         assert isinstance(entry["output_tokens"], int) and entry["output_tokens"] > 0
         assert entry["ttft_p50_s"] <= entry["ttft_p99_s"]
+        assert entry["in_engine"] is None or entry["follows"] == "in-engine"  # only in-engine assumes a gate
 
 
 def test_the_command_table_and_its_errors(pair, tmp_path, capsys):
@@ -298,8 +301,17 @@ def test_json_carries_every_column_of_the_table(pair, tmp_path, capsys):
     columns |= {"vs free sw.": "vs_free_switch_percent"}
     columns |= {"completed": "requests_completed", "cut": "requests_cut", "switches": "switches"}
     columns |= {"switching s": "switching_s", "TTFT p50 s": "ttft_p50_s", "TTFT p99 s": "ttft_p99_s"}
+    columns |= {"peak running": "running_peak"}
     assert [name for name in columns if name in header] == list(columns)
     assert set(columns.values()) <= set(entry)
+
+
+def test_help_lists_every_mechanism(capsys):
+    with pytest.raises(SystemExit):
+        main(["sim", "replay", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps it
+    assert f"any of {', '.join(MECHANISMS)} (default: all)" in help_text
+    assert "in-engine" in MECHANISMS and "--max-running-requests N" in help_text
 
 
 # --- restart needs a cost -------------------------------------------------------------------------------
