@@ -1,9 +1,10 @@
 """patches/sglang-0.5.23 on the real 0.5.23 release (the one in the SGLang venv .ci/run builds), through
 `crossover patches`: applies, is idempotent, checks, reverts to the release byte for byte, refuses other releases
 and foreign edits. Then, on the patched tree and on CPU (GPU-only packages stubbed at import, nothing else), the
-tests shipped beside the patch in SGLang's layout (patches/sglang-0.5.23/test/srt/) run in that venv: policy and
-validation, the controller, and the control path from the
-HTTP handler through the tokenizer side and SGLang's own scheduler dispatcher back to the reply.
+tests shipped beside the patch in SGLang's layout (patches/sglang-0.5.23/test/srt/) run in that venv, each patch's
+on its own tree: the gate's (policy and validation, the controller, the control path from the HTTP handler through
+the tokenizer side and SGLang's own scheduler dispatcher back to the reply, TP over gloo) on the first patch alone,
+slot replacement's on the whole series.
 
 Writing is all or nothing: a write failing part-way, a planted temp-name link, a FIFO or undecodable bytes in the
 tree leave it byte for byte as it was; `revert` repairs a tree a cut-short run left half-applied. The folder is a
@@ -326,14 +327,37 @@ def run_inside(patched: Path, patch_python: Path, *argv: str) -> subprocess.Comp
     )
 
 
+@pytest.fixture(scope="module")
+def gate_only(release: Path, tmp_path_factory) -> Path:
+    """A tree with the series' first patch only: where the gate's own suites run, as upstream would test it."""
+    root = symlink_farm(release, tmp_path_factory.mktemp("gate-only"))
+    patches._rewrite(root, first_patch_only(), reverse=False)
+    assert "reset_config" not in (root / "sglang/srt/managers/io_struct.py").read_text()
+    return root
+
+
+# Each patch brings its own suites: slot replacement's run on the whole series, every other on the gate alone.
+SLOTS_SUITES = ("test_adaptive_spec_runtime_slots",)
+SUITES = sorted(path.stem for path in SRT_TESTS.glob("test_*.py"))
+
+
 @pytest.mark.timeout(SUITE_TIMEOUT_S)  # the TP suite starts two scheduler ranks, each importing SGLang
-@pytest.mark.parametrize("suite", sorted(path.stem for path in SRT_TESTS.glob("test_*.py")))
-def test_patched_source_on_cpu(suite, patched, patch_python):
+@pytest.mark.parametrize("suite", SUITES)
+def test_patched_source_on_cpu(suite, request, patch_python):
+    patched = request.getfixturevalue("patched" if suite in SLOTS_SUITES else "gate_only")
     result = run_inside(patched, patch_python, "-m", "unittest", "-v", suite)
     assert result.returncode == 0, result.stderr[-6000:]
     assert " OK" in result.stderr.splitlines()[-1] or result.stderr.rstrip().endswith("OK")
     # The suite ran against the patched tree, not the venv's release.
     assert "FAILED" not in result.stderr
+
+
+def test_the_slots_suite_needs_the_second_patch(gate_only, patch_python):
+    """The split is real: on the gate alone the slots suite cannot import what it tests."""
+    assert set(SLOTS_SUITES) < set(SUITES)
+    result = run_inside(gate_only, patch_python, "-m", "unittest", *SLOTS_SUITES)
+    assert result.returncode != 0
+    assert "validate_runtime_adaptive_config" in result.stderr, result.stderr[-4000:]
 
 
 def test_the_stand_in_judges_every_body_as_the_patch_does(patched, patch_python):

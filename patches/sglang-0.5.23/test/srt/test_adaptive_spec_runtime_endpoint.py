@@ -25,8 +25,8 @@ from sglang.srt.speculative.adaptive_runtime_state import (
     AdaptiveController,
     SpecRuntimeState,
 )
-from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from test_adaptive_spec_runtime_policy import make_params
 
 GRAPH_BS = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48]
 ADMIN_KEY = "admin-secret"
@@ -45,10 +45,11 @@ def _state(steps):
 class FakeEagleWorker:
     """The attributes of EAGLEWorkerV2 the handlers touch."""
 
-    def __init__(self, steps=3):
+    def __init__(self, cfg=None):
+        steps = 3  # make_params' startup step
         self.speculative_num_steps = steps
         self.speculative_num_draft_tokens = steps + 1
-        self.adaptive_controller = AdaptiveController(self, AdaptiveSpeculativeParams(initial_steps=steps))
+        self.adaptive_controller = AdaptiveController(self, make_params(cfg))
         self.adaptive_controller.register(_state(steps))
         self.adaptive_controller.init_states(cuda_graph_bs=GRAPH_BS)
 
@@ -126,7 +127,7 @@ class FakeRequest:
         return self._body
 
 
-class TestControlPath(unittest.TestCase):
+class ControlPathCase(unittest.TestCase):
     def setUp(self):
         parallel = mock.patch.object(
             internal_state, "get_parallel", lambda: types.SimpleNamespace(pp_size=1, tp_size=1)
@@ -151,6 +152,8 @@ class TestControlPath(unittest.TestCase):
         resp = asyncio.run(http_server.get_speculative_adaptive())
         return resp.status_code, json.loads(resp.body)
 
+
+class TestControlPath(ControlPathCase):
     def test_routes_are_registered(self):
         methods = {
             m for r in http_server.app.routes if getattr(r, "path", None) == "/speculative/adaptive" for m in r.methods
@@ -206,13 +209,15 @@ class TestControlPath(unittest.TestCase):
 
         self.assertEqual(body["reason"], "invalid_body")
 
-        status, body = self.post({"config": {"1": {"candidate_steps": [2]}}})
-        self.assertEqual((status, body["reason"]), (400, "rejected"))
-        self.assertIn("only the step counts captured at startup", body["message"])
-
-        status, body = self.post({"reset_config": True, "expected_generation": 5})
+        status, body = self.post({"zero_steps_above_bs": 8, "expected_generation": 5})
         self.assertEqual((status, body["reason"]), (409, "stale_generation"))
         self.assertEqual(self.get()[1]["state"]["generation"], 0)
+
+        # A server whose slots never use 0 steps has no 0-step state to gate with.
+        self.worker.adaptive_controller = FakeEagleWorker({"1": {"candidate_steps": [1, 3]}}).adaptive_controller
+        status, body = self.post({"zero_steps_above_bs": 8})
+        self.assertEqual((status, body["reason"]), (400, "rejected"))
+        self.assertIn("0-step runtime state", body["message"])
 
     def test_a_stale_writer_is_refused(self):
         generation = self.get()[1]["state"]["generation"]
@@ -245,7 +250,7 @@ class TestControlPath(unittest.TestCase):
             status, body = self.post(raw)
             self.assertEqual(status, 400, (raw[:20], body))
             self.assertFalse(body["success"])
-        for bad in ({"zero_steps_above_bs": 10**30}, {"config": {"1": {"candidate_steps": [1], "ema_alpha": 2}}}):
+        for bad in ({"zero_steps_above_bs": 10**30}, {"gate_min_dwell_steps": 10**6}):
             self.assertEqual(self.post(bad)[0], 400)
         self.assertEqual(self.tm.sent, [])
 
@@ -265,11 +270,10 @@ class TestControlPath(unittest.TestCase):
     def test_metrics_follow_every_update(self):
         collector = self.tm.scheduler.metrics_collector
         self.post({"zero_steps_above_bs": 16})
-        self.post({"config": {"1": {"candidate_steps": [2]}}})
-        self.post({"reset_config": True, "expected_generation": 0})
+        self.post({"zero_steps_above_bs": 8, "expected_generation": 0})
         self.post({"zero_steps_above_bs": None, "dry_run": True})
         self.post({"zero_steps_above_bs": 8}, headers={})  # refused before the scheduler: not counted there
-        self.assertEqual(collector.updates, ["applied", "rejected", "conflict"])
+        self.assertEqual(collector.updates, ["applied", "conflict"])
         self.assertEqual(collector.policy[-1], (16, 1))
 
     def test_the_collector_exports_the_gate(self):
@@ -307,7 +311,7 @@ class TestControlPath(unittest.TestCase):
         )
 
 
-class TestTwoRanks(unittest.TestCase):
+class TwoRanksCase(unittest.TestCase):
     """Two TP ranks, each a Scheduler with the real dispatcher and handlers, exchanging their votes as
     all_gather_object over the TP CPU group would: an update that does not land alike on both is rolled
     back on both."""
@@ -355,6 +359,8 @@ class TestTwoRanks(unittest.TestCase):
     def update(self, **fields):
         return io_struct.UpdateSpecAdaptiveConfigReqInput(**fields)
 
+
+class TestTwoRanks(TwoRanksCase):
     def test_ranks_that_agree_apply(self):
         replies = self.broadcast(self.update(set_zero_steps_above_bs=True, zero_steps_above_bs=8))
         self.assertTrue(all(r.success for r in replies), replies)
@@ -368,14 +374,10 @@ class TestTwoRanks(unittest.TestCase):
         def fail(*_args, **_kwargs):
             raise RuntimeError("injected on rank 1")
 
-        self.workers[1].adaptive_controller.params.replace_config = fail
+        self.workers[1].adaptive_controller.params.set_zero_steps_above_bs = fail
         with self.assertLogs(internal_state.logger, "ERROR"):
             replies = self.broadcast(
-                self.update(
-                    config={"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0]}},
-                    set_zero_steps_above_bs=True,
-                    zero_steps_above_bs=8,
-                )
+                self.update(set_zero_steps_above_bs=True, zero_steps_above_bs=8, gate_min_dwell_steps=4)
             )
         self.assertEqual([(r.success, r.reason) for r in replies], [(False, "failed")] * 2)
         self.assertIn("rolled back", replies[0].message)
@@ -395,10 +397,6 @@ class TestTwoRanks(unittest.TestCase):
             replies = self.broadcast(self.update(set_zero_steps_above_bs=True, zero_steps_above_bs=8))
         self.assertFalse(any(r.success for r in replies))
         self.assertEqual(self.policies(), before)
-
-    def test_a_rejection_alike_on_every_rank_is_a_rejection(self):
-        replies = self.broadcast(self.update(config={"1": {"candidate_steps": [2]}}))
-        self.assertEqual([(r.success, r.reason) for r in replies], [(False, "rejected")] * 2)
 
 
 if __name__ == "__main__":

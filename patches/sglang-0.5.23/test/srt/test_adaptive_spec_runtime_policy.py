@@ -22,7 +22,6 @@ from sglang.srt.speculative.adaptive_spec_params import (
     normalize_adaptive_config,
     parse_runtime_update_body,
     resolve_candidate_steps_from_config,
-    validate_runtime_adaptive_config,
     validate_zero_steps_above_bs,
 )
 
@@ -32,10 +31,28 @@ GRAPH_BS = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48]
 INITIAL_STEPS = 3  # startup --speculative-num-steps; must be a candidate
 
 
+def load_startup(cfg):
+    """Params and the captured-step union from `cfg` as a --speculative-adaptive-config file."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(cfg, f)
+        f.flush()
+        params = AdaptiveSpeculativeParams(initial_steps=INITIAL_STEPS, cfg_path=f.name)
+        return params, resolve_candidate_steps_from_config(f.name)
+
+
 def make_params(cfg=None):
-    p = AdaptiveSpeculativeParams(initial_steps=INITIAL_STEPS, cfg=cfg)
+    p = load_startup(cfg)[0] if cfg is not None else AdaptiveSpeculativeParams(initial_steps=INITIAL_STEPS)
     p.set_cuda_graph_bs(GRAPH_BS)
     return p
+
+
+# Refused by the one normalizer: in a startup file here, in a runtime `config` body in the slots suite.
+REFUSED_CONFIGS = (
+    ({"1": {"candidate_steps": [1]}, "typo_key": 1}, "unknown top-level key 'typo_key'"),
+    ({"1": {"candidate_steps": [1], "ema_aplha": 0.1}}, "unknown keys"),
+    ({"1": {"candidate_steps": [1]}, "01": {"candidate_steps": [3]}}, "name the same batch size"),
+    ({"1": {"candidate_steps": [1], "ceiling_coeff": 1e308}}, "ceiling_coeff"),
+)
 
 
 def startup_capture(params):
@@ -50,40 +67,10 @@ def startup_capture(params):
 class TestPatchedTree(unittest.TestCase):
     def test_patched_module_is_imported(self):
         # Guard against silently testing an unpatched installed sglang.
-        self.assertTrue(hasattr(asp, "validate_runtime_adaptive_config"))
+        self.assertTrue(hasattr(asp, "parse_runtime_update_body"))
 
 
-class TestValidateRuntimeConfig(unittest.TestCase):
-    CAPTURED = (0, 1, 3, 5, 7)  # union of DEFAULT_ADAPTIVE_CONFIG
-
-    def test_accepts_slots_over_captured_steps(self):
-        cfg = {
-            "ema_alpha": 0.3,
-            "1": {"candidate_steps": [3, 7]},
-            "16": {"candidate_steps": [0]},
-            "_comment": "ignored",
-        }
-        self.assertEqual(sorted(validate_runtime_adaptive_config(cfg, self.CAPTURED)), [1, 16])
-
-    def test_rejects_step_count_not_captured(self):
-        with self.assertRaisesRegex(ValueError, r"BS 1: candidate_steps \[2, 4\]"):
-            validate_runtime_adaptive_config({"1": {"candidate_steps": [2, 3, 4]}}, self.CAPTURED)
-
-    def test_rejects_malformed_input_with_the_offending_key(self):
-        bad = [
-            ({"1": {"candidate_steps": [True]}}, "candidate_steps must be"),
-            ({"1": {"candidate_steps": [1], "ema": 0.1}}, r"unknown keys \['ema'\]"),
-            ({"1": {"candidate_steps": [1], "ema_alpha": 0}}, "ema_alpha must be"),
-            ({"1": {"candidate_steps": [1], "update_interval": 0}}, "update_interval"),
-            ({"steps": [1]}, "unknown top-level key 'steps'"),
-            ({"1": [1, 3]}, "slot must be a JSON object"),
-            ({}, "at least one integer-string"),
-            ([1, 3], "config must be a JSON object"),
-        ]
-        for cfg, pattern in bad:
-            with self.subTest(cfg=cfg), self.assertRaisesRegex(ValueError, pattern):
-                validate_runtime_adaptive_config(cfg, self.CAPTURED)
-
+class TestValidateGate(unittest.TestCase):
     def test_gate_needs_the_zero_step_state(self):
         validate_zero_steps_above_bs(16, [0, 3])
         validate_zero_steps_above_bs(None, [3])
@@ -264,69 +251,23 @@ class TestBounds(unittest.TestCase):
 
 
 class TestOneSchema(unittest.TestCase):
-    """The startup file and a runtime update go through one normalizer."""
+    """The startup file goes through the normalizer that holds the bounds."""
 
-    def load(self, cfg):
-        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
-            json.dump(cfg, f)
-            f.flush()
-            params = AdaptiveSpeculativeParams(initial_steps=INITIAL_STEPS, cfg_path=f.name)
-            return params, resolve_candidate_steps_from_config(f.name)
-
-    def test_a_startup_file_with_comments_can_be_reset_to(self):
-        p, union = self.load({"_comment": "tuned", "ema_alpha": 0.3, "01": {"candidate_steps": [0, 3], "_why": "x"}})
+    def test_a_startup_file_with_comments_is_made_canonical(self):
+        p, union = load_startup({"_comment": "tuned", "ema_alpha": 0.3, "01": {"candidate_steps": [0, 3], "_why": "x"}})
         self.assertEqual(union, [0, 3])
-        self.assertEqual(p.startup_config, {"ema_alpha": 0.3, "1": {"candidate_steps": [0, 3]}})
-        validate_runtime_adaptive_config(p.startup_config, union)  # what reset_config checks
+        config = p.config()  # comments dropped, the BS key canonical, the top-level knob in the slot
+        self.assertEqual(sorted(config), ["1"])
+        self.assertEqual((config["1"]["candidate_steps"], config["1"]["ema_alpha"]), ([0, 3], 0.3))
+        self.assertNotIn("_why", config["1"])
 
-    def test_what_the_runtime_refuses_the_startup_refuses(self):
-        for cfg, pattern in (
-            ({"1": {"candidate_steps": [1]}, "typo_key": 1}, "unknown top-level key 'typo_key'"),
-            ({"1": {"candidate_steps": [1], "ema_aplha": 0.1}}, "unknown keys"),
-            ({"1": {"candidate_steps": [1]}, "01": {"candidate_steps": [3]}}, "name the same batch size"),
-            ({"1": {"candidate_steps": [1], "ceiling_coeff": 1e308}}, "ceiling_coeff"),
-        ):
-            with self.subTest(cfg=cfg):
-                with self.assertRaisesRegex(ValueError, pattern):
-                    self.load(cfg)
-                with self.assertRaisesRegex(ValueError, pattern):
-                    parse_runtime_update_body({"config": cfg})
+    def test_the_startup_refuses_typos_duplicates_and_unbounded_knobs(self):
+        for cfg, pattern in REFUSED_CONFIGS:
+            with self.subTest(cfg=cfg), self.assertRaisesRegex(ValueError, pattern):
+                load_startup(cfg)
 
     def test_the_default_config_passes(self):
         self.assertEqual(normalize_adaptive_config(DEFAULT_ADAPTIVE_CONFIG), DEFAULT_ADAPTIVE_CONFIG)
-
-
-class TestReplaceConfig(unittest.TestCase):
-    def test_unchanged_slot_keeps_state_changed_slot_restarts(self):
-        p = make_params()
-        slot1 = p._slots[1]
-        for _ in range(40):  # high acceptance at bs=1 moves slot "1" up
-            p.on_verify_complete([7], batch_size=1)
-        learned = (slot1.current_steps, slot1.ema_accept_len)
-        self.assertGreater(learned[0], INITIAL_STEPS)
-
-        new_cfg = dict(DEFAULT_ADAPTIVE_CONFIG)
-        new_cfg["8"] = {**DEFAULT_ADAPTIVE_CONFIG["8"], "candidate_steps": [0, 1]}
-        p.replace_config(new_cfg)
-
-        self.assertIs(p._slots[1], slot1)
-        self.assertEqual((slot1.current_steps, slot1.ema_accept_len), learned)
-        # Old slot "8" was at 3, no longer a candidate: middle candidate, fresh EMA.
-        self.assertEqual(p._slots[8].candidate_steps, [0, 1])
-        self.assertEqual(p._slots[8].current_steps, 1)
-        self.assertEqual(p._slots[8]._batch_count, 0)
-        self.assertEqual(p.candidate_steps, [0, 1, 3, 5, 7])  # cache dropped
-
-    def test_config_round_trips_and_reset_restores_startup(self):
-        p = make_params()
-        startup = p.config()
-        p.replace_config({"1": {"candidate_steps": [1]}, "4": {"candidate_steps": [0]}})
-        self.assertEqual(sorted(p.config()), ["1", "4"])
-        self.assertEqual(p.get_steps_for_batch(8), 0)
-        p.replace_config(p.startup_config)
-        self.assertEqual(p.config(), startup)
-        # What GET returns is a valid POST body.
-        validate_runtime_adaptive_config(p.config(), [0, 1, 3, 5, 7])
 
 
 class TestGraphCoverage(unittest.TestCase):
@@ -374,7 +315,7 @@ class TestParseBody(unittest.TestCase):
         cleared = parse_runtime_update_body({"zero_steps_above_bs": None})
         self.assertTrue(cleared["set_zero_steps_above_bs"])
         self.assertIsNone(cleared["zero_steps_above_bs"])
-        kept = parse_runtime_update_body({"config": {"1": {"candidate_steps": [1]}}})
+        kept = parse_runtime_update_body({"gate_min_dwell_steps": 4})
         self.assertFalse(kept["set_zero_steps_above_bs"])
 
     def test_rejects_bad_bodies_before_they_reach_the_scheduler(self):
@@ -386,36 +327,18 @@ class TestParseBody(unittest.TestCase):
             ({"zero_steps_above_bs": -1}, r"int in \[0, "),
             # Beyond msgpack's ints: refused here, not by an encoder on the way to the scheduler.
             ({"zero_steps_above_bs": 10**30}, r"int in \[0, "),
-            ({"expected_generation": 2**70, "reset_config": True}, "expected_generation"),
+            ({"expected_generation": 2**70, "zero_steps_above_bs": 1}, "expected_generation"),
             ({"dry_run": "yes", "zero_steps_above_bs": 1}, "dry_run"),
-            ({"config": {"1": {"candidate_steps": [1]}}, "reset_config": True}, "not both"),
-            ({"config": {}}, "at least one integer-string BS key"),
-            ({"config": {"1": {"candidate_steps": [10**30]}}}, r"list of ints in \[0, 64\]"),
-            ({"config": {"1": {"candidate_steps": [1], "update_interval": 0}}}, "update_interval"),
-            ({"config": {"1": {"candidate_steps": [1], "ema_alpha": float("nan")}}}, "ema_alpha"),
-            ({"config": {"1": {"candidate_steps": [True]}}}, r"list of ints in \[0, 64\]"),
-            ({"config": {"1": {"candidate_steps": [1], "ceiling_coeff": 1e308}}}, "ceiling_coeff"),
             ({"skip_zero_step_draft_extend": True}, "unknown fields"),
             ({"zero_steps_above_bs": 1, "allow_eager_fallback": True}, "unknown fields"),
             ({"gate_min_dwell_steps": -1}, "gate_min_dwell_steps"),
             ({"gate_min_dwell_steps": 10**6}, "gate_min_dwell_steps"),
             ({"gate_min_dwell_steps": 1.0}, "gate_min_dwell_steps"),
-            ({"config": {"1": [1]}}, "JSON object"),
             ({"zero_step_above_bs": 1}, "unknown fields"),
         ]
         for body, pattern in bad:
             with self.subTest(body=body), self.assertRaisesRegex(ValueError, pattern):
                 parse_runtime_update_body(body)
-
-    def test_config_crosses_to_the_scheduler_cleaned(self):
-        # Comment keys (which could nest anything) stop in the HTTP process; BS keys are canonical.
-        deep = {}
-        for _ in range(5000):
-            deep = {"x": deep}
-        fields = parse_runtime_update_body(
-            {"config": {"_note": deep, "ema_alpha": 0.5, "08": {"candidate_steps": [0, 1], "_why": "x"}}}
-        )
-        self.assertEqual(fields["config"], {"ema_alpha": 0.5, "8": {"candidate_steps": [0, 1]}})
 
 
 if __name__ == "__main__":

@@ -36,11 +36,9 @@ def _rank(rank: int, init_file: str, fail_on: int, out) -> None:
             def fail(*_args, **_kwargs):
                 raise RuntimeError(f"injected on rank {rank}")
 
-            controller.params.replace_config = fail
+            controller.params.set_zero_steps_above_bs = fail
         update = io_struct.UpdateSpecAdaptiveConfigReqInput(
-            config={"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0]}},
-            set_zero_steps_above_bs=True,
-            zero_steps_above_bs=8,
+            set_zero_steps_above_bs=True, zero_steps_above_bs=8, gate_min_dwell_steps=4
         )
         reply = wire(scheduler._request_dispatcher(wire(update)))
         out.put((rank, reply.success, reply.reason, controller.generation, controller.policy_digest() == before))
