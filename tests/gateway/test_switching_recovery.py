@@ -24,7 +24,6 @@ from tests.gateway.gate_faults import GateFaults
 from tests.gateway.gateway_helpers import LONG, chat
 from tests.gateway.test_switching import (
     AUTH,
-    TOKEN,
     ClosedLoop,
     admin_state,
     put_mode,
@@ -36,7 +35,6 @@ from tests.gateway.test_switching import (
     wait_phase,
 )
 from tests.gateway.test_switching_restart import (
-    AGENT_TOKEN,
     agent_box,  # noqa: F401 - a fixture
     restart_gateway,  # noqa: F401 - a fixture
 )
@@ -411,33 +409,12 @@ def test_restart_the_agent_killed_while_it_starts_the_target_the_target_is_adopt
 
 def test_restart_with_the_agent_gone_an_operator_put_serves_the_mode_that_serves(
     agent_box,  # noqa: F811
-    gateway,
+    restart_gateway,  # noqa: F811
 ):
     # Nothing heals by itself here (health rounds and backoff an hour apart): only the operator's PUT can bring
     # service back, and with the agent gone it does so by serving the server that already serves.
     box = agent_box(plain_startup_s=3.0)
-    switching = {
-        "mechanism": "restart",
-        "dwell": 3600.0,
-        "window": 1.0,
-        "interval": 0.1,
-        "agent_url": box.agent_url,
-        "agent_token": AGENT_TOKEN,
-        "agent_servers": {"speculative": "speculative", "plain": "plain"},
-        "operator_interval": 0.0,
-        "backoff": 3600.0,
-        "backoff_max": 3600.0,
-    }
-    gw = gateway(
-        [box.urls["speculative"]],
-        [box.urls["plain"]],
-        topology="time-shared",
-        admin_token=TOKEN,
-        threshold=4,
-        hysteresis=2,
-        switching=switching,
-        health={"interval": 3600.0, "timeout": 2.0},
-    )
+    gw = restart_gateway(box, health={"interval": 3600.0, "timeout": 2.0}, backoff=3600.0, backoff_max=3600.0)
     wait_phase(gw, "active", "speculative")
     assert put_mode(gw, "plain").status_code == 202
     wait_until(lambda: box.status("plain")["state"] == "starting", what="the agent starting plain")

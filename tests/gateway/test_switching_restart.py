@@ -180,7 +180,10 @@ def agent_box(tmp_path):
 
 @pytest.fixture
 def restart_gateway(gateway):
-    def start(box: AgentBox, **switching):
+    def start(box: AgentBox, health: dict | None = None, **switching):
+        """A time-shared gateway restarting through `box`'s agent; `switching` over the defaults below, `health`
+        (if given) for the gateway's own."""
+        overrides = {} if health is None else {"health": health}
         switching = {
             "mechanism": "restart",
             "dwell": 3600.0,
@@ -200,6 +203,7 @@ def restart_gateway(gateway):
             threshold=4,
             hysteresis=2,
             switching=switching,
+            **overrides,
         )
 
     return start
