@@ -127,7 +127,6 @@ def create_app(
             path,
             settings,
             state.pools,
-            state.routing,
             state.admission,
             state.failover,
             state.metrics,

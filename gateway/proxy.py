@@ -56,7 +56,6 @@ from crossover.gateway.lifecycle import SHUTDOWN_MESSAGE, Request, check_body, c
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.policy import FALLBACK
 from crossover.gateway.pools import Pools
-from crossover.gateway.routing import Routing
 from crossover.gateway.sse import (
     DONE,
     ERROR_MARK,
@@ -108,7 +107,6 @@ class ProxyEndpoint:
         path: str,
         settings: Settings,
         pools: Pools,
-        routing: Routing,
         admission: Admission,
         failover: Failover,
         metrics: Metrics,
@@ -118,7 +116,6 @@ class ProxyEndpoint:
         self.path = path
         self.settings = settings
         self.pools = pools
-        self.routing = routing
         self.admission = admission
         self.failover = failover
         self.metrics = metrics
