@@ -48,7 +48,7 @@ class Costs(Protocol):
 # for the decode itself, h200-step-times.md); one draft-extend pass costs one draft step; the sampling and
 # bookkeeping of the speculative path cost nothing extra. What is *not* assumed away: the KV pool and the
 # running cap stay the speculative server's (its profile's limits), smaller than a plain server's.
-ZERO_STEP_MODEL = "1-token verify (= plain decode) + 1 draft-extend pass unless skipped; speculative KV pool and cap"
+ZERO_STEP_MODEL = "1-token verify (= plain decode) + 1 draft-extend pass; speculative KV pool and cap"
 
 
 def make_costs(profile: Profile) -> Costs:
