@@ -318,6 +318,19 @@ def fit_hysteresis(threshold: int, hysteresis: int) -> int:
     return min(hysteresis, max(threshold - 1, 0))
 
 
+class ClusterSettings(_Section):
+    """Several gateway replicas (hosts) acting as one: the live state, the in-flight counts and the lease that lets
+    one replica act on a GPU set, kept in Redis. Empty `redis_url`: this gateway is the whole cluster."""
+
+    redis_url: str = ""
+    # The Redis key prefix: every replica in front of the same pools (one GPU set) names the same cluster.
+    name: str = Field("crossover", min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
+    # Seconds a leader's lease lasts unless renewed (renewed every lease / 3); a leader gone longer is replaced.
+    lease: float = Field(5.0, gt=0)
+    # Seconds between reads of the shared state and publications of this replica's in-flight counts.
+    sync_interval: float = Field(0.25, gt=0)
+
+
 class ThresholdError(ValueError):
     """A threshold or hysteresis that cannot route; `field` names the one at fault."""
 
@@ -355,12 +368,15 @@ class Settings(BaseSettings):
     api_keys: list[str] = []
     served_model_names: list[str] = []
     state_file: Path | None = None
+    # Processes serving the one port (`crossover serve --workers N`), acting as one gateway.
+    workers: int = Field(1, ge=1, le=256)
 
     pools: PoolsSettings
     timeouts: TimeoutSettings = TimeoutSettings()
     limits: LimitSettings = LimitSettings()
     health: HealthSettings = HealthSettings()
     switching: SwitchingSettings = SwitchingSettings()
+    cluster: ClusterSettings = ClusterSettings()
 
     @field_validator("api_keys")
     @classmethod

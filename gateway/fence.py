@@ -1,0 +1,27 @@
+"""The fencing token: what makes a late call from a gateway that lost its lease on a GPU set harmless.
+
+Every mutating call on a GPU set (the agent's start, stop, release and resume; the patched engine's gate) carries
+`X-Crossover-Fence: N`, the token of the lease its sender holds. The resource remembers the highest token it has
+accepted and refuses a lower one with 409 `fenced`: a replica paused past its lease, then resumed, cannot undo
+what the replica that took the lease over has done. A call without the header is a gateway without a cluster, and
+is accepted as before.
+"""
+
+from __future__ import annotations
+
+FENCE_HEADER = "X-Crossover-Fence"
+FENCED = "fenced"
+
+
+def fence_headers(token: int | None) -> dict[str, str]:
+    """The header a mutating call carries under the lease `token` (none without a cluster)."""
+    return {} if token is None else {FENCE_HEADER: str(token)}
+
+
+def parse_fence(value: str | None) -> int | None:
+    """The token a call carries, or None; ValueError for a header that is not a non-negative integer."""
+    if value is None:
+        return None
+    if not value.isascii() or not value.isdigit() or len(value) > 18:
+        raise ValueError(f"{FENCE_HEADER} must be a non-negative integer of at most 18 digits, got {value[:40]!r}")
+    return int(value)
