@@ -24,7 +24,9 @@ On a host with cores to spare (issue 31's table: 16 cores, the peers carried ove
 report), --workers runs `crossover serve --workers N` (crossover is left out, saying why, where the build lacks
 it), --load-procs deals each cell's clients out to several load generators sharing one window. The target
 crossover-redis is crossover with `[cluster] redis_url` pointing at a redis-server the run starts: its CPU per
-request is judged against crossover's (left out, saying why, where the build never connects to Redis).
+request is judged against crossover's (left out, saying why, where the build never connects to Redis). The
+target crossover-w1 is crossover as one process beside a crossover with --workers N: its req/s is the floor the
+workers must reach.
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ from crossover.loadtest.proxybench.cpu import tree_pids
 from crossover.loadtest.proxybench.peers import PEERS, SMG, VLLM_ROUTER, InstallFailed
 from crossover.loadtest.proxybench.report import (
     CROSSOVER,
+    CROSSOVER_ONE,
     CROSSOVER_REDIS,
     DIRECT,
+    VARIANTS,
     Bar,
     check_bar,
     combine,
@@ -62,7 +66,8 @@ from crossover.loadtest.proxybench.report import (
 from crossover.servers import process
 
 HOST = "127.0.0.1"
-TARGETS = (DIRECT, CROSSOVER, CROSSOVER_REDIS, *PEERS)  # crossover-redis: crossover with [cluster] redis_url set
+# crossover-redis: crossover with [cluster] redis_url set; crossover-w1: crossover as one process, beside --workers N.
+TARGETS = (DIRECT, CROSSOVER, *VARIANTS, *PEERS)
 DEFAULT_TARGETS = (DIRECT, CROSSOVER, SMG, VLLM_ROUTER)  # sglang-router: superseded by smg, on request only
 REPO_ROOT = Path(__file__).resolve().parents[2]  # where the servers and load generators run
 READY_TIMEOUT_S = 60.0
@@ -265,7 +270,7 @@ def running_targets(
             backend = zerobackend_argv(port, second_port, chunk_delay_ms, setup.backend_workers)
             started[DIRECT] = start(backend, backend_url, REPO_ROOT, procs, cores.backend)
             second_url = f"http://{HOST}:{second_port}"
-            for name in (CROSSOVER, CROSSOVER_REDIS):
+            for name in (CROSSOVER, *VARIANTS):
                 if name in targets and name not in skipped:
                     try:
                         started[name] = _start_crossover(name, setup, Path(tmp), backend_url, second_url, procs)
@@ -284,8 +289,12 @@ def running_targets(
 def _start_crossover(
     name: str, setup: Setup, workdir: Path, backend_url: str, second_url: str, procs: list[subprocess.Popen]
 ) -> Target:
-    """crossover serving (with its own Redis for crossover-redis); Skipped if this build cannot run as asked."""
-    if setup.workers is not None and not knows_workers(setup.crossover_python):
+    """crossover serving (with its own Redis for crossover-redis, as one process for crossover-w1); Skipped if this
+    build cannot run as asked."""
+    workers = None if name == CROSSOVER_ONE else setup.workers
+    if name == CROSSOVER_ONE and setup.workers is None:
+        raise Skipped("crossover-w1 is crossover without --workers beside a run with them: give --workers N")
+    if workers is not None and not knows_workers(setup.crossover_python):
         raise Skipped(
             f"--workers {setup.workers}: the crossover of {setup.crossover_python} has no `serve --workers` "
             "(issue 31): run without --workers, or give --crossover-python a build that has it"
@@ -298,7 +307,7 @@ def _start_crossover(
             raise Skipped(str(exc)) from None
     config = crossover_config(workdir, backend_url, second_url, redis_url)
     ours = process.free_port(HOST)
-    argv = crossover_argv(setup.crossover_python, config, ours, setup.workers)
+    argv = crossover_argv(setup.crossover_python, config, ours, workers)
     target = start(argv, f"http://{HOST}:{ours}", REPO_ROOT, procs, setup.cores.gateway)
     if redis_url:
         try:
@@ -510,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped: dict[str, str] = {}
     try:
         cores = CoreSets.parse(args.cores_backend, args.cores_gateway, args.cores_load)
-        ours = {CROSSOVER, CROSSOVER_REDIS} & set(args.targets)
+        ours = {CROSSOVER, *VARIANTS} & set(args.targets)
         if ours and args.crossover_python != sys.executable:  # this one runs crossover already
             check_crossover_python(args.crossover_python)
         if args.wheels is not None and not args.wheels.is_dir():

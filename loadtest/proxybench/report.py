@@ -15,7 +15,10 @@ import statistics
 from dataclasses import dataclass
 
 DIRECT, CROSSOVER = "direct", "crossover"
-CROSSOVER_REDIS = "crossover-redis"  # crossover with [cluster] redis_url set: measured against crossover, not a peer
+# Crossover's variants, each measured against crossover (not peers): with [cluster] redis_url set, and one process
+# (no --workers) beside a run whose crossover has --workers N.
+CROSSOVER_REDIS, CROSSOVER_ONE = "crossover-redis", "crossover-w1"
+VARIANTS = (CROSSOVER_REDIS, CROSSOVER_ONE)
 # The bar (issues 3 and 20).
 TTFC_ADDED_MAX_MS = 2.0  # crossover's added p50 time to first chunk at C=1, streaming
 PACED_RPS_FRACTION = 0.97  # of direct's req/s in the paced run
@@ -80,7 +83,7 @@ def _by_round(ours: dict, theirs: dict) -> str:
 
 def peers(rows: list[dict]) -> list[str]:
     """The peer targets in `rows`, in their order."""
-    return list(dict.fromkeys(r["target"] for r in rows if r["target"] not in (DIRECT, CROSSOVER, CROSSOVER_REDIS)))
+    return list(dict.fromkeys(r["target"] for r in rows if r["target"] not in (DIRECT, CROSSOVER, *VARIANTS)))
 
 
 def check_bar(rows: list[dict]) -> list[Bar]:
@@ -133,7 +136,7 @@ def check_bar(rows: list[dict]) -> list[Bar]:
         else Bar(line, added <= PACED_TTFC_ADDED_MAX_MS, f"+{added:.3f} ms")
     )
 
-    bars += _redis_bars(rows)
+    bars += _redis_bars(rows) + _workers_bars(rows)
     ours_rows = [r for r in rows if r["target"] == CROSSOVER]
     errors = sum(r["errors"] for r in ours_rows)
     bars.append(
@@ -161,6 +164,22 @@ def _redis_bars(rows: list[dict]) -> list[Bar]:
         spread = _by_round(with_redis, without)
         detail += f"; round by round: {spread}" if spread else ""
         bars.append(Bar(line, ratio <= REDIS_CPU_MAX_RATIO, detail))
+    return bars
+
+
+def _workers_bars(rows: list[dict]) -> list[Bar]:
+    """Per cell where both ran: crossover with its workers passes at least the req/s of one process (issue 31: on 2
+    cores, --workers 2 no worse than 1). No line at all where crossover-w1 did not run."""
+    bars = []
+    for kind, c in dict.fromkeys((r["kind"], r["concurrency"]) for r in rows if r["target"] == CROSSOVER_ONE):
+        line = f"{kind} C={c}: crossover's req/s with its workers >= with one process"
+        ours, one = _row(rows, kind, c, CROSSOVER), _row(rows, kind, c, CROSSOVER_ONE)
+        if ours is None or one is None or not one["rps"]:
+            bars.append(Bar(line, None, "not measured"))
+            continue
+        detail = f"{ours['rps']:.0f} / {one['rps']:.0f} req/s = {ours['rps'] / one['rps']:.3f}"
+        detail += f"; CPU ms/request {ours[CPU]} / {one[CPU]}"
+        bars.append(Bar(line, ours["rps"] >= one["rps"], detail))
     return bars
 
 

@@ -242,16 +242,24 @@ def test_core_sets_that_overlap_or_do_not_exist_are_refused_before_anything_star
 
 
 def test_workers_run_where_the_build_has_them_and_are_left_out_saying_why_where_not(tmp_path):
+    # crossover-w1, the one-process floor, runs in turn with them.
     _, result, markdown = run_bench(
-        tmp_path, *("--targets", "direct,crossover", *TINY, "--workers", "2"), timeout=SMOKE_TIMEOUT_S
+        tmp_path,
+        *("--targets", "direct,crossover,crossover-w1", *TINY, "--workers", "2"),
+        timeout=SMOKE_TIMEOUT_S,
     )
+    assert "--workers" not in result["targets"]["crossover-w1"]
+    assert [r["errors"] for r in result["rows"] if r["target"] == "crossover-w1"] == [0, 0]
+    workers_lines = [bar for bar in result["bar"] if "with one process" in bar["line"]]
     if knows_workers(sys.executable):
         assert "--workers 2" in result["targets"]["crossover"] and not result["skipped"]
         assert [r["errors"] for r in result["rows"] if r["target"] == "crossover"] == [0, 0]
+        assert [bar["passed"] is not None for bar in workers_lines] == [True, True]  # judged (timings: not here)
     else:
-        assert {r["target"] for r in result["rows"]} == {"direct"}
+        assert {r["target"] for r in result["rows"]} == {"direct", "crossover-w1"}
         assert "has no `serve --workers`" in result["skipped"]["crossover"]
         assert "- crossover: left out: --workers 2:" in markdown
+        assert [bar["passed"] for bar in workers_lines] == [None, None]
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server (Debian package) is not installed")

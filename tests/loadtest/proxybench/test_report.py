@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from crossover.loadtest.proxybench.report import (
+    CROSSOVER_ONE,
     CROSSOVER_REDIS,
     check_bar,
     combine,
@@ -215,3 +216,14 @@ def test_crossover_with_redis_is_judged_against_crossover_and_is_no_peer():
     # crossover-redis is not a peer: with no peer in the run, the peer lines are not measured.
     assert bars["stream C=32: crossover's CPU per request <= every peer's"].passed is None
     assert not any("with Redis" in line for line in (bar.line for bar in check_bar(rows[:4])))
+
+
+def test_crossover_with_workers_is_judged_against_one_process_and_is_no_peer():
+    rows = [row("non-stream", 256, "direct"), row("non-stream", 256, "crossover", rps=180.0)]
+    rows.append(row("non-stream", 256, CROSSOVER_ONE, rps=150.0))
+    bars = {bar.line: bar for bar in check_bar(rows)}
+    line = bars["non-stream C=256: crossover's req/s with its workers >= with one process"]
+    assert line.passed is True and line.detail.startswith("180 / 150 req/s = 1.200")
+    assert bars["non-stream C=256: crossover's CPU per request <= every peer's"].passed is None
+    rows[-1]["rps"] = 200.0
+    assert [bar.passed for bar in check_bar(rows) if "one process" in bar.line] == [False]
