@@ -471,7 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--wheels",
         type=Path,
         help="install the peers from this directory of wheels only (`pip install --no-index --find-links`): a "
-        "host without a registry; fill it where there is one with `pip download smg==... vllm-router==... -d DIR`",
+        "host without a registry; fill it where there is one with each peer and all it needs, built for that host's "
+        "Python (`pip download --only-binary=:all: --python-version 3.12 smg==... -d DIR`)",
     )
     parser.add_argument(
         "--workers", type=positive_int, help="crossover serve --workers N (left out where the build lacks it)"

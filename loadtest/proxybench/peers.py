@@ -46,19 +46,22 @@ class Peer:
         venv = self.venv(venvs)
         exe = venv / "bin" / self.executable
         python = venv / "bin" / "python"
-        version = self.requirement.split("==")[1]
-        probe = [str(python), "-m", "pip", "show", self.requirement.split("==")[0]]
+        name, version = self.requirement.split("==")
+        probe = [str(python), "-c", f"import importlib.metadata as m; print(m.version({name!r}))"]
         if exe.exists():
             shown = subprocess.run(probe, capture_output=True, text=True, check=False).stdout
-            if f"Version: {version}\n" in shown:
+            if shown.strip() == version:
                 return exe
         source = f"the wheels in {wheels}" if wheels else "the registry"
         print(f"proxybench: installing {self.requirement} into {venv} from {source}", file=sys.stderr)
         offline = ["--no-index", "--find-links", str(wheels.absolute())] if wheels else []
+        # No pip in the venv: this Python's pip installs into it (`--python`), so a Python without ensurepip (a
+        # distribution's, without its venv package) makes one all the same.
         try:
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, stdout=sys.stderr)
+            venv_argv = [sys.executable, "-m", "venv", "--clear", "--without-pip", str(venv)]
+            subprocess.run(venv_argv, check=True, stdout=sys.stderr)
             subprocess.run(
-                [str(python), "-m", "pip", "install", "-q", *offline, self.requirement],
+                [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", *offline, self.requirement],
                 check=True,
                 timeout=VENV_INSTALL_TIMEOUT_S,
                 stdout=sys.stderr,
