@@ -9,8 +9,9 @@ import httpx
 import pytest
 
 from crossover.gateway.config import HealthSettings, Settings
-from crossover.gateway.health import PASSIVE, PROBE, Breaker, HealthMonitor, load_from_loads, load_from_metrics
+from crossover.gateway.health import PASSIVE, PROBE, Breaker, HealthMonitor
 from crossover.gateway.pools import Backend, Pools
+from crossover.gateway.sglang import load_from_loads, load_from_metrics
 from tests.gateway.gateway_helpers import LONG, MODEL, chat, wait_until
 
 SGLANG_METRICS = """\
