@@ -1,4 +1,5 @@
-"""The stand-in's HTTP surface: SGLang's endpoints (0.5.23, entrypoints/http_server.py) over one LiveEngine.
+"""The stand-in's HTTP surface: SGLang's endpoints (0.5.23, entrypoints/http_server.py) over one LiveEngine, or
+vLLM's (`engine="vllm"`, vllm_surface.py).
 
     run(SimSettings(profile=load_profile("k25-eagle3"), port=30001, time_scale=50.0))   # until SIGTERM
     app = create_app(settings, registry=CollectorRegistry())                              # to embed or test
@@ -17,7 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -32,9 +33,10 @@ from crossover.servers.sim.engine import PAUSE_MODES, Engine
 from crossover.servers.sim.generation import TooLarge, json_response, read_json
 from crossover.servers.sim.live import MEMORY_TAGS, Busy, LiveEngine
 from crossover.servers.sim.metrics import SimMetrics
-from crossover.servers.sim.openai_format import WEIGHT_VERSION, BadRequest, error_body
+from crossover.servers.sim.openai_format import SGLANG_ERRORS, VLLM_ERRORS, WEIGHT_VERSION, BadRequest, error_body
 from crossover.servers.sim.profile import Profile
 from crossover.servers.sim.speculation_gate import GateMetrics, StandInGate, bearer_matches, gate_routes
+from crossover.servers.sim.vllm_surface import vllm_routes
 
 SGLANG_VERSION = "0.5.23"  # the release whose surface the stand-in mirrors
 LOAD_SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")
@@ -59,6 +61,10 @@ class SimSettings:
     # SGLang's --admin-api-key: the gate's POST then needs it (speculation_gate.py says what it does without one), and
     # so do pause/continue and release/resume (SGLang's ADMIN_OPTIONAL endpoints: open only while no key is set).
     admin_api_key: str | None = None
+    # The engine it plays: SGLang's surface, or vLLM's (vllm_surface.py: its endpoints, metric names, errors).
+    engine: Literal["sglang", "vllm"] = "sglang"
+    # vLLM's --enable-sleep-mode (with VLLM_SERVER_DEV_MODE=1): /sleep, /wake_up and /is_sleeping.
+    sleep_mode: bool = False
 
 
 def run(settings: SimSettings, *, log_level: str = "warning") -> None:
@@ -100,7 +106,14 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         model_name=profile.model_name,
         extra_labels=settings.extra_metric_labels,
         num_spec_steps=spec.num_steps if spec else 0,
+        engine=settings.engine,
     )
+    vllm = settings.engine == "vllm"
+    errors = VLLM_ERRORS if vllm else SGLANG_ERRORS
+    if vllm and settings.speculation_gate:
+        raise ValueError("--speculation-gate is an SGLang patch's: vLLM has no run-time speculation gate")
+    if settings.sleep_mode and not vllm:
+        raise ValueError("--enable-sleep-mode is vLLM's: the SGLang stand-in always has its memory saver")
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -110,7 +123,7 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         finally:
             await live.stop()
 
-    app = FastAPI(title="crossover sim: a simulated SGLang server", lifespan=lifespan)
+    app = FastAPI(title=f"crossover sim: a simulated {'vLLM' if vllm else 'SGLang'} server", lifespan=lifespan)
     # As SGLang's HTTP server: every response then says `vary: Origin`.
     app.add_middleware(
         CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"], allow_headers=["*"]
@@ -120,9 +133,8 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
         # Unknown paths and methods: the same error body as every other failure, not FastAPI's {"detail"}.
         phrase = HTTPStatus(exc.status_code).phrase
-        return json_response(
-            error_body(str(exc.detail), status=exc.status_code, err_type=phrase.replace(" ", "")), exc.status_code
-        )
+        err_type = phrase if vllm else phrase.replace(" ", "")
+        return json_response(errors.body(str(exc.detail), status=exc.status_code, err_type=err_type), exc.status_code)
 
     @app.exception_handler(ClientDisconnect)
     async def client_gone(_: Request, exc: ClientDisconnect) -> Response:
@@ -130,7 +142,7 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         return Response(status_code=499)
 
     app.state.live, app.state.metrics = live, metrics
-    generation.register(app, live, metrics, profile)
+    generation.register(app, live, metrics, profile, errors, refuse_released=not vllm)
 
     async def health() -> Response:
         return Response(status_code=200 if live.healthy else 503)
@@ -282,6 +294,13 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
             return json_response({"error": {"message": str(exc)}}, 400)
         return json_response(None)
 
+    if vllm:
+        for path, endpoint, methods in [
+            *vllm_routes(live, profile, sleep_mode=settings.sleep_mode),
+            ("/metrics", metrics_endpoint, ["GET"]),
+        ]:
+            app.add_api_route(path, endpoint, methods=methods)
+        return app
     routes: list[tuple[str, Any, list[str]]] = []
     if settings.speculation_gate:
         if spec is None:
