@@ -296,7 +296,7 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
 
     if vllm:
         for path, endpoint, methods in [
-            *vllm_routes(live, profile, sleep_mode=settings.sleep_mode),
+            *vllm_routes(live, model_card(profile, "vllm"), sleep_mode=settings.sleep_mode),
             ("/metrics", metrics_endpoint, ["GET"]),
         ]:
             app.add_api_route(path, endpoint, methods=methods)
@@ -397,12 +397,13 @@ def memory_report(live: LiveEngine) -> dict[str, Any]:
     return {"released": sorted(live.released), **dataclasses.asdict(live.memory_stats)}
 
 
-def model_card(profile: Profile) -> dict[str, Any]:
+def model_card(profile: Profile, owned_by: str = "sglang") -> dict[str, Any]:
+    """One entry of /v1/models, as the engine the stand-in plays writes it (`owned_by` its name)."""
     return {
         "id": profile.model_name,
         "object": "model",
         "created": int(time.time()),
-        "owned_by": "sglang",
+        "owned_by": owned_by,
         "root": profile.model_name,
         "parent": None,
         "max_model_len": profile.limits.context_length,

