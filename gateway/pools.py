@@ -54,6 +54,7 @@ class Backend:
         now = time.monotonic()
         return {
             "url": self.url,
+            "engine": self.engine,
             "healthy": self.healthy,
             "inflight": self.inflight,
             "consecutive_failures": self.failures,
