@@ -111,17 +111,6 @@ async def control(
         raise SGLangError(f"{target} answered HTTP {response.status_code}: {error_message(response)}")
 
 
-async def server_load(client: httpx.AsyncClient, url: str, *, headers: dict[str, str] | None, timeout: float) -> int:
-    """Running + waiting requests the server itself reports (other clients' included); SGLangError if unreadable."""
-    target = url + LOADS_PATH
-    try:
-        response = await client.get(target, timeout=timeout, headers=headers)
-        response.raise_for_status()
-        return load_from_loads(response.json())
-    except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:
-        raise SGLangError(f"cannot read {target}: {exc!r}") from None
-
-
 async def generate_once(
     client: httpx.AsyncClient,
     url: str,
