@@ -64,6 +64,8 @@ class EngineAdapter:
     busy_status: int
     # A run-time speculation gate (the in-engine topology): SGLang patched with patches/sglang-0.5.23 only.
     has_gate: bool
+    # Where the engine says whether it sleeps (vLLM's /is_sleeping); None: it cannot say (SGLang).
+    sleeping_path: str | None = None
 
     def busy(self, status: int | None) -> bool:
         """An error (event) with this status is the engine refusing before any work: fail over, no evidence."""
@@ -82,6 +84,21 @@ class EngineAdapter:
             except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:
                 failures.append(f"{source.path}: {exc!r}")
         raise EngineError(f"cannot read the load of {url} ({self.name}): {'; '.join(failures)}")
+
+    async def sleeping(
+        self, client: httpx.AsyncClient, url: str, *, headers: dict[str, str] | None, timeout: float
+    ) -> bool | None:
+        """Whether the server sleeps, as it says itself; None when the engine (or this server) cannot say. A
+        sleeping vLLM holds a new request until it wakes rather than refusing it: ask this before generating."""
+        if self.sleeping_path is None:
+            return None
+        try:
+            response = await client.get(url + self.sleeping_path, timeout=timeout, headers=headers)
+            response.raise_for_status()
+            answer = response.json()["is_sleeping"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None
+        return answer if isinstance(answer, bool) else None
 
 
 SGLANG = EngineAdapter(
@@ -108,6 +125,7 @@ VLLM = EngineAdapter(
     resume_generation=None,
     busy_status=vllm.BUSY_STATUS,
     has_gate=False,
+    sleeping_path=vllm.IS_SLEEPING_PATH,
 )
 
 ENGINES: dict[EngineName, EngineAdapter] = {"sglang": SGLANG, "vllm": VLLM}

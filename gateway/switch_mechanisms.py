@@ -199,11 +199,28 @@ class SleepMechanism(Mechanism):
             self.released.discard(new)
             raise SwitchFailed("preflight", f"the {new} server at {self.targets[new].url} does not answer")
 
+    async def _sleeping(self, mode: Mode) -> bool | None:
+        """What the server says of its sleep (vLLM's /is_sleeping), which beats what this gateway believes."""
+        target = self.targets[mode]
+        asleep = await self._engine(mode).sleeping(
+            self.client, target.url, headers=target.headers, timeout=PREFLIGHT_TIMEOUT_S
+        )
+        if asleep is not None:
+            (self.released.add if asleep else self.released.discard)(mode)
+        return asleep
+
     async def mode_state(self, mode: Mode) -> ModeState:
         if not await self._answers(mode):
             self.released.discard(mode)
             return ModeState.DEAD
+        await self._sleeping(mode)
         return ModeState.ASLEEP if mode in self.released else ModeState.SERVING
+
+    async def verify(self, mode: Mode) -> None:
+        # A sleeping vLLM would hold the verify generation until it wakes (the whole verify timeout).
+        if await self._sleeping(mode):
+            raise SwitchFailed("verify", f"the {mode} server at {self.targets[mode].url} says it is asleep")
+        await super().verify(mode)
 
     async def wake(self, mode: Mode) -> None:
         await self._control(mode, self._engine(mode).resume_generation)

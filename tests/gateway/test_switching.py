@@ -523,3 +523,18 @@ def test_a_switch_by_sleep_on_vllm_sleeps_and_wakes_through_vllm_s_endpoints(sim
     assert put_mode(gw, "speculative").status_code == 202
     wait_phase(gw, "active", "speculative")
     assert not is_sleeping(speculative.url) and is_sleeping(plain.url)
+
+
+def test_at_start_up_vllm_s_own_word_on_sleep_beats_the_presumption(sim, time_shared):
+    """The operator left plain serving and speculative asleep; initial_mode says speculative. vLLM holds a request
+    that reaches it asleep (it does not refuse it), so its /is_sleeping is asked first: no verify waits on it."""
+    vllm = ("--engine", "vllm", "--enable-sleep-mode")
+    speculative, plain = sim("k25-eagle3", *SCALE, *vllm), sim("k25-plain", *SCALE, *vllm)
+    assert httpx.post(speculative.url + "/sleep", timeout=10, trust_env=False).status_code == 200
+    gw = time_shared(speculative.url, plain.url, engine="vllm", dwell=3600.0, verify_timeout=600.0)
+    state = wait_phase(gw, "active", "plain")
+    assert state["switches"] == 0  # adopted, not switched to
+    assert httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=10, trust_env=False).status_code == 200
+    assert put_mode(gw, "speculative").status_code == 202
+    wait_phase(gw, "active", "speculative")
+    assert not is_sleeping(speculative.url) and is_sleeping(plain.url)
