@@ -9,7 +9,10 @@ dead), `/v1/models`, `/metrics` (Prometheus; the scheduler's gauges carry `model
 `POST /wake_up`, `GET /is_sleeping`), which free GPU memory only with `--enable-sleep-mode`. Errors are
 `{"error": {"message", "type", "param", "code"}}`, as a body or, once a stream has started, as an SSE event; a
 server past `--max-num-queued-reqs` answers 503 `Service Unavailable` ("The engine is currently busy ..."). vLLM
-has no pause/continue and no run-time speculation gate.
+has no pause/continue and no run-time speculation gate. A client that leaves is aborted in the engine: the chat and
+completion routes are wrapped in `with_cancellation` (entrypoints/serve/utils/api_utils.py), a stream's response
+listens for the disconnect, and `AsyncLLM.generate` aborts the request on CancelledError / GeneratorExit
+(v1/engine/async_llm.py) - so a request the gateway drops leaves no work behind.
 """
 
 from __future__ import annotations

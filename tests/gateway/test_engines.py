@@ -73,6 +73,19 @@ def test_a_busy_vllm_server_is_the_gateway_s_503_with_retry_after(sim, gateway, 
     assert all(backend.healthy for backend in gw.state.pools.all())
 
 
-async def _load(url: str) -> int:
+async def _load(url: str, engine: str = "vllm") -> int:
     async with httpx.AsyncClient(trust_env=False) as c:
-        return await VLLM.server_load(c, url, headers=None, timeout=5)
+        return await adapter(engine).server_load(c, url, headers=None, timeout=5)
+
+
+@pytest.mark.parametrize("engine", ENGINE_NAMES)
+def test_a_client_that_leaves_through_the_gateway_is_aborted_in_either_engine(sim, gateway, engine):
+    server = sim("k25-plain", *SLOW, "--engine", engine)
+    pools = {mode: {"backends": [server.url], "engine": engine} for mode in ("speculative", "plain")}
+    gw = gateway([server.url], [server.url], pools=pools)
+    client, held = hold(gw.url, 1)
+    wait_until(lambda: asyncio.run(_load(server.url, engine)) == 1, what="the stream running in the engine")
+    held[0].close()
+    client.close()
+    wait_until(lambda: asyncio.run(_load(server.url, engine)) == 0, what="the engine to drop the request")
+    gw.settled()
