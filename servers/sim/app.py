@@ -36,7 +36,7 @@ from crossover.servers.sim.metrics import SimMetrics
 from crossover.servers.sim.openai_format import SGLANG_ERRORS, VLLM_ERRORS, WEIGHT_VERSION, BadRequest, error_body
 from crossover.servers.sim.profile import Profile
 from crossover.servers.sim.speculation_gate import GateMetrics, StandInGate, bearer_matches, gate_routes
-from crossover.servers.sim.vllm_surface import vllm_routes
+from crossover.servers.sim.vllm_surface import VLLM_VERSION, vllm_routes
 
 SGLANG_VERSION = "0.5.23"  # the release whose surface the stand-in mirrors
 LOAD_SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")
@@ -168,28 +168,11 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
             {
                 **server_args(settings),
                 "memory": memory_report(live),
-                "schedule": live.schedule_report(),
                 "max_total_num_tokens": profile.limits.max_total_num_tokens,
                 "max_req_input_len": profile.limits.context_length - 1,
                 "internal_states": [internal_state(live, profile)],
                 "version": SGLANG_VERSION,
-                "simulated": True,
-                "simulator": {
-                    "note": "crossover's SGLang stand-in: no model runs; timings come from the profile, text is filler",
-                    "profile": profile.name,
-                    "kind": profile.kind,
-                    "source": profile.source,
-                    "description": profile.description,
-                    "time_scale": settings.time_scale,
-                    "seed": settings.seed,
-                    "accept_length": spec.accept_length if spec else None,
-                    # Wall-clock seconds of weight loading, release and resume on this stand-in.
-                    "delays_s": {
-                        "startup": live.startup_delay_s,
-                        "release": live.release_delay_s,
-                        "resume": live.resume_delay_s,
-                    },
-                },
+                **simulation_report(settings, live),
             }
         )
 
@@ -294,10 +277,15 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
             return json_response({"error": {"message": str(exc)}}, 400)
         return json_response(None)
 
+    async def vllm_server_info() -> Response:
+        # vLLM's /server_info (dev mode) dumps its config; the stand-in's says what it simulates, as SGLang's does.
+        return json_response({"version": VLLM_VERSION, **simulation_report(settings, live)})
+
     if vllm:
         for path, endpoint, methods in [
             *vllm_routes(live, model_card(profile, "vllm"), sleep_mode=settings.sleep_mode),
             ("/metrics", metrics_endpoint, ["GET"]),
+            ("/server_info", vllm_server_info, ["GET"]),
         ]:
             app.add_api_route(path, endpoint, methods=methods)
         return app
@@ -346,6 +334,33 @@ async def _tags(request: Request) -> list[str] | None:
     if tags is not None and (not isinstance(tags, list) or not set(tags) <= set(MEMORY_TAGS)):
         raise BadRequest(f"'tags' must be null or a list drawn from {list(MEMORY_TAGS)}, got {tags!r}")
     return tags
+
+
+def simulation_report(settings: SimSettings, live: LiveEngine) -> dict[str, Any]:
+    """What `/server_info` says of the stand-in itself, whichever engine it plays (`crossover bench` reads it to
+    tell a stand-in that kept up with its schedule from one that fell behind)."""
+    profile, spec = settings.profile, settings.profile.speculative
+    engine = "vLLM" if settings.engine == "vllm" else "SGLang"
+    return {
+        "schedule": live.schedule_report(),
+        "simulated": True,
+        "simulator": {
+            "note": f"crossover's {engine} stand-in: no model runs; timings come from the profile, text is filler",
+            "profile": profile.name,
+            "kind": profile.kind,
+            "source": profile.source,
+            "description": profile.description,
+            "time_scale": settings.time_scale,
+            "seed": settings.seed,
+            "accept_length": spec.accept_length if spec else None,
+            # Wall-clock seconds of weight loading, release and resume on this stand-in.
+            "delays_s": {
+                "startup": live.startup_delay_s,
+                "release": live.release_delay_s,
+                "resume": live.resume_delay_s,
+            },
+        },
+    }
 
 
 def server_args(settings: SimSettings) -> dict[str, Any]:

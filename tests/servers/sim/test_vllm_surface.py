@@ -41,7 +41,10 @@ def test_it_answers_as_vllm_does_health_models_version_and_no_sglang_endpoints(s
     (card,) = client.get(server.url + "/v1/models").json()["data"]
     assert card["id"] == MODEL and card["owned_by"] == "vllm"
     assert client.get(server.url + "/version").json() == {"version": "0.32.0"}
-    for path in ("/v1/loads", "/server_info", "/pause_generation", "/sleep"):
+    info = client.get(server.url + "/server_info").json()  # says it is a simulator, as the SGLang stand-in does
+    assert info["simulated"] is True and "vLLM stand-in" in info["simulator"]["note"]
+    assert info["version"] == "0.32.0" and info["schedule"]["time_scale"] == info["simulator"]["time_scale"]
+    for path in ("/v1/loads", "/pause_generation", "/sleep"):
         response = client.post(server.url + path) if path != "/v1/loads" else client.get(server.url + path)
         assert response.status_code in (404, 405), path
         # vLLM's HTTPException handler: {"error": {message, type (the status phrase), param, code}}.
