@@ -151,17 +151,24 @@ class Supervisor:
         return StopReport(name, was_running=True, killed=killed, survivors=survivors)
 
     async def release(self, name: str) -> None:
-        """Sleep: hand the GPU memory back, weights to host memory. SGLang refuses while busy."""
+        """Sleep: hand the GPU memory back, weights to host memory. SGLang refuses while busy. Released already:
+        nothing to do."""
         record = self._require(name)
+        if record.released:
+            return
         await self._admin(name, record, sglang.RELEASE)
         self.store.update(name, released=True)
         self._log(f"{name}: released (weights in host memory)")
 
     async def resume(self, name: str) -> float:
+        """Wake: take the memory back (only if released: SGLang 0.5.23 dies on a resume of memory it holds), undo a
+        pause a switch's drain left, and wait for a generation; returns the seconds it took."""
         server, record = self.profile.server(name), self._require(name)
         began = time.monotonic()
-        await self._admin(name, record, sglang.RESUME)
-        self.store.update(name, released=False)
+        if record.released:
+            await self._admin(name, record, sglang.RESUME)
+            self.store.update(name, released=False)
+        await self._admin(name, record, sglang.CONTINUE)
         # torch_memory_saver has corrupted weights after repeated cycles: verify before trusting a resume.
         await self._wait_generation(server, record, began + server.ready_timeout_s)
         took = time.monotonic() - began
