@@ -22,11 +22,16 @@ The interface (`Mechanism`), which another way of switching (the in-engine specu
 Kinds:
 - `restart`: the GPU-host agent (`crossover servers agent`) stops the old server and starts the other; its
   start waits for a 1-token generation before it says `ready`.
-- `sleep`: SGLang's own endpoints, both servers started with `--enable-memory-saver
+- `sleep`: SGLang's memory saver, both servers started with `--enable-memory-saver
   --enable-weights-cpu-backup`: release the old server's memory, resume the new one's, continue it. Never
   release a busy server (SGLang asserts idle): the gateway's own count and the server's `/v1/loads` must
-  both say zero first.
+  both say zero first. With `agent_url` set, the release and the resume go through the agent (which refuses
+  a stale fencing token); without it, straight to SGLang (which knows no fence).
 - `manual`: the operator moves the servers; the gateway only drains, holds and verifies.
+
+The fence: `fence()` is the token of the lease this gateway holds on the GPU set now (None: no cluster), read
+afresh for every call and carried by each one that moves the GPU set (gateway/fence.py). The agent refuses a
+token lower than one it accepted: that refusal raises `Fenced`, and whoever drives the switch steps down.
 
 Every call is bounded by a named timeout; every failure raises `SwitchFailed` naming the step.
 """
@@ -44,6 +49,8 @@ from pydantic import ValidationError
 from crossover.gateway import sglang
 from crossover.gateway.agent_contract import ServerStatus
 from crossover.gateway.config import SwitchingSettings
+from crossover.gateway.fence import Fenced as FenceRefusal
+from crossover.gateway.fence import fence_headers, is_fenced
 from crossover.gateway.modes import Mode, other
 
 # Between polls of the agent's view of a server while it starts or stops.
@@ -70,6 +77,16 @@ class AgentBusy(SwitchFailed):
     """The agent answered 409: another operation on the same GPU set is under way."""
 
 
+class Fenced(SwitchFailed, FenceRefusal):
+    """The agent answered 409 `fenced`: it accepted a newer lease's token, so this gateway no longer leads the GPU
+    set. Not a switch to retry: the caller steps down."""
+
+
+def no_fence() -> int | None:
+    """A gateway without a cluster: its calls carry no token."""
+    return None
+
+
 class ModeState(StrEnum):
     SERVING = "serving"
     ASLEEP = "asleep"
@@ -93,10 +110,20 @@ class Mechanism:
 
     name = "manual"
 
-    def __init__(self, settings: SwitchingSettings, targets: dict[Mode, Target], client: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        settings: SwitchingSettings,
+        targets: dict[Mode, Target],
+        client: httpx.AsyncClient,
+        fence: Callable[[], int | None] = no_fence,
+    ) -> None:
         self.settings = settings
         self.targets = targets
         self.client = client
+        self.fence = fence
+        # The GPU-host agent, if one is configured (restart always has one; sleep releases and resumes through it,
+        # fenced there, while pause, continue and loads stay SGLang's own).
+        self.agent = AgentClient(settings, client, fence) if settings.agent_url else None
 
     async def preflight(self, old: Mode | None, new: Mode) -> None:
         """The operator moves the servers: nothing to check before the drain."""
@@ -137,8 +164,60 @@ class Mechanism:
         return True
 
 
+class AgentClient:
+    """The GPU-host agent as a mechanism calls it: a server's status, and operations that carry the fence."""
+
+    def __init__(self, settings: SwitchingSettings, client: httpx.AsyncClient, fence: Callable[[], int | None]) -> None:
+        self.settings = settings
+        self.client = client
+        self.fence = fence
+        self.headers = {"authorization": f"Bearer {settings.agent_token}"}
+
+    async def call(self, method: str, path: str, step: str, timeout: float | None = None) -> ServerStatus:
+        url = self.settings.agent_url + path
+        timeout = timeout or self.settings.control_timeout
+        headers = self.headers if method == "GET" else {**self.headers, **fence_headers(self.fence())}
+        try:
+            async with asyncio.timeout(timeout):
+                response = await self.client.request(method, url, headers=headers, timeout=timeout)
+        except TimeoutError:
+            raise SwitchFailed(step, f"the agent did not answer {method} {path} within {timeout:g} s") from None
+        except httpx.HTTPError as exc:
+            raise SwitchFailed(step, f"the agent at {self.settings.agent_url} failed: {exc!r}") from None
+        if response.status_code == 409:
+            message = f"the agent refused {method} {path}: {sglang.error_message(response)}"
+            raise (Fenced if is_fenced(409, _json(response)) else AgentBusy)(step, message)
+        if response.status_code not in (200, 202):
+            raise SwitchFailed(
+                step,
+                f"the agent answered {method} {path} with HTTP {response.status_code}: "
+                f"{sglang.error_message(response)}",
+            )
+        try:
+            return ServerStatus.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise SwitchFailed(step, f"the agent's answer to {method} {path} is not a server status: {exc}") from None
+
+    def path(self, mode: Mode) -> str:
+        return f"/servers/{self.settings.agent_servers[mode]}"
+
+    async def status(self, mode: Mode, step: str = "status", timeout: float | None = None) -> ServerStatus:
+        return await self.call("GET", self.path(mode), step, timeout)
+
+    async def operate(self, mode: Mode, operation: str, timeout: float | None = None) -> ServerStatus:
+        """POST an operation (start, stop, release, resume) on `mode`'s server; the step is named after it."""
+        return await self.call("POST", f"{self.path(mode)}/{operation}", operation, timeout)
+
+
+def _json(response: httpx.Response) -> object:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
 class SleepMechanism(Mechanism):
-    """SGLang's sleep/wake: pause/drain -> release old -> resume new -> continue new."""
+    """SGLang's sleep/wake: pause/drain -> release old -> resume new -> continue new (through the agent, if any)."""
 
     name = "sleep"
 
@@ -148,8 +227,9 @@ class SleepMechanism(Mechanism):
         targets: dict[Mode, Target],
         client: httpx.AsyncClient,
         gateway_inflight: Callable[[Mode], int],
+        fence: Callable[[], int | None] = no_fence,
     ) -> None:
-        super().__init__(settings, targets, client)
+        super().__init__(settings, targets, client, fence)
         self.gateway_inflight = gateway_inflight
         # Which servers hold no weights now. SGLang 0.5.23 dies (not errs) on a resume of memory it holds, so
         # only what this gateway released - or `crossover servers up` left released: the mode not started
@@ -159,21 +239,31 @@ class SleepMechanism(Mechanism):
 
     async def _control(self, mode: Mode, call: sglang.ControlCall) -> None:
         target = self.targets[mode]
+        # SGLang knows no fence; the header costs nothing and says who sent the call in its access log.
+        headers = {**target.control, **fence_headers(self.fence())}
         try:
-            await sglang.control(
-                self.client, target.url, call, headers=target.control, timeout=self.settings.control_timeout
-            )
+            await sglang.control(self.client, target.url, call, headers=headers, timeout=self.settings.control_timeout)
         except sglang.SGLangError as exc:
             raise SwitchFailed(call.name, str(exc)) from None
 
     async def _release(self, mode: Mode) -> None:
-        await self._control(mode, sglang.RELEASE)
+        if self.agent is not None:
+            await self.agent.operate(mode, "release")
+        else:
+            await self._control(mode, sglang.RELEASE)
         self.released.add(mode)
 
-    async def _resume(self, mode: Mode) -> None:
+    async def _serve(self, mode: Mode) -> None:
+        """Resume `mode` if it is released, then continue it. The agent's resume does both (and checks what it
+        holds itself, so it may be asked either way), and waits for a generation: the switch's timeout bounds it."""
+        if self.agent is not None:
+            await self.agent.operate(mode, "resume", self.settings.switch_timeout)
+            self.released.discard(mode)
+            return
         if mode in self.released:
             await self._control(mode, sglang.RESUME)
             self.released.discard(mode)
+        await self._control(mode, sglang.CONTINUE)
 
     async def server_load(self, mode: Mode) -> int:
         """Running + waiting requests the server itself reports (other clients' included)."""
@@ -186,6 +276,8 @@ class SleepMechanism(Mechanism):
             raise SwitchFailed("release", f"{exc}: cannot check that the server is idle") from None
 
     async def preflight(self, old: Mode | None, new: Mode) -> None:
+        if self.agent is not None:
+            await self.agent.status(new, "preflight", PREFLIGHT_TIMEOUT_S)  # the agent answers and knows it
         if not await self._answers(new):
             self.released.discard(new)
             raise SwitchFailed("preflight", f"the {new} server at {self.targets[new].url} does not answer")
@@ -234,15 +326,13 @@ class SleepMechanism(Mechanism):
             await self._release(old)
         elif old is None:
             await self._release_if_idle(other(new))  # from no serving mode: whatever the other holds
-        await self._resume(new)
-        await self._control(new, sglang.CONTINUE)
+        await self._serve(new)
 
     async def restore(self, mode: Mode, failed: Mode | None) -> None:
         if failed is not None and failed != mode:
             # Whatever the failed mode holds must leave the GPUs first; it has served nothing yet.
             await self._release_if_idle(failed)
-        await self._resume(mode)
-        await self._control(mode, sglang.CONTINUE)
+        await self._serve(mode)
 
     async def _release_if_idle(self, mode: Mode) -> None:
         if mode in self.released:
@@ -250,6 +340,8 @@ class SleepMechanism(Mechanism):
         try:
             if not self.gateway_inflight(mode) and not await self.server_load(mode):
                 await self._release(mode)
+        except Fenced:
+            raise  # not this gateway's GPU set any more: nothing after this may run
         except SwitchFailed:
             pass  # a dead server holds no memory; a live busy one is reported by the resume that follows
 
@@ -259,38 +351,8 @@ class RestartMechanism(Mechanism):
 
     name = "restart"
 
-    def __init__(self, settings: SwitchingSettings, targets: dict[Mode, Target], client: httpx.AsyncClient) -> None:
-        super().__init__(settings, targets, client)
-        self.agent_headers = {"authorization": f"Bearer {settings.agent_token}"}
-
-    async def _call(self, method: str, path: str, step: str, timeout: float | None = None) -> ServerStatus:
-        url = self.settings.agent_url + path
-        timeout = timeout or self.settings.control_timeout
-        try:
-            async with asyncio.timeout(timeout):
-                response = await self.client.request(method, url, headers=self.agent_headers, timeout=timeout)
-        except TimeoutError:
-            raise SwitchFailed(step, f"the agent did not answer {method} {path} within {timeout:g} s") from None
-        except httpx.HTTPError as exc:
-            raise SwitchFailed(step, f"the agent at {self.settings.agent_url} failed: {exc!r}") from None
-        if response.status_code == 409:
-            raise AgentBusy(step, f"the agent refused {method} {path}: {sglang.error_message(response)}")
-        if response.status_code not in (200, 202):
-            raise SwitchFailed(
-                step,
-                f"the agent answered {method} {path} with HTTP {response.status_code}: "
-                f"{sglang.error_message(response)}",
-            )
-        try:
-            return ServerStatus.model_validate_json(response.content)
-        except ValidationError as exc:
-            raise SwitchFailed(step, f"the agent's answer to {method} {path} is not a server status: {exc}") from None
-
-    def _path(self, mode: Mode) -> str:
-        return f"/servers/{self.settings.agent_servers[mode]}"
-
     async def status(self, mode: Mode, step: str = "status", timeout: float | None = None) -> ServerStatus:
-        return await self._call("GET", self._path(mode), step, timeout)
+        return await self.agent.status(mode, step, timeout)
 
     async def preflight(self, old: Mode | None, new: Mode) -> None:
         # The agent answers and knows both servers; the target is not in the middle of another operation.
@@ -333,15 +395,14 @@ class RestartMechanism(Mechanism):
         if status.state == "stopped":
             return
         if status.state != "stopping":
-            path = f"{self._path(mode)}/stop"
             try:
-                await self._call("POST", path, "stop")
+                await self.agent.operate(mode, "stop")
             except AgentBusy:
                 # A start of it is under way (the agent takes one operation at a time): let it end, then stop.
                 await self._until(mode, {"ready", "stopped", "failed"}, "stop", self.settings.switch_timeout)
                 if (await self.status(mode)).state == "stopped":
                     return
-                await self._call("POST", path, "stop")
+                await self.agent.operate(mode, "stop")
         await self._until(mode, {"stopped"}, "stop", self.settings.control_timeout)
 
     async def start(self, mode: Mode) -> None:
@@ -349,7 +410,7 @@ class RestartMechanism(Mechanism):
         if status.state == "ready":
             return
         if status.state != "starting":
-            await self._call("POST", f"{self._path(mode)}/start", "start")
+            await self.agent.operate(mode, "start")
         await self._until(mode, {"ready"}, "start", self.settings.switch_timeout)
 
     async def hand_over(self, old: Mode | None, new: Mode) -> None:
@@ -368,10 +429,12 @@ def make_mechanism(
     targets: dict[Mode, Target],
     client: httpx.AsyncClient,
     gateway_inflight: Callable[[Mode], int],
+    fence: Callable[[], int | None] = no_fence,
 ) -> Mechanism:
-    """`targets` per mode (URL and API key); `gateway_inflight(mode)`: the gateway's own count on that mode."""
+    """`targets` per mode (URL and API key); `gateway_inflight(mode)`: the gateway's own count on that mode;
+    `fence()`: the token of the lease this gateway holds on the GPU set (None: no cluster)."""
     if settings.mechanism == "restart":
-        return RestartMechanism(settings, targets, client)
+        return RestartMechanism(settings, targets, client, fence)
     if settings.mechanism == "sleep":
-        return SleepMechanism(settings, targets, client, gateway_inflight)
-    return Mechanism(settings, targets, client)
+        return SleepMechanism(settings, targets, client, gateway_inflight, fence)
+    return Mechanism(settings, targets, client, fence)

@@ -76,7 +76,7 @@ BUSY_STATES: dict[Operation, ServerState] = {
 # Answered when done (seconds), not polled for: see the module docstring.
 ANSWERED_WHEN_DONE: tuple[Operation, ...] = ("release", "resume")
 
-log = logging.getLogger("crossover.agent")
+logger = logging.getLogger(__name__)
 
 
 class AgentSettings(BaseModel):
@@ -217,7 +217,7 @@ class Agent:
         if refused is not None:
             self.metrics.fenced.labels(operation).inc()
             self.metrics.operations.labels(operation, "fenced").inc()
-            log.warning("refused %s of %r: %s", operation, name, refused)
+            logger.warning("refused %s of %r: %s", operation, name, refused)
         else:
             self.show_fence()
         return refused

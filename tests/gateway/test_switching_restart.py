@@ -115,7 +115,8 @@ class AgentBox:
 
 @pytest.fixture
 def agent_box(tmp_path):
-    """`agent_box(plain_startup_s=..., plain_ready_timeout_s=...)` -> AgentBox with speculative up, plain stopped."""
+    """`agent_box(plain_startup_s=..., plain_ready_timeout_s=...)` -> AgentBox with speculative up, plain stopped
+    (`mechanism="sleep"`: plain started and released)."""
     boxes: list[AgentBox] = []
 
     def start(
@@ -124,12 +125,13 @@ def agent_box(tmp_path):
         startup_s: float = STARTUP_S,
         plain_startup_s: float | None = None,
         plain_ready_timeout_s: float = READY_S,
+        mechanism: str = "restart",
     ) -> AgentBox:
         ports = {"speculative": free_port(), "plain": free_port()}
         text = (
             'description = "test: two stand-ins sharing one simulated GPU set"\n'
             'sglang_version = "0.5.23"\ntopology = "time-shared"\nhost_memory_headroom_gb = 0\n'
-            'sglang_command = ["sglang", "serve"]\n\n[time_shared]\nmechanism = "restart"\n'
+            f'sglang_command = ["sglang", "serve"]\n\n[time_shared]\nmechanism = "{mechanism}"\n'
             'initial = "speculative"\n'
         )
         for name, sim_profile in (("speculative", "k25-eagle3"), ("plain", "k25-plain")):
