@@ -25,8 +25,9 @@ Kinds:
 - `sleep`: SGLang's memory saver, both servers started with `--enable-memory-saver
   --enable-weights-cpu-backup`: release the old server's memory, resume the new one's, continue it. Never
   release a busy server (SGLang asserts idle): the gateway's own count and the server's `/v1/loads` must
-  both say zero first. With `agent_url` set, the release and the resume go through the agent (which refuses
-  a stale fencing token); without it, straight to SGLang (which knows no fence).
+  both say zero first. With `agent_url` set, every call that moves a server goes through the agent (which
+  refuses a stale fencing token): its release pauses the server, waits for it to be idle and releases it, its
+  resume resumes, continues and waits for a generation. Without it, straight to SGLang (which knows no fence).
 - `manual`: the operator moves the servers; the gateway only drains, holds and verifies.
 
 The fence: `fence()` is the token of the lease this gateway holds on the GPU set now (None: no cluster), read
@@ -121,8 +122,8 @@ class Mechanism:
         self.targets = targets
         self.client = client
         self.fence = fence
-        # The GPU-host agent, if one is configured (restart always has one; sleep releases and resumes through it,
-        # fenced there, while pause, continue and loads stay SGLang's own).
+        # The GPU-host agent, if one is configured (restart always has one; sleep then pauses, releases, resumes and
+        # continues through it, fenced there, and reads only the loads from SGLang itself).
         self.agent = AgentClient(settings, client, fence) if settings.agent_url else None
 
     async def preflight(self, old: Mode | None, new: Mode) -> None:
@@ -289,7 +290,10 @@ class SleepMechanism(Mechanism):
         return ModeState.ASLEEP if mode in self.released else ModeState.SERVING
 
     async def wake(self, mode: Mode) -> None:
-        await self._control(mode, sglang.CONTINUE)
+        if self.agent is not None:
+            await self._serve(mode)  # the agent's resume continues it (and resumes it, if it was released)
+        else:
+            await self._control(mode, sglang.CONTINUE)
 
     def adopted(self, mode: Mode) -> None:
         # One GPU set: the mode that serves holds it, so the other's memory is released (or it is dead, and the
@@ -302,7 +306,11 @@ class SleepMechanism(Mechanism):
         deadline = loop.time() + IDLE_WAIT_S
         paused = False
         while True:
-            gateway, server = self.gateway_inflight(mode), await self.server_load(mode)
+            # Through the agent, its release pauses the server and waits for it to be idle - behind the fence, so a
+            # stale leader cannot abort the requests of the server the new leader serves from: only the gateway's
+            # own count is waited for here.
+            gateway = self.gateway_inflight(mode)
+            server = await self.server_load(mode) if self.agent is None else 0
             if not gateway and not server:
                 return
             if gateway == 0 and not paused:

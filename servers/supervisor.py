@@ -37,6 +37,7 @@ POLL_S = 0.1
 PROBE_TIMEOUT = httpx.Timeout(connect=2.0, read=30.0, write=5.0, pool=2.0)
 STATUS_TIMEOUT = httpx.Timeout(3.0)
 RELEASE_TIMEOUT_S = 300.0
+IDLE_WAIT_S = 10.0  # after a pause: how long the requests it aborted may take to leave before a release
 KILL_GRACE_S = 10.0  # after SIGKILL: how long the kernel gets to take the group down
 
 
@@ -151,11 +152,14 @@ class Supervisor:
         return StopReport(name, was_running=True, killed=killed, survivors=survivors)
 
     async def release(self, name: str) -> None:
-        """Sleep: hand the GPU memory back, weights to host memory. SGLang refuses while busy. Released already:
-        nothing to do."""
+        """Sleep: hand the GPU memory back, weights to host memory. SGLang asserts it is idle, so generation is
+        paused first (ending what it still holds, as a switch's drain does) and the release waits until nothing
+        runs; resume continues it. Released already: nothing to do."""
         record = self._require(name)
         if record.released:
             return
+        await self._admin(name, record, sglang.PAUSE)
+        await self._wait_idle(name, record)
         await self._admin(name, record, sglang.RELEASE)
         self.store.update(name, released=True)
         self._log(f"{name}: released (weights in host memory)")
@@ -310,6 +314,23 @@ class Supervisor:
         raise SupervisorError(
             f"{server.name}: no 1-token generation within {server.ready_timeout_s:g} s (last: {last}); see {record.log}"
         )
+
+    async def _wait_idle(self, name: str, record: ServerRecord) -> None:
+        deadline = time.monotonic() + IDLE_WAIT_S
+        async with httpx.AsyncClient(timeout=STATUS_TIMEOUT, trust_env=False) as client:
+            while True:
+                try:
+                    load = await sglang.server_load(client, record.url, headers=None, timeout=STATUS_TIMEOUT.read)
+                except sglang.SGLangError as exc:
+                    raise SupervisorError(f"{name}: {exc}: cannot check that it is idle") from None
+                if not load:
+                    return
+                if time.monotonic() >= deadline:
+                    raise SupervisorError(
+                        f"{name}: still {load} requests running or waiting {IDLE_WAIT_S:g} s after a pause: "
+                        "it is never released busy"
+                    )
+                await asyncio.sleep(POLL_S)
 
     async def _admin(self, name: str, record: ServerRecord, call: sglang.ControlCall) -> None:
         # SGLang's release/resume are ADMIN_OPTIONAL: with --admin-api-key they take that key and nothing else. The

@@ -76,8 +76,11 @@ def test_restart_a_stale_leaders_stop_is_refused_and_the_new_leaders_mode_keeps_
 def test_sleep_through_the_agent_a_stale_leaders_release_is_refused(agent_box):  # noqa: F811 - the fixture imported above
     box = agent_box(mechanism="sleep")  # speculative serves, plain is released
 
+    def info(mode: str) -> dict:
+        return httpx.get(box.urls[mode] + "/server_info", timeout=10).json()
+
     def memory(mode: str) -> dict:
-        return httpx.get(box.urls[mode] + "/server_info", timeout=10).json()["memory"]
+        return info(mode)["memory"]
 
     async def scenario(old: Mechanism, new: Mechanism) -> None:
         await old.hand_over("speculative", "plain")  # token 1: release speculative, resume plain (the agent's)
@@ -94,6 +97,8 @@ def test_sleep_through_the_agent_a_stale_leaders_release_is_refused(agent_box): 
         assert caught.value.step == "release"
         assert (box.status("speculative")["state"], box.status("plain")["state"]) == ("ready", "released")
         assert memory("speculative")["release_total"] == released, "the serving server was never released"
+        # Nor paused: the pause that drains a server before its release is the agent's, behind the same fence.
+        assert info("speculative")["internal_states"][0]["generation_paused"] is False
         with pytest.raises(Fenced):  # nor is the released one resumed beside it
             await old.restore("plain", failed=None)
         await new.verify("speculative")
