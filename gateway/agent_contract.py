@@ -20,11 +20,13 @@ from pydantic.json_schema import models_json_schema
 from crossover.gateway.modes import Mode
 
 # stopped: no process. starting: spawned, no 1-token generation yet. ready: it generated. released: its GPU
-# memory is handed back (sleep). stopping: SIGTERM sent, its group not gone yet. failed: exited on its own,
-# or the last operation on it failed (`error` says which and why).
-ServerState = Literal["stopped", "starting", "ready", "released", "stopping", "failed"]
+# memory is handed back (sleep). stopping: SIGTERM sent, its group not gone yet. releasing / resuming: a release
+# or resume of its memory is under way. failed: exited on its own, or the last start or stop of it failed (`error`
+# says which and why).
+ServerState = Literal["stopped", "starting", "ready", "released", "stopping", "releasing", "resuming", "failed"]
 SERVER_STATES: tuple[ServerState, ...] = typing.get_args(ServerState)
-Operation = Literal["start", "stop"]
+# What a gateway may ask of a server; each carries the lease's fencing token (gateway/fence.py) when there is one.
+Operation = Literal["start", "stop", "release", "resume"]
 OPERATIONS: tuple[Operation, ...] = typing.get_args(Operation)
 
 # Where the agent and the gateway look for the token when it is not given otherwise. The agent never passes
@@ -33,7 +35,7 @@ TOKEN_ENV = "CROSSOVER_AGENT_TOKEN"
 
 
 class ServerStatus(BaseModel):
-    """GET /servers/{name}, and the answer to POST /servers/{name}/start|stop (202)."""
+    """GET /servers/{name}, and the answer to POST /servers/{name}/start|stop (202) and /release|resume (200)."""
 
     # The gateway ignores fields a newer agent adds; the agent never sends one it does not know.
     model_config = ConfigDict(extra="ignore")

@@ -429,19 +429,19 @@ class Settings(BaseSettings):
                     f"shared GPU set); pools.{name} lists {len(backends)}"
                 )
         switching = self.switching
-        if switching.mechanism == "restart":
+        # restart always goes through the agent; sleep does when agent_url is set (the agent then fences it).
+        if switching.mechanism == "restart" or (switching.mechanism == "sleep" and switching.agent_url):
+            needs = f"switching.mechanism {switching.mechanism!r}" + (" with agent_url" if switching.agent_url else "")
             token = switching.agent_token or os.environ.get(DEFAULT_AGENT_TOKEN_ENV, "")
             missing = [name for name in POOL_NAMES if not switching.agent_servers.get(name)]
             if not switching.agent_url:
-                raise ValueError("switching.mechanism 'restart' needs switching.agent_url (the GPU-host agent)")
+                raise ValueError(f"{needs} needs switching.agent_url (the GPU-host agent)")
             if not token:
-                raise ValueError(
-                    f"switching.mechanism 'restart' needs switching.agent_token or ${DEFAULT_AGENT_TOKEN_ENV}"
-                )
+                raise ValueError(f"{needs} needs switching.agent_token or ${DEFAULT_AGENT_TOKEN_ENV}")
             if missing:
                 raise ValueError(
-                    f"switching.mechanism 'restart' needs switching.agent_servers to name the agent's server for "
-                    f"each mode; missing: {', '.join(missing)}"
+                    f"{needs} needs switching.agent_servers to name the agent's server for each mode; missing: "
+                    f"{', '.join(missing)}"
                 )
             if switching.agent_servers["speculative"] == switching.agent_servers["plain"]:
                 raise ValueError("switching.agent_servers names the same server for both modes")

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from crossover.gateway.fence import FENCED, Fenced, fence_headers, is_fenced
+
 # Load endpoints: `/v1/loads` (0.5.x), `/get_load` (older releases), both JSON.
 LOADS_PATH = "/v1/loads"
 LEGACY_LOAD_PATH = "/get_load"
@@ -177,6 +179,10 @@ class GateRejected(SGLangError):
         return self.status in (401, 403)
 
 
+class GateFenced(GateRejected, Fenced):
+    """409 `fenced`: the engine accepted a newer lease's fencing token; this gateway no longer leads its gate."""
+
+
 class MalformedGate(GateRejected, ValueError):
     """A 200 whose state is not a gate (`"state": "idle"`, `"generation": null`): logged, counted, read again."""
 
@@ -207,15 +213,18 @@ async def write_gate(
     timeout: float,
     dry_run: bool = False,
     expected_generation: int | None = None,
+    fence: int | None = None,
 ) -> Gate:
     """Zero draft steps for batches of more than `gate` requests (None: no gate; 0: never speculate); `dry_run`:
     the engine checks it and changes nothing; `expected_generation`: only if no one moved it since (else
-    GateRejected, status 409). `headers` carry the admin key: the patch's POST demands it."""
+    GateRejected, status 409); `fence`: the token of the lease this gateway holds (GateFenced if the engine has
+    accepted a newer one). `headers` carry the admin key: the patch's POST demands it."""
     body: dict = {"zero_steps_above_bs": gate}
     if dry_run:
         body["dry_run"] = True
     if expected_generation is not None:
         body["expected_generation"] = expected_generation  # compare-and-set: 409 if the gate moved since
+    headers = {**(headers or {}), **fence_headers(fence)}
     async with asyncio.timeout(timeout):
         return _gate(url, await client.post(url + GATE_PATH, json=body, headers=headers, timeout=timeout))
 
@@ -234,6 +243,8 @@ def _gate(url: str, response: httpx.Response) -> Gate:
         text += f": {message or response.text[:200]}"
         if response.status_code == 501:
             raise NotPatched(text)
+        if is_fenced(response.status_code, body):
+            raise GateFenced(text, response.status_code, FENCED)
         raise GateRejected(text, response.status_code, reason if isinstance(reason, str) else None)
     states = body.get("states")
     if not isinstance(states, list) or not states:

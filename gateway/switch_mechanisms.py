@@ -26,8 +26,14 @@ Kinds:
   (both servers started with `--enable-memory-saver --enable-weights-cpu-backup`: release the old server's
   memory, resume the new one's, continue it), vLLM's `/sleep` and `/wake_up` (`--enable-sleep-mode`). Never
   release a busy server (SGLang asserts idle): the gateway's own count and the server's own load must both
-  say zero first.
+  say zero first. With `agent_url` set, every call that moves a server goes through the agent (which refuses a
+  stale fencing token): its release pauses the server, waits for it to be idle and releases it, its resume
+  resumes, continues and waits for a generation. Without it, straight to the engine (which knows no fence).
 - `manual`: the operator moves the servers; the gateway only drains, holds and verifies.
+
+The fence: `fence()` is the token of the lease this gateway holds on the GPU set now (None: no cluster), read
+afresh for every call and carried by each one that moves the GPU set (gateway/fence.py). The agent refuses a
+token lower than one it accepted: that refusal raises `Fenced`, and whoever drives the switch steps down.
 
 Every call is bounded by a named timeout; every failure raises `SwitchFailed` naming the step.
 """
@@ -45,6 +51,8 @@ from pydantic import ValidationError
 from crossover.gateway import engines, sglang
 from crossover.gateway.agent_contract import ServerStatus
 from crossover.gateway.config import SwitchingSettings
+from crossover.gateway.fence import Fenced as FenceRefusal
+from crossover.gateway.fence import fence_headers, is_fenced
 from crossover.gateway.modes import Mode, other
 
 # Between polls of the agent's view of a server while it starts or stops.
@@ -69,6 +77,16 @@ class SwitchFailed(Exception):
 
 class AgentBusy(SwitchFailed):
     """The agent answered 409: another operation on the same GPU set is under way."""
+
+
+class Fenced(SwitchFailed, FenceRefusal):
+    """The agent answered 409 `fenced`: it accepted a newer lease's token, so this gateway no longer leads the GPU
+    set. Not a switch to retry: the caller steps down."""
+
+
+def no_fence() -> int | None:
+    """A gateway without a cluster: its calls carry no token."""
+    return None
 
 
 class ModeState(StrEnum):
@@ -96,10 +114,20 @@ class Mechanism:
 
     name = "manual"
 
-    def __init__(self, settings: SwitchingSettings, targets: dict[Mode, Target], client: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        settings: SwitchingSettings,
+        targets: dict[Mode, Target],
+        client: httpx.AsyncClient,
+        fence: Callable[[], int | None] = no_fence,
+    ) -> None:
         self.settings = settings
         self.targets = targets
         self.client = client
+        self.fence = fence
+        # The GPU-host agent, if one is configured (restart always has one; sleep then pauses, releases, resumes and
+        # continues through it, fenced there, and reads only the loads from SGLang itself).
+        self.agent = AgentClient(settings, client, fence) if settings.agent_url else None
 
     async def preflight(self, old: Mode | None, new: Mode) -> None:
         """The operator moves the servers: nothing to check before the drain."""
@@ -140,9 +168,62 @@ class Mechanism:
         return True
 
 
+class AgentClient:
+    """The GPU-host agent as a mechanism calls it: a server's status, and operations that carry the fence."""
+
+    def __init__(self, settings: SwitchingSettings, client: httpx.AsyncClient, fence: Callable[[], int | None]) -> None:
+        self.settings = settings
+        self.client = client
+        self.fence = fence
+        self.headers = {"authorization": f"Bearer {settings.agent_token}"}
+
+    async def call(self, method: str, path: str, step: str, timeout: float | None = None) -> ServerStatus:
+        url = self.settings.agent_url + path
+        timeout = timeout or self.settings.control_timeout
+        headers = self.headers if method == "GET" else {**self.headers, **fence_headers(self.fence())}
+        try:
+            async with asyncio.timeout(timeout):
+                response = await self.client.request(method, url, headers=headers, timeout=timeout)
+        except TimeoutError:
+            raise SwitchFailed(step, f"the agent did not answer {method} {path} within {timeout:g} s") from None
+        except httpx.HTTPError as exc:
+            raise SwitchFailed(step, f"the agent at {self.settings.agent_url} failed: {exc!r}") from None
+        if response.status_code == 409:
+            message = f"the agent refused {method} {path}: {sglang.error_message(response)}"
+            raise (Fenced if is_fenced(409, _json(response)) else AgentBusy)(step, message)
+        if response.status_code not in (200, 202):
+            raise SwitchFailed(
+                step,
+                f"the agent answered {method} {path} with HTTP {response.status_code}: "
+                f"{sglang.error_message(response)}",
+            )
+        try:
+            return ServerStatus.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise SwitchFailed(step, f"the agent's answer to {method} {path} is not a server status: {exc}") from None
+
+    def path(self, mode: Mode) -> str:
+        return f"/servers/{self.settings.agent_servers[mode]}"
+
+    async def status(self, mode: Mode, step: str = "status", timeout: float | None = None) -> ServerStatus:
+        return await self.call("GET", self.path(mode), step, timeout)
+
+    async def operate(self, mode: Mode, operation: str, timeout: float | None = None) -> ServerStatus:
+        """POST an operation (start, stop, release, resume) on `mode`'s server; the step is named after it."""
+        return await self.call("POST", f"{self.path(mode)}/{operation}", operation, timeout)
+
+
+def _json(response: httpx.Response) -> object:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
 class SleepMechanism(Mechanism):
-    """Sleep/wake through the engine: pause/drain -> release old -> resume new -> continue new (the calls are the
-    adapter's: SGLang release/resume/pause/continue; vLLM sleep, wake up, and no pause or continue)."""
+    """Sleep/wake through the engine (or the agent, if any): pause/drain -> release old -> resume new -> continue
+    new (the calls are the adapter's: SGLang release/resume/pause/continue; vLLM sleep, wake up, and no pause or
+    continue)."""
 
     name = "sleep"
 
@@ -152,8 +233,9 @@ class SleepMechanism(Mechanism):
         targets: dict[Mode, Target],
         client: httpx.AsyncClient,
         gateway_inflight: Callable[[Mode], int],
+        fence: Callable[[], int | None] = no_fence,
     ) -> None:
-        super().__init__(settings, targets, client)
+        super().__init__(settings, targets, client, fence)
         self.gateway_inflight = gateway_inflight
         # Which servers hold no weights now. SGLang 0.5.23 dies (not errs) on a resume of memory it holds, so
         # only what this gateway released - or `crossover servers up` left released: the mode not started
@@ -168,21 +250,31 @@ class SleepMechanism(Mechanism):
         if call is None:
             return  # this engine has no such call: the one before it did its work
         target = self.targets[mode]
+        # SGLang knows no fence; the header costs nothing and says who sent the call in its access log.
+        headers = {**target.control, **fence_headers(self.fence())}
         try:
-            await engines.control(
-                self.client, target.url, call, headers=target.control, timeout=self.settings.control_timeout
-            )
+            await engines.control(self.client, target.url, call, headers=headers, timeout=self.settings.control_timeout)
         except engines.EngineError as exc:
             raise SwitchFailed(call.name, str(exc)) from None
 
     async def _release(self, mode: Mode) -> None:
-        await self._control(mode, self._engine(mode).release)
+        if self.agent is not None:
+            await self.agent.operate(mode, "release")
+        else:
+            await self._control(mode, self._engine(mode).release)
         self.released.add(mode)
 
-    async def _resume(self, mode: Mode) -> None:
+    async def _serve(self, mode: Mode) -> None:
+        """Resume `mode` if it is released, then continue it. The agent's resume does both (and checks what it
+        holds itself, so it may be asked either way), and waits for a generation: the switch's timeout bounds it."""
+        if self.agent is not None:
+            await self.agent.operate(mode, "resume", self.settings.switch_timeout)
+            self.released.discard(mode)
+            return
         if mode in self.released:
             await self._control(mode, self._engine(mode).resume)
             self.released.discard(mode)
+        await self._control(mode, self._engine(mode).resume_generation)
 
     async def server_load(self, mode: Mode) -> int:
         """Running + waiting requests the server itself reports (other clients' included)."""
@@ -195,6 +287,8 @@ class SleepMechanism(Mechanism):
             raise SwitchFailed("release", f"{exc}: cannot check that the server is idle") from None
 
     async def preflight(self, old: Mode | None, new: Mode) -> None:
+        if self.agent is not None:
+            await self.agent.status(new, "preflight", PREFLIGHT_TIMEOUT_S)  # the agent answers and knows it
         if not await self._answers(new):
             self.released.discard(new)
             raise SwitchFailed("preflight", f"the {new} server at {self.targets[new].url} does not answer")
@@ -223,7 +317,10 @@ class SleepMechanism(Mechanism):
         await super().verify(mode)
 
     async def wake(self, mode: Mode) -> None:
-        await self._control(mode, self._engine(mode).resume_generation)
+        if self.agent is not None:
+            await self._serve(mode)  # the agent's resume continues it (and resumes it, if it was released)
+        else:
+            await self._control(mode, self._engine(mode).resume_generation)
 
     def adopted(self, mode: Mode) -> None:
         # One GPU set: the mode that serves holds it, so the other's memory is released (or it is dead, and the
@@ -236,7 +333,11 @@ class SleepMechanism(Mechanism):
         deadline = loop.time() + IDLE_WAIT_S
         paused = False
         while True:
-            gateway, server = self.gateway_inflight(mode), await self.server_load(mode)
+            # Through the agent, its release pauses the server and waits for it to be idle - behind the fence, so a
+            # stale leader cannot abort the requests of the server the new leader serves from: only the gateway's
+            # own count is waited for here.
+            gateway = self.gateway_inflight(mode)
+            server = await self.server_load(mode) if self.agent is None else 0
             if not gateway and not server:
                 return
             if gateway == 0 and not paused:
@@ -262,15 +363,13 @@ class SleepMechanism(Mechanism):
             await self._release(old)
         elif old is None:
             await self._release_if_idle(other(new))  # from no serving mode: whatever the other holds
-        await self._resume(new)
-        await self._control(new, self._engine(new).resume_generation)
+        await self._serve(new)
 
     async def restore(self, mode: Mode, failed: Mode | None) -> None:
         if failed is not None and failed != mode:
             # Whatever the failed mode holds must leave the GPUs first; it has served nothing yet.
             await self._release_if_idle(failed)
-        await self._resume(mode)
-        await self._control(mode, self._engine(mode).resume_generation)
+        await self._serve(mode)
 
     async def _release_if_idle(self, mode: Mode) -> None:
         if mode in self.released:
@@ -278,6 +377,8 @@ class SleepMechanism(Mechanism):
         try:
             if not self.gateway_inflight(mode) and not await self.server_load(mode):
                 await self._release(mode)
+        except Fenced:
+            raise  # not this gateway's GPU set any more: nothing after this may run
         except SwitchFailed:
             pass  # a dead server holds no memory; a live busy one is reported by the resume that follows
 
@@ -287,38 +388,8 @@ class RestartMechanism(Mechanism):
 
     name = "restart"
 
-    def __init__(self, settings: SwitchingSettings, targets: dict[Mode, Target], client: httpx.AsyncClient) -> None:
-        super().__init__(settings, targets, client)
-        self.agent_headers = {"authorization": f"Bearer {settings.agent_token}"}
-
-    async def _call(self, method: str, path: str, step: str, timeout: float | None = None) -> ServerStatus:
-        url = self.settings.agent_url + path
-        timeout = timeout or self.settings.control_timeout
-        try:
-            async with asyncio.timeout(timeout):
-                response = await self.client.request(method, url, headers=self.agent_headers, timeout=timeout)
-        except TimeoutError:
-            raise SwitchFailed(step, f"the agent did not answer {method} {path} within {timeout:g} s") from None
-        except httpx.HTTPError as exc:
-            raise SwitchFailed(step, f"the agent at {self.settings.agent_url} failed: {exc!r}") from None
-        if response.status_code == 409:
-            raise AgentBusy(step, f"the agent refused {method} {path}: {sglang.error_message(response)}")
-        if response.status_code not in (200, 202):
-            raise SwitchFailed(
-                step,
-                f"the agent answered {method} {path} with HTTP {response.status_code}: "
-                f"{sglang.error_message(response)}",
-            )
-        try:
-            return ServerStatus.model_validate_json(response.content)
-        except ValidationError as exc:
-            raise SwitchFailed(step, f"the agent's answer to {method} {path} is not a server status: {exc}") from None
-
-    def _path(self, mode: Mode) -> str:
-        return f"/servers/{self.settings.agent_servers[mode]}"
-
     async def status(self, mode: Mode, step: str = "status", timeout: float | None = None) -> ServerStatus:
-        return await self._call("GET", self._path(mode), step, timeout)
+        return await self.agent.status(mode, step, timeout)
 
     async def preflight(self, old: Mode | None, new: Mode) -> None:
         # The agent answers and knows both servers; the target is not in the middle of another operation.
@@ -361,15 +432,14 @@ class RestartMechanism(Mechanism):
         if status.state == "stopped":
             return
         if status.state != "stopping":
-            path = f"{self._path(mode)}/stop"
             try:
-                await self._call("POST", path, "stop")
+                await self.agent.operate(mode, "stop")
             except AgentBusy:
                 # A start of it is under way (the agent takes one operation at a time): let it end, then stop.
                 await self._until(mode, {"ready", "stopped", "failed"}, "stop", self.settings.switch_timeout)
                 if (await self.status(mode)).state == "stopped":
                     return
-                await self._call("POST", path, "stop")
+                await self.agent.operate(mode, "stop")
         await self._until(mode, {"stopped"}, "stop", self.settings.control_timeout)
 
     async def start(self, mode: Mode) -> None:
@@ -377,7 +447,7 @@ class RestartMechanism(Mechanism):
         if status.state == "ready":
             return
         if status.state != "starting":
-            await self._call("POST", f"{self._path(mode)}/start", "start")
+            await self.agent.operate(mode, "start")
         await self._until(mode, {"ready"}, "start", self.settings.switch_timeout)
 
     async def hand_over(self, old: Mode | None, new: Mode) -> None:
@@ -396,10 +466,12 @@ def make_mechanism(
     targets: dict[Mode, Target],
     client: httpx.AsyncClient,
     gateway_inflight: Callable[[Mode], int],
+    fence: Callable[[], int | None] = no_fence,
 ) -> Mechanism:
-    """`targets` per mode (URL and API key); `gateway_inflight(mode)`: the gateway's own count on that mode."""
+    """`targets` per mode (URL and API key); `gateway_inflight(mode)`: the gateway's own count on that mode;
+    `fence()`: the token of the lease this gateway holds on the GPU set (None: no cluster)."""
     if settings.mechanism == "restart":
-        return RestartMechanism(settings, targets, client)
+        return RestartMechanism(settings, targets, client, fence)
     if settings.mechanism == "sleep":
-        return SleepMechanism(settings, targets, client, gateway_inflight)
-    return Mechanism(settings, targets, client)
+        return SleepMechanism(settings, targets, client, gateway_inflight, fence)
+    return Mechanism(settings, targets, client, fence)

@@ -9,6 +9,8 @@ perform restart switches (stop one configuration, start the other) on this box.
     GET  /servers/{name}           ServerStatus
     POST /servers/{name}/start     202 ServerStatus (starting); ready after a real 1-token generation
     POST /servers/{name}/stop      202 ServerStatus (stopping); stopped once no process of its group is left
+    POST /servers/{name}/release   200 ServerStatus (released) once SGLang handed its GPU memory back (sleep)
+    POST /servers/{name}/resume    200 ServerStatus (ready) once it took its memory back, continued and generated
 
 ServerStatus is the agent contract's (crossover/gateway/agent_contract.py, with its JSON Schema). Everything
 but /health and /metrics needs `Authorization: Bearer <token>` (401 otherwise): the check sits on the routes
@@ -17,14 +19,23 @@ request head is bounded in size and time as the gateway's is (gateway/client_htt
 file or the environment (argv shows in `ps`), is never empty or blank, and is never passed on to the servers
 the agent starts. One operation at a time per GPU set: a second one on overlapping GPUs gets 409, and so does a
 start while another server holds the GPUs (stop it first: that is what a restart switch is). Operations run
-as tasks on the event loop; poll GET /servers/{name} for the outcome. Servers outlive the agent: a new agent
+as tasks on the event loop; poll GET /servers/{name} for a start's or stop's outcome. A release or resume takes
+seconds, not minutes, and is answered when it is done (200, or 502 `operation_failed` saying why); a client that
+leaves does not cancel it. Both are idempotent: a release of a released server and a resume of one that holds its
+memory change nothing (SGLang 0.5.23 dies on a resume of memory it holds). Servers outlive the agent: a new agent
 reads the state dir and reports them, it never starts a duplicate.
+
+Every POST may carry the lease's fencing token (`X-Crossover-Fence: N`, gateway/fence.py): the agent remembers
+the highest token each GPU set accepted (servers/agent_fence.py, in the state dir, so a restart does not forget
+it) and refuses a lower one with 409 `fenced` before anything else is looked at - counted in
+crossover_agent_fenced_total and logged. A POST without the header is a gateway without a cluster, accepted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +46,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import BaseModel, ConfigDict, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from crossover.gateway.agent_contract import OPERATIONS, SERVER_STATES, Operation, ServerList, ServerStatus
+from crossover.gateway.agent_contract import (
+    OPERATIONS,
+    SERVER_STATES,
+    Operation,
+    ServerList,
+    ServerState,
+    ServerStatus,
+)
 from crossover.gateway.client_http import client_protocol
+from crossover.gateway.fence import FENCE_HEADER, FENCED, parse_fence
+from crossover.servers.agent_fence import AgentFences
 from crossover.servers.profile import Profile, Server
 from crossover.servers.supervisor import Supervisor
 
@@ -46,6 +66,17 @@ STATE_REFRESH_S = 5.0
 MAX_HEAD_BYTES = 16 * 1024
 HEAD_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 10.0
+# What a server is while an operation on it is under way.
+BUSY_STATES: dict[Operation, ServerState] = {
+    "start": "starting",
+    "stop": "stopping",
+    "release": "releasing",
+    "resume": "resuming",
+}
+# Answered when done (seconds), not polled for: see the module docstring.
+ANSWERED_WHEN_DONE: tuple[Operation, ...] = ("release", "resume")
+
+logger = logging.getLogger(__name__)
 
 
 class AgentSettings(BaseModel):
@@ -88,7 +119,7 @@ class AgentMetrics:
         )
         self.operations = Counter(
             "crossover_agent_operations_total",
-            "start/stop operations by outcome (ok, failed, conflict)",
+            "Operations by outcome (ok, failed, conflict, fenced)",
             ["operation", "outcome"],
             registry=registry,
         )
@@ -98,8 +129,21 @@ class AgentMetrics:
             ["server"],
             registry=registry,
         )
+        self.fenced = Counter(
+            "crossover_agent_fenced_total",
+            "Calls refused because they carried a fencing token lower than one their GPU set had accepted",
+            ["operation"],
+            registry=registry,
+        )
+        self.fence = Gauge(
+            "crossover_agent_fence_token",
+            "The highest fencing token the server's GPU set has accepted (absent: none yet)",
+            ["server"],
+            registry=registry,
+        )
         for operation in OPERATIONS:
-            for outcome in ("ok", "failed", "conflict"):
+            self.fenced.labels(operation)
+            for outcome in ("ok", "failed", "conflict", "fenced"):
                 self.operations.labels(operation, outcome)
 
     def set_state(self, server: Server, state: str) -> None:
@@ -116,6 +160,7 @@ class _Busy:
 class Agent:
     supervisor: Supervisor
     metrics: AgentMetrics
+    fences: AgentFences
     busy: dict[str, _Busy] = field(default_factory=dict)  # server name -> operation under way
     errors: dict[str, str] = field(default_factory=dict)  # the last failed operation's message per server
     tasks: set[asyncio.Task] = field(default_factory=set)
@@ -129,11 +174,10 @@ class Agent:
         busy = self.busy.get(name)
         if busy is not None:
             record = self.supervisor.record(name)
-            state = "starting" if busy.operation == "start" else "stopping"
             status = ServerStatus(
                 name=name,
                 role=server.role,
-                state=state,
+                state=BUSY_STATES[busy.operation],
                 pid=record.pid if record else None,
                 url=server.url,
                 last_start_s=record.ready_s if record else None,
@@ -156,40 +200,69 @@ class Agent:
                     f"a {busy.operation} of {other_name!r} is under way on GPUs {_gpus(other)}; "
                     "retry when it has finished"
                 )
-        if operation == "start":
+        if operation in ("start", "resume"):
+            # One GPU set, one mode: whatever else holds its memory must leave first.
             for other in self.profile.servers:
                 if other.name == name or not _share_gpus(server, other):
                     continue
                 record = self.supervisor.record(other.name)
                 if record is not None and not record.released and self.supervisor.running(other.name):
-                    return f"{other.name!r} holds GPUs {_gpus(other)}: stop it first"
+                    leave = "stop" if operation == "start" else "release"
+                    return f"{other.name!r} holds GPUs {_gpus(other)}: {leave} it first"
         return None
 
-    def begin(self, name: str, operation: Operation) -> None:
+    def fence(self, name: str, operation: Operation, token: int | None) -> str | None:
+        """None if a call carrying `token` may act on `name`'s GPU set (the fence is raised to it), else why not."""
+        refused = self.fences.admit(name, token)
+        if refused is not None:
+            self.metrics.fenced.labels(operation).inc()
+            self.metrics.operations.labels(operation, "fenced").inc()
+            logger.warning("refused %s of %r: %s", operation, name, refused)
+        else:
+            self.show_fence()
+        return refused
+
+    def show_fence(self) -> None:
+        for server in self.profile.servers:
+            token = self.fences.current(server.name)
+            if token is not None:
+                self.metrics.fence.labels(server.name).set(token)
+
+    def begin(self, name: str, operation: Operation) -> asyncio.Task[str | None]:
         self.busy[name] = _Busy(operation)
-        self.errors.pop(name, None)
+        if operation not in ANSWERED_WHEN_DONE:
+            self.errors.pop(name, None)
         task = asyncio.create_task(self._run(name, operation))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
 
-    async def _run(self, name: str, operation: Operation) -> None:
-        outcome = "ok"
+    async def _run(self, name: str, operation: Operation) -> str | None:
+        """Returns why the operation failed, or None."""
+        outcome, failure = "ok", None
         try:
             if operation == "start":
                 took = await self.supervisor.start(name)
                 self.metrics.last_start.labels(name).set(took)
-            else:
+            elif operation == "stop":
                 report = await self.supervisor.stop(name)
                 if report.survivors:
                     raise RuntimeError(f"processes survived SIGKILL: {report.survivors}")
+            elif operation == "release":
+                await self.supervisor.release(name)
+            else:
+                await self.supervisor.resume(name)
         except Exception as exc:  # any failure is the operation's outcome, reported through the status
-            outcome = "failed"
-            self.errors[name] = f"{operation} failed: {exc}"
+            outcome, failure = "failed", f"{operation} failed: {exc}"
+            if operation not in ANSWERED_WHEN_DONE:
+                # A failed start or stop shows in the status; a release or resume is answered with its failure.
+                self.errors[name] = failure
         finally:
             self.busy.pop(name, None)
             self.metrics.operations.labels(operation, outcome).inc()
             with contextlib.suppress(Exception):
                 await self.status(name)
+        return failure
 
 
 def _share_gpus(a: Server, b: Server) -> bool:
@@ -203,7 +276,10 @@ def _gpus(server: Server) -> str:
 def create_app(settings: AgentSettings, *, registry: CollectorRegistry | None = None) -> FastAPI:
     token = settings.token.encode()
     metrics = AgentMetrics(registry or CollectorRegistry())
-    agent = Agent(Supervisor(settings.profile, settings.state_dir), metrics)
+    agent = Agent(
+        Supervisor(settings.profile, settings.state_dir), metrics, AgentFences(settings.profile, settings.state_dir)
+    )
+    agent.show_fence()
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -276,23 +352,36 @@ def create_app(settings: AgentSettings, *, registry: CollectorRegistry | None = 
             return unknown(name)
         return (await agent.status(name)).model_dump()
 
-    async def operate(name: str, operation: Operation):
+    async def operate(name: str, operation: Operation, request: Request):
         if name not in {s.name for s in settings.profile.servers}:
             return unknown(name)
+        try:
+            token = parse_fence(request.headers.get(FENCE_HEADER))
+        except ValueError as exc:
+            return error_response(400, str(exc), "invalid_request_error", "invalid_fence", FENCE_HEADER)
+        # The fence first: a stale lease holder learns that it is one, whatever else is going on.
+        refused = agent.fence(name, operation, token)
+        if refused is not None:
+            return error_response(409, f"cannot {operation} {name!r}: {refused}", "conflict_error", FENCED)
         reason = agent.conflict(name, operation)
         if reason is not None:
             metrics.operations.labels(operation, "conflict").inc()
             return error_response(409, f"cannot {operation} {name!r}: {reason}", "conflict_error", "gpu_set_busy")
-        agent.begin(name, operation)
-        return JSONResponse((await agent.status(name)).model_dump(), status_code=202)
+        task = agent.begin(name, operation)
+        if operation not in ANSWERED_WHEN_DONE:
+            return JSONResponse((await agent.status(name)).model_dump(), status_code=202)
+        failure = await asyncio.shield(task)  # a client that leaves does not cancel the operation
+        if failure is not None:
+            return error_response(502, f"{name!r}: {failure}", "server_error", "operation_failed")
+        return JSONResponse((await agent.status(name)).model_dump())
 
-    @protected.post("/servers/{name}/start")
-    async def start(name: str):
-        return await operate(name, "start")
-
-    @protected.post("/servers/{name}/stop")
-    async def stop(name: str):
-        return await operate(name, "stop")
+    @protected.post("/servers/{name}/{operation}")
+    async def operation(name: str, operation: str, request: Request):
+        if operation not in OPERATIONS:
+            return error_response(
+                404, f"no operation {operation!r}: one of {', '.join(OPERATIONS)}", "invalid_request_error", "not_found"
+            )
+        return await operate(name, operation, request)
 
     app.include_router(protected)
     return app

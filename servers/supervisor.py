@@ -37,6 +37,7 @@ POLL_S = 0.1
 PROBE_TIMEOUT = httpx.Timeout(connect=2.0, read=30.0, write=5.0, pool=2.0)
 STATUS_TIMEOUT = httpx.Timeout(3.0)
 RELEASE_TIMEOUT_S = 300.0
+IDLE_WAIT_S = 10.0  # after a pause: how long the requests it aborted may take to leave before a release
 KILL_GRACE_S = 10.0  # after SIGKILL: how long the kernel gets to take the group down
 
 
@@ -151,17 +152,31 @@ class Supervisor:
         return StopReport(name, was_running=True, killed=killed, survivors=survivors)
 
     async def release(self, name: str) -> None:
-        """Sleep: hand the GPU memory back, weights to host memory. SGLang refuses while busy."""
+        """Sleep: hand the GPU memory back, weights to host memory. SGLang asserts it is idle, so generation is
+        paused first (ending what it still holds, as a switch's drain does) and the release waits until nothing
+        runs; resume continues it. Released already: nothing to do."""
         record = self._require(name)
-        await self._admin(name, record, engines.adapter(self.profile.server(name).plays).release)
+        adapter = engines.adapter(self.profile.server(name).plays)
+        if record.released:
+            return
+        if adapter.pause is not None:
+            await self._admin(name, record, adapter.pause)
+        await self._wait_idle(name, record, adapter)
+        await self._admin(name, record, adapter.release)
         self.store.update(name, released=True)
         self._log(f"{name}: released (weights in host memory)")
 
     async def resume(self, name: str) -> float:
+        """Wake: take the memory back (only if released: SGLang 0.5.23 dies on a resume of memory it holds), undo a
+        pause a switch's drain left, and wait for a generation; returns the seconds it took."""
         server, record = self.profile.server(name), self._require(name)
         began = time.monotonic()
-        await self._admin(name, record, engines.adapter(server.plays).resume)
-        self.store.update(name, released=False)
+        adapter = engines.adapter(server.plays)
+        if record.released:
+            await self._admin(name, record, adapter.resume)
+            self.store.update(name, released=False)
+        if adapter.resume_generation is not None:
+            await self._admin(name, record, adapter.resume_generation)
         # torch_memory_saver has corrupted weights after repeated cycles: verify before trusting a resume.
         await self._wait_generation(server, record, began + server.ready_timeout_s)
         took = time.monotonic() - began
@@ -303,6 +318,23 @@ class Supervisor:
         raise SupervisorError(
             f"{server.name}: no 1-token generation within {server.ready_timeout_s:g} s (last: {last}); see {record.log}"
         )
+
+    async def _wait_idle(self, name: str, record: ServerRecord, adapter: engines.EngineAdapter) -> None:
+        deadline = time.monotonic() + IDLE_WAIT_S
+        async with httpx.AsyncClient(timeout=STATUS_TIMEOUT, trust_env=False) as client:
+            while True:
+                try:
+                    load = await adapter.server_load(client, record.url, headers=None, timeout=STATUS_TIMEOUT.read)
+                except engines.EngineError as exc:
+                    raise SupervisorError(f"{name}: {exc}: cannot check that it is idle") from None
+                if not load:
+                    return
+                if time.monotonic() >= deadline:
+                    raise SupervisorError(
+                        f"{name}: still {load} requests running or waiting {IDLE_WAIT_S:g} s after a pause: "
+                        "it is never released busy"
+                    )
+                await asyncio.sleep(POLL_S)
 
     async def _admin(self, name: str, record: ServerRecord, call: sglang.ControlCall) -> None:
         # SGLang's release/resume are ADMIN_OPTIONAL: with --admin-api-key they take that key and nothing else. The

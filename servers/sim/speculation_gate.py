@@ -7,11 +7,16 @@ so a slot `config` is checked as the patch checks it and kept (GET shows it) but
 steps. One deliberate difference: without `--admin-api-key` the stand-in's POST is open, where the patch answers
 403 (`admin_api_key_required`) - so that a gateway that sends no admin credential still drives it; with a key,
 it answers 401 as the patch does.
+
+The fencing token (gateway/fence.py) as the patch checks it, once, before anything else about a POST: a call
+carrying `X-Crossover-Fence` lower than the highest one accepted is refused with 409 `fenced` (logged, counted in
+the reply's `fence`), a malformed one with 400 `invalid_fence`; none at all is accepted.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import secrets
 from collections.abc import Iterator
@@ -22,6 +27,7 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from crossover.gateway.fence import FENCE_HEADER, FENCED, parse_fence, refusal
 from crossover.servers.sim.engine import Engine
 
 # The patch's bounds and fields (sglang/srt/speculative/adaptive_spec_params.py, patched).
@@ -43,6 +49,8 @@ SLOT_KNOBS = (
 )
 UPDATE_RESULTS = ("applied", "rejected", "conflict", "failed")
 MAX_BODY_BYTES = 64 * 1024
+
+logger = logging.getLogger(__name__)
 
 
 def _is_int(value: Any, low: int = -MAX_RUNTIME_INT, high: int = MAX_RUNTIME_INT) -> bool:
@@ -189,6 +197,8 @@ class StandInGate:
         self.startup_config = {"1": {"candidate_steps": [num_steps]}}
         self.config = self.startup_config
         self.updates = dict.fromkeys(UPDATE_RESULTS, 0)
+        self.fence_highest: int | None = None
+        self.fenced = 0
 
     def state(self) -> dict[str, Any]:
         engine = self.engine
@@ -217,6 +227,24 @@ class StandInGate:
         """The patch's admin-key check on POST (open while the stand-in has no key: see the module's note)."""
         if self.admin_api_key is not None and not bearer_matches(authorization, self.admin_api_key):
             raise GateError("Unauthorized", 401, "unauthorized")
+
+    def admit(self, header: str | None) -> None:
+        """The patch's fence: GateError unless a POST carrying `header` may move the gate (the fence raised to it)."""
+        try:
+            token = parse_fence(header)
+        except ValueError as exc:
+            raise GateError(str(exc), 400, "invalid_fence") from None
+        if token is None:
+            return
+        if self.fence_highest is not None and token < self.fence_highest:
+            self.fenced += 1
+            message = refusal(token, self.fence_highest)
+            logger.warning("/speculative/adaptive refused: %s", message)
+            raise GateError(message, 409, FENCED)
+        self.fence_highest = token
+
+    def fence(self) -> dict[str, Any]:
+        return {"highest": self.fence_highest, "refused": self.fenced}
 
     def update(self, body: Any) -> dict[str, Any]:
         fields = parse_body(body)
@@ -278,19 +306,20 @@ class GateMetrics(Collector):
 
 
 def gate_routes(gate: StandInGate) -> list[tuple[str, Any, list[str]]]:
-    def refusal(exc: GateError) -> JSONResponse:
+    def refused(exc: GateError) -> JSONResponse:
         body = {"success": False, "message": str(exc), "reason": exc.reason, "partial": False}
         return JSONResponse(body, status_code=exc.status)
 
     async def read(request: Request) -> JSONResponse:
         state = gate.state()
-        return JSONResponse({"success": True, "message": "", "state": state, "states": [state]})
+        return JSONResponse({"success": True, "message": "", "state": state, "states": [state], "fence": gate.fence()})
 
     async def write(request: Request) -> JSONResponse:
         try:
             gate.authorize(request.headers.get("authorization"))
+            gate.admit(request.headers.get(FENCE_HEADER))
         except GateError as exc:
-            return refusal(exc)
+            return refused(exc)
         raw = await request.body()
         try:
             if len(raw) > MAX_BODY_BYTES:
@@ -301,10 +330,12 @@ def gate_routes(gate: StandInGate) -> list[tuple[str, Any, list[str]]]:
                 raise GateError(str(exc) or "invalid JSON") from None
             state = gate.update(body)
         except GateError as exc:
-            return refusal(exc)
+            return refused(exc)
         message = (
             "dry run: nothing applied" if body.get("dry_run") else "applied; takes effect from the next decode batch"
         )
-        return JSONResponse({"success": True, "message": message, "state": state, "states": [state]})
+        return JSONResponse(
+            {"success": True, "message": message, "state": state, "states": [state], "fence": gate.fence()}
+        )
 
     return [("/speculative/adaptive", read, ["GET"]), ("/speculative/adaptive", write, ["POST"])]

@@ -1,5 +1,6 @@
 """Time-shared switching by restart, live: the gateway drives the real GPU-host agent (`crossover servers agent`)
-over stand-ins that it starts and stops; and a sleep switch against a restart switch with the same delays.
+over stand-ins that it starts and stops (and, for sleep with an agent, releases and resumes); and a sleep switch
+against a restart switch with the same delays.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ class AgentBox:
 
 @pytest.fixture
 def agent_box(tmp_path):
-    """`agent_box(plain_startup_s=..., plain_ready_timeout_s=...)` -> AgentBox with speculative up, plain stopped."""
+    """`agent_box(plain_startup_s=..., plain_ready_timeout_s=...)` -> AgentBox with speculative up, plain stopped
+    (`mechanism="sleep"`: plain started and released)."""
     boxes: list[AgentBox] = []
 
     def start(
@@ -124,12 +126,13 @@ def agent_box(tmp_path):
         startup_s: float = STARTUP_S,
         plain_startup_s: float | None = None,
         plain_ready_timeout_s: float = READY_S,
+        mechanism: str = "restart",
     ) -> AgentBox:
         ports = {"speculative": free_port(), "plain": free_port()}
         text = (
             'description = "test: two stand-ins sharing one simulated GPU set"\n'
             'sglang_version = "0.5.23"\ntopology = "time-shared"\nhost_memory_headroom_gb = 0\n'
-            'sglang_command = ["sglang", "serve"]\n\n[time_shared]\nmechanism = "restart"\n'
+            f'sglang_command = ["sglang", "serve"]\n\n[time_shared]\nmechanism = "{mechanism}"\n'
             'initial = "speculative"\n'
         )
         for name, sim_profile in (("speculative", "k25-eagle3"), ("plain", "k25-plain")):
@@ -224,6 +227,21 @@ def test_a_restart_switch_through_the_agent_and_back(agent_box, restart_gateway)
     assert box.status("plain")["state"] == "stopped"
     assert gw.metric("crossover_mode_switches_total", mechanism="restart", to="plain", outcome="ok") == 1
     assert gw.metric("crossover_mode_switches_total", mechanism="restart", to="speculative", outcome="ok") == 1
+
+
+def test_a_sleep_switch_through_the_agent_and_back(agent_box, restart_gateway):
+    box = agent_box(mechanism="sleep")  # speculative serves, plain is released
+    gw = restart_gateway(box, mechanism="sleep")
+    wait_phase(gw, "active", "speculative")
+    for mode, other in (("plain", "speculative"), ("speculative", "plain")):
+        assert put_mode(gw, mode).status_code == 202
+        state = wait_phase(gw, "active", mode)
+        assert state["last_switch"]["outcome"] == "ok", state
+        assert (box.status(other)["state"], box.status(mode)["state"]) == ("released", "ready")
+        assert gw.metric("crossover_mode_switches_total", mechanism="sleep", to=mode, outcome="ok") == 1
+    agent_metrics = httpx.get(box.agent_url + "/metrics", timeout=10).text
+    for operation in ("release", "resume"):  # the switches' own calls went through the agent
+        assert f'crossover_agent_operations_total{{operation="{operation}",outcome="ok"}} 2.0' in agent_metrics
 
 
 def test_a_load_step_up_and_back_restarts_once_each_way_and_every_request_completes(agent_box, gateway):

@@ -74,6 +74,13 @@ def test_a_time_shared_restart_setup_with_the_token_from_the_environment(tmp_pat
             + ONE_EACH,
             "the same server for both modes",
         ),
+        (
+            RESTART.replace('mechanism = "restart"', 'mechanism = "sleep"\nagent_token = "t"').replace(
+                'agent_servers = { speculative = "k25-eagle3", plain = "k25-plain" }', ""
+            )
+            + ONE_EACH,
+            "'sleep' with agent_url needs switching.agent_servers",
+        ),
         ('[switching]\nmechanism = "hibernate"\n' + ONE_EACH, "'restart', 'sleep' or 'manual'"),
         ('[switching]\nagent_url = "10.0.0.5:9000"\n' + ONE_EACH, "not an agent URL"),
         ("[switching]\nqueue_timeout = 0.5\ninterval = 1.0\n" + ONE_EACH, "must be at least interval"),

@@ -4,7 +4,8 @@
 
 On a plain server (started with an admin key) the patch's endpoint exists and says speculation does not apply
 here (501); a POST without the admin key is a 401; every malformed body is a 400 from the HTTP process (it never
-reaches the scheduler, whose socket decode must not fail) and the server still serves after each; the in-engine
+reaches the scheduler, whose socket decode must not fail) and the server still serves after each; a stale fencing
+token is a 409 `fenced` from the HTTP process; the in-engine
 gateway refuses to start in front of it and says why.
 """
 
@@ -18,6 +19,7 @@ import subprocess
 import httpx
 import pytest
 
+from crossover.gateway.fence import FENCE_HEADER, FENCED
 from crossover.gateway.in_engine import ControlUnauthorized
 from crossover.gateway.sglang import NotPatched
 from crossover.servers.process import free_port
@@ -212,6 +214,16 @@ def test_the_gate_needs_the_admin_key(patched_url):
         assert post_gate(patched_url, b'{"zero_steps_above_bs": 4}', headers).status_code == 401
         assert httpx.get(patched_url + GATE, headers=headers, timeout=30, trust_env=False).status_code == 401
     assert_serving(patched_url)  # generation needs no key: the server has an admin key only
+
+
+def test_a_stale_fencing_token_is_refused_before_the_scheduler(patched_url):
+    # The fence is the HTTP process's: a token passes it (and raises it) whatever the scheduler then answers.
+    assert post_gate(patched_url, b'{"zero_steps_above_bs": 4}', {**ADMIN, FENCE_HEADER: "5"}).status_code == 501
+    stale = post_gate(patched_url, b'{"zero_steps_above_bs": 4}', {**ADMIN, FENCE_HEADER: "4"})
+    assert (stale.status_code, stale.json()["reason"]) == (409, FENCED), stale.text
+    assert "token 4" in stale.json()["message"] and "token 5" in stale.json()["message"]
+    assert post_gate(patched_url, b'{"zero_steps_above_bs": 4}', {**ADMIN, FENCE_HEADER: "5"}).status_code == 501
+    assert_serving(patched_url)
 
 
 @pytest.mark.parametrize(("raw", "message"), [case[1:] for case in MALFORMED], ids=[case[0] for case in MALFORMED])

@@ -14,11 +14,13 @@ import os
 import re
 import signal
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
-from crossover.servers.process import free_port
+from crossover.servers.process import free_port, spawn, stop, wait_ready
 from crossover.servers.profile import load_profile
 from crossover.servers.sglang_check import is_built, venv_python
 from crossover.servers.state import group_members
@@ -120,3 +122,50 @@ def standin_profile(tmp_path):
         return path
 
     return make
+
+
+TOKEN = "s3cret-agent-token"
+AGENT_READY_S = 30.0
+OPERATION_WAIT_S = 60.0
+STATUS_KEYS = {"name", "role", "state", "pid", "url", "last_start_s", "error"}
+
+
+@dataclass
+class Agent:
+    url: str
+    proc: subprocess.Popen
+
+    def client(self, token: str | None = TOKEN) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=10, trust_env=False)
+
+    def wait_state(self, name: str, *states: str) -> dict:
+        seen: dict = {}
+
+        def reached() -> bool:
+            seen.update(self.client().get(f"/servers/{name}").json())
+            return seen["state"] in states
+
+        wait_until(reached, timeout=OPERATION_WAIT_S, what=f"{name} to become {'/'.join(states)}")
+        return seen
+
+
+@pytest.fixture
+def start_agent(state_dir):
+    agents: list[subprocess.Popen] = []
+
+    def start(profile, *, token: str = TOKEN) -> Agent:
+        port = free_port()
+        env = {**os.environ, "CROSSOVER_AGENT_TOKEN": token}
+        proc = spawn(
+            crossover_argv("servers", "agent", str(profile), "--port", str(port), "--state-dir", str(state_dir)),
+            die_with_parent=False,
+            env=env,
+        )
+        agents.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(f"{url}/health", proc, AGENT_READY_S)
+        return Agent(url, proc)
+
+    yield start
+    stop(agents)

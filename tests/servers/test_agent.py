@@ -8,62 +8,21 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from dataclasses import dataclass
 
 import httpx
-import pytest
 
-from crossover.servers.process import free_port, spawn, stop, wait_ready
+from crossover.servers.process import free_port
 from crossover.servers.state import group_members
 from tests.conftest import crossover_argv
-from tests.servers.conftest import recorded_groups, run_cli
+from tests.servers.conftest import STATUS_KEYS, TOKEN, Agent, recorded_groups, run_cli
 from tests.waiting import wait_until
 
-TOKEN = "s3cret-agent-token"
-AGENT_READY_S = 30.0
-OPERATION_WAIT_S = 60.0
-STATUS_KEYS = {"name", "role", "state", "pid", "url", "last_start_s", "error"}
 
-
-@dataclass
-class Agent:
-    url: str
-    proc: subprocess.Popen
-
-    def client(self, token: str | None = TOKEN) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=10, trust_env=False)
-
-    def wait_state(self, name: str, *states: str) -> dict:
-        seen: dict = {}
-
-        def reached() -> bool:
-            seen.update(self.client().get(f"/servers/{name}").json())
-            return seen["state"] in states
-
-        wait_until(reached, timeout=OPERATION_WAIT_S, what=f"{name} to become {'/'.join(states)}")
-        return seen
-
-
-@pytest.fixture
-def start_agent(state_dir):
-    agents: list[subprocess.Popen] = []
-
-    def start(profile, *, token: str = TOKEN) -> Agent:
-        port = free_port()
-        env = {**os.environ, "CROSSOVER_AGENT_TOKEN": token}
-        proc = spawn(
-            crossover_argv("servers", "agent", str(profile), "--port", str(port), "--state-dir", str(state_dir)),
-            die_with_parent=False,
-            env=env,
-        )
-        agents.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(f"{url}/health", proc, AGENT_READY_S)
-        return Agent(url, proc)
-
-    yield start
-    stop(agents)
+def assert_generates(url: str) -> None:
+    completion = httpx.post(
+        f"{url}/v1/completions", json={"model": "moonshotai/Kimi-K2.5", "prompt": "hi", "max_tokens": 1}, timeout=10
+    )
+    assert completion.status_code == 200, completion.text
 
 
 def run_agent_without_a_usable_token(standin_profile, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -126,12 +85,7 @@ def test_start_and_stop_a_standin_with_one_operation_per_gpu_set(standin_profile
     ready = agent.wait_state("speculative", "ready", "failed")
     assert ready["state"] == "ready", ready
     assert ready["pid"] and ready["last_start_s"] >= 3.0
-    completion = httpx.post(
-        f"{ready['url']}/v1/completions",
-        json={"model": "moonshotai/Kimi-K2.5", "prompt": "hi", "max_tokens": 1},
-        timeout=10,
-    )
-    assert completion.status_code == 200
+    assert_generates(ready["url"])
 
     # The speculative server holds the GPU set: the plain one may start only after it stopped.
     held = client.post("/servers/plain/start")
@@ -191,14 +145,20 @@ def test_a_start_that_fails_is_reported_as_failed(standin_profile, start_agent):
     assert 'operation="start",outcome="failed"} 1.0' in agent.client(None).get("/metrics").text
 
 
-def test_sleep_a_start_of_the_released_mode_resumes_it(standin_profile, start_agent, state_dir):
+def sleeping(standin_profile, start_agent, state_dir) -> tuple[Agent, dict]:
+    """A sleep profile `up` (speculative serving, plain released) and an agent over it; the plain server's status."""
     profile = standin_profile("standin-time-shared", mechanism="sleep")
     up = run_cli("up", str(profile), "--state-dir", str(state_dir))
     assert up.returncode == 0, up.stderr
     agent = start_agent(profile)
-    client = agent.client()
-    plain = client.get("/servers/plain").json()
+    plain = agent.client().get("/servers/plain").json()
     assert plain["state"] == "released"
+    return agent, plain
+
+
+def test_sleep_a_start_of_the_released_mode_resumes_it(standin_profile, start_agent, state_dir):
+    agent, plain = sleeping(standin_profile, start_agent, state_dir)
+    client = agent.client()
     assert client.get("/servers/speculative").json()["state"] == "ready"
 
     held = client.post("/servers/plain/start")
@@ -209,9 +169,43 @@ def test_sleep_a_start_of_the_released_mode_resumes_it(standin_profile, start_ag
     assert client.post("/servers/plain/start").status_code == 202
     resumed = agent.wait_state("plain", "ready", "failed")
     assert resumed["state"] == "ready" and resumed["pid"] == plain["pid"], "resumed in place, not restarted"
-    completion = httpx.post(
-        f"{resumed['url']}/v1/completions",
-        json={"model": "moonshotai/Kimi-K2.5", "prompt": "hi", "max_tokens": 1},
-        timeout=10,
-    )
-    assert completion.status_code == 200
+    assert_generates(resumed["url"])
+
+
+def test_sleep_release_and_resume_through_the_agent_one_mode_at_a_time_and_idempotent(
+    standin_profile, start_agent, state_dir
+):
+    agent, plain = sleeping(standin_profile, start_agent, state_dir)
+    client = agent.client()
+
+    held = client.post("/servers/plain/resume")
+    assert held.status_code == 409 and "'speculative' holds GPUs" in held.json()["error"]["message"]
+    assert "release it first" in held.json()["error"]["message"]
+
+    for _ in range(2):  # a second release of a released server changes nothing
+        released = client.post("/servers/speculative/release")
+        assert released.status_code == 200, released.text
+        assert released.json()["state"] == "released"
+    for _ in range(2):  # nor does a second resume (SGLang 0.5.23 would die on it)
+        resumed = client.post("/servers/plain/resume")
+        assert resumed.status_code == 200, resumed.text
+        assert resumed.json()["state"] == "ready" and resumed.json()["pid"] == plain["pid"], "resumed in place"
+    info = httpx.get(f"{plain['url']}/server_info", timeout=10).json()["memory"]
+    assert info["resume_total"] == 1 and info["resume_not_released_total"] == 0, info
+    assert_generates(plain["url"])
+    assert client.post("/servers/plain/frobnicate").status_code == 404
+
+    metrics = agent.client(None).get("/metrics").text
+    assert 'crossover_agent_operations_total{operation="release",outcome="ok"} 2.0' in metrics
+    assert 'crossover_agent_operations_total{operation="resume",outcome="conflict"} 1.0' in metrics
+
+
+def test_a_release_that_fails_is_answered_with_why(standin_profile, start_agent, state_dir):
+    agent, _ = sleeping(standin_profile, start_agent, state_dir)
+    pgid = recorded_groups(state_dir)["speculative"]
+    os.killpg(pgid, signal.SIGKILL)
+    wait_until(lambda: not group_members(pgid), timeout=10, what="the killed server to be gone")
+    failed = agent.client().post("/servers/speculative/release")
+    assert failed.status_code == 502, failed.text
+    assert failed.json()["error"]["code"] == "operation_failed" and "not running" in failed.json()["error"]["message"]
+    assert 'operation="release",outcome="failed"} 1.0' in agent.client(None).get("/metrics").text

@@ -17,7 +17,8 @@ from crossover.servers.agent import HEAD_TIMEOUT_S
 from crossover.servers.process import free_port
 from tests.conftest import crossover_argv
 from tests.gateway.test_client_http import READ_S, connect, flood_with_unterminated_heads, response_of
-from tests.servers.test_agent import TOKEN, recorded_groups_of, run_agent_without_a_usable_token, start_agent  # noqa: F401 - a fixture
+from tests.servers.conftest import TOKEN
+from tests.servers.test_agent import recorded_groups_of, run_agent_without_a_usable_token
 
 # Raw requests: what a client that means harm sends (httpx would normalise most of these away).
 START = "POST /servers/plain/start HTTP/1.1\r\n"
@@ -63,7 +64,7 @@ VARIANTS = {
 }
 
 
-def test_no_url_a_client_shapes_and_no_partial_token_gets_past_the_agent(standin_profile, start_agent):  # noqa: F811
+def test_no_url_a_client_shapes_and_no_partial_token_gets_past_the_agent(standin_profile, start_agent):
     agent = start_agent(standin_profile("standin-time-shared"))
     port = int(agent.url.rsplit(":", 1)[1])
     assert len(VARIANTS) >= 16
@@ -86,7 +87,7 @@ def rss_bytes(pid: int) -> int:
 
 def test_an_oversized_head_is_refused_with_memory_flat_and_an_unfinished_one_times_out(
     standin_profile,
-    start_agent,  # noqa: F811
+    start_agent,
 ):
     agent = start_agent(standin_profile("standin-time-shared"))
     port = int(agent.url.rsplit(":", 1)[1])

@@ -8,6 +8,7 @@ import random
 import httpx
 import pytest
 
+from crossover.gateway.fence import FENCE_HEADER, FENCED, is_fenced
 from crossover.servers.sim.costs import make_costs
 from crossover.servers.sim.engine import Engine, Sequence
 from crossover.servers.sim.profile import load_profile
@@ -132,3 +133,25 @@ def test_batches_above_the_gate_take_zero_steps():
         engine.finish_step(step, now)
     assert kinds and all(zero == (batch > 4) for batch, zero in kinds)
     assert engine.zero_step_batches_total == sum(zero for _, zero in kinds)
+
+
+def test_a_lower_fencing_token_moves_nothing_an_equal_higher_or_no_token_moves_the_gate(sim):
+    server = sim("llama8b-h200-eagle3", "--speculation-gate")
+
+    def post_fenced(gate: int | None, token: str | None) -> httpx.Response:
+        headers = {} if token is None else {FENCE_HEADER: token}
+        body = {"zero_steps_above_bs": gate}
+        return httpx.post(server.url + "/speculative/adaptive", json=body, headers=headers, timeout=10, trust_env=False)
+
+    assert post_fenced(16, "2").status_code == 200
+    stale = post_fenced(4, "1")  # a paused ex-leader's late write
+    assert (stale.status_code, stale.json()["reason"]) == (409, FENCED)
+    assert "token 1" in stale.json()["message"] and "token 2" in stale.json()["message"]
+    assert is_fenced(stale.status_code, stale.json())
+    assert read(server.url)["zero_steps_above_bs"] == 16 and read(server.url)["generation"] == 1, "nothing moved"
+    bad = post_fenced(4, "two")
+    assert (bad.status_code, bad.json()["reason"]) == (400, "invalid_fence")
+    assert post_fenced(8, "2").status_code == 200 and post_fenced(6, None).status_code == 200
+    assert post_fenced(5, "3").status_code == 200 and post_fenced(4, "2").status_code == 409
+    answer = httpx.get(server.url + "/speculative/adaptive", timeout=10).json()
+    assert answer["fence"] == {"highest": 3, "refused": 2} and answer["state"]["zero_steps_above_bs"] == 5

@@ -138,6 +138,9 @@ class ControlPathCase(unittest.TestCase):
         serving = mock.patch.object(http_server, "get_serving", lambda: self.serving)
         serving.start()
         self.addCleanup(serving.stop)
+        fence = mock.patch.object(http_server, "_spec_adaptive_fence", http_server._SpecAdaptiveFence())
+        fence.start()
+        self.addCleanup(fence.stop)
         self.worker = FakeEagleWorker()
         self.tm = FakeTokenizerManager(fake_scheduler(self.worker))
         http_server.set_global_state(
@@ -309,6 +312,49 @@ class TestControlPath(ControlPathCase):
         self.assertEqual(
             registry.get_sample_value("sglang:spec_adaptive_policy_updates_total", {**labels, "result": "applied"}), 1
         )
+
+
+def fenced(token):
+    return {**ADMIN, http_server.SPEC_ADAPTIVE_FENCE_HEADER: token}
+
+
+class TestFence(ControlPathCase):
+    """The gateway replica that leads the gate sends its lease's token; a lower one than the highest accepted
+    (a replica paused past its lease, then resumed) is refused before anything reaches the scheduler."""
+
+    def test_a_lower_token_is_refused_and_never_reaches_the_scheduler(self):
+        self.assertEqual(self.post({"zero_steps_above_bs": 16}, fenced("2"))[0], 200)
+        with self.assertLogs(http_server.logger, "WARNING") as logs:
+            status, body = self.post({"zero_steps_above_bs": 4}, fenced("1"))
+        self.assertEqual((status, body["reason"], body["success"]), (409, "fenced", False))
+        self.assertIn("token 1", body["message"])
+        self.assertIn("token 2", body["message"])
+        self.assertIn("token 1", logs.output[0])
+        self.assertEqual(len(self.tm.sent), 1)
+        status, body = self.get()
+        self.assertEqual((body["state"]["zero_steps_above_bs"], body["state"]["generation"]), (16, 1))
+        self.assertEqual(body["fence"], {"highest": 2, "refused": 1})
+
+    def test_an_equal_or_higher_token_or_none_is_accepted_and_raises_the_fence(self):
+        for token, gate in (("2", 16), ("2", 8), (None, 6), ("3", 5)):
+            headers = ADMIN if token is None else fenced(token)
+            status, body = self.post({"zero_steps_above_bs": gate}, headers)
+            self.assertEqual(status, 200, body)
+        self.assertEqual(body["fence"], {"highest": 3, "refused": 0})
+        self.assertEqual(self.post({"zero_steps_above_bs": 4}, fenced("2"))[0], 409)
+        self.assertEqual(self.get()[1]["state"]["zero_steps_above_bs"], 5)
+
+    def test_a_malformed_token_is_a_bad_request(self):
+        for token in ("-1", "two", "1" * 19, "\u0661"):
+            status, body = self.post({"zero_steps_above_bs": 4}, fenced(token))
+            self.assertEqual((status, body["reason"]), (400, "invalid_fence"), token)
+        self.assertEqual(self.tm.sent, [])
+        self.assertIsNone(self.get()[1]["fence"]["highest"])
+
+    def test_only_an_admin_moves_the_fence(self):
+        status, body = self.post({"zero_steps_above_bs": 4}, {http_server.SPEC_ADAPTIVE_FENCE_HEADER: "99"})
+        self.assertEqual((status, body["reason"]), (401, "unauthorized"))
+        self.assertEqual(self.post({"zero_steps_above_bs": 4}, fenced("1"))[0], 200)
 
 
 class TwoRanksCase(unittest.TestCase):
