@@ -8,7 +8,7 @@ cluster.
     coordination.connected                   # is the shared state reachable (no switch starts while it is not)
     coordination.fence()                     # the token its mutating calls carry (None: no cluster)
     coordination.step_down(why)              # a resource refused our token (409 `fenced`): stop acting now
-    coordination.lag_s                       # how long until the others have seen a change and answered
+    coordination.caught_up()                 # have all the others applied what this one wrote, and said so
     coordination.view()                      # for /admin/state and crossover_cluster_*
     await coordination.stop()
 
@@ -22,7 +22,9 @@ What is shared:
   in-engine gates); each new acquisition gets a larger fencing token (gateway/fence.py) that its calls carry.
 - the in-flight counts: each member publishes its per-backend counts (expiring, so a dead member's vanish) and
   writes the others' sum onto each `Backend.elsewhere`, which the pools' load adds to its own count. Nothing per
-  request asks the coordination anything.
+  request asks the coordination anything. Beside the counts (key `VERSION_KEY`) each member says which control
+  version it has applied: a leader that drains waits until every live member has seen the drain (it holds its
+  own new requests from then on) and published what it still has in flight.
 
 Another way of sharing (the workers of one host) implements `Store` only; `Cluster` runs the loop over it.
 """
@@ -48,6 +50,9 @@ from crossover.gateway.pools import Pools
 
 log = logging.getLogger("crossover.coordination")
 
+# Beside the backend URLs in a member's published counts: the control version it has applied.
+VERSION_KEY = "#version"
+
 
 class ModeRequest(BaseModel):
     """A PUT /admin/mode taken by a member that does not hold the lease, carried to the one that does."""
@@ -60,7 +65,9 @@ class ModeRequest(BaseModel):
 
 
 class Control(BaseModel):
-    """The cluster-wide control state. `version` is the store's (0: never stored); equality ignores it."""
+    """The cluster-wide control state. `version` is the store's (0: never stored); `generation` counts the changes
+    it descends from, so a state that went back (a store restored by a member that missed the newest change) is
+    told from a newer one. `same` compares the state alone."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -75,10 +82,12 @@ class Control(BaseModel):
     phase: str | None = None
     target: Mode | None = None
     mode_request: ModeRequest | None = None
+    generation: int = 0
     version: int = 0
 
     def same(self, other: Control | None) -> bool:
-        return other is not None and self.model_dump(exclude={"version"}) == other.model_dump(exclude={"version"})
+        meta = {"version", "generation"}
+        return other is not None and self.model_dump(exclude=meta) == other.model_dump(exclude=meta)
 
 
 class StoreUnavailable(Exception):
@@ -122,7 +131,6 @@ class Solo:
     leader = True
     connected = True
     fenced = 0
-    lag_s = 0.0
 
     async def start(self, local: LocalControl, apply: ApplyControl) -> None:
         pass
@@ -138,6 +146,9 @@ class Solo:
 
     def step_down(self, why: str) -> None:
         pass
+
+    def caught_up(self) -> bool:
+        return True
 
     def view(self) -> dict:
         return {"cluster": None}
@@ -164,15 +175,15 @@ class Cluster:
         self.interval_s = interval_s
         # A dead member's counts are gone within a few syncs (never before a busy member publishes again).
         self.inflight_ttl_s = max(1.0, 4 * interval_s)
-        # How long a change published here takes to be seen by the others and their answer to come back.
-        self.lag_s = 3 * interval_s
         self.member = member or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.clock = clock
         self.connected = False
         self.problem: str | None = "not yet synced"
         self.fenced = 0
         self.rounds = 0  # syncs completed, reached or not: the clock a change's spread is measured on
+        self.took_lease_round: int | None = None  # the round this member last took the lease in
         self.seen: Control | None = None  # the control state as last read from or written to the store
+        self.heard: dict[str, int] = {}  # the control version each other live member has applied
         self._token: int | None = None
         self._valid_until = -1.0
         self._local: LocalControl | None = None
@@ -195,6 +206,14 @@ class Cluster:
         log.warning("stepping down as the GPU set's leader (token %d): %s", self._token, why)
         self.fenced += 1
         self._token = None
+
+    def caught_up(self) -> bool:
+        """Every other live member has applied the control state as this one last wrote it (and published its
+        counts since). False while this one has a change not yet written."""
+        seen = self.seen
+        if seen is None or self._local is None or not self._local().same(seen):
+            return False
+        return all(version >= seen.version for version in self.heard.values())
 
     def view(self) -> dict:
         return {
@@ -272,21 +291,26 @@ class Cluster:
         token = await self.store.acquire(self.member, self.lease_s)
         if token is not None:
             self._token, self._valid_until = token, asked + self.lease_s
+            self.took_lease_round = self.rounds
             log.info("took the GPU set's lease (token %d)", token)
 
     async def _control(self) -> None:
-        local = self._local()
-        if self.seen is not None and not local.same(self.seen):
-            version = await self.store.put_control(local)  # changed here since: ours is the newest word
-            self.seen = local.model_copy(update={"version": version})
+        local, seen = self._local(), self.seen
+        if seen is not None and not local.same(seen):
+            await self._write(local, seen.generation + 1)  # changed here since: ours is the newest word
             return
         stored = await self.store.get_control()
         if stored is None:
-            version = await self.store.put_control(local)  # the first member: its configuration starts the cluster
-            self.seen = local.model_copy(update={"version": version})
+            # The first member (its configuration starts the cluster), or a store that lost its state (a Redis
+            # restarted empty): what this member knows is the newest it knows of.
+            await self._write(local, seen.generation if seen is not None else 0)
+            return
+        if seen is not None and stored.generation < seen.generation:
+            # Older than what this member knows: a member that missed a change restored a store that lost it.
+            await self._write(local, seen.generation)
             return
         # A Redis that came back empty counts versions again: a version seen before may hold another state.
-        if self.seen is None or stored.version != self.seen.version or not stored.same(self.seen):
+        if seen is None or stored.version != seen.version or not stored.same(seen):
             self.seen = stored
             if not stored.same(local):
                 try:
@@ -294,14 +318,23 @@ class Cluster:
                 except Exception:  # one bad state must not end the membership (the next change applies)
                     log.exception("applying the cluster's control state (version %d) failed", stored.version)
 
+    async def _write(self, control: Control, generation: int) -> None:
+        control = control.model_copy(update={"generation": generation})
+        self.seen = control.model_copy(update={"version": await self.store.put_control(control)})
+
     async def _counts(self) -> None:
         backends = self.pools.all()
-        await self.store.publish(self.member, {b.url: b.inflight for b in backends}, self.inflight_ttl_s)
+        counts = {backend.url: backend.inflight for backend in backends}
+        counts[VERSION_KEY] = self.seen.version if self.seen is not None else 0
+        await self.store.publish(self.member, counts, self.inflight_ttl_s)
         members = await self.store.inflight()
         elsewhere: Counter[str] = Counter()
-        for member, counts in members.items():
+        heard: dict[str, int] = {}
+        for member, published in members.items():
             if member != self.member:
-                elsewhere.update(counts)
+                heard[member] = published.pop(VERSION_KEY, 0)
+                elsewhere.update(published)
+        self.heard = heard
         for backend in backends:
             backend.elsewhere = elsewhere[backend.url]
 

@@ -25,3 +25,25 @@ def parse_fence(value: str | None) -> int | None:
     if not value.isascii() or not value.isdigit() or len(value) > 18:
         raise ValueError(f"{FENCE_HEADER} must be a non-negative integer of at most 18 digits, got {value[:40]!r}")
     return int(value)
+
+
+class Fenced(Exception):
+    """A resource refused a call with 409 `fenced`: it has accepted a newer token, so another replica holds the lease
+    on the GPU set now. Whoever sent the call steps down; retrying with the same token can never succeed."""
+
+
+def refusal(token: int, highest: int) -> str:
+    """What a resource says when it refuses `token` (both tokens named, for the log on either side)."""
+    return (
+        f"fenced: this call carries token {token}, but token {highest} has been accepted since - a newer lease "
+        "holder acts on this GPU set"
+    )
+
+
+def is_fenced(status: int, body: object) -> bool:
+    """Whether an answer is a fence's refusal: 409 with code `fenced` (OpenAI-style, the agent) or reason `fenced`
+    (the patched engine's gate)."""
+    if status != 409 or not isinstance(body, dict):
+        return False
+    error = body.get("error")
+    return (isinstance(error, dict) and error.get("code") == FENCED) or body.get("reason") == FENCED

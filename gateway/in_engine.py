@@ -44,7 +44,7 @@ import httpx
 
 from crossover.gateway.config import PLAIN
 from crossover.gateway.coordination import Coordination, Solo
-from crossover.gateway.fence import fence_headers
+from crossover.gateway.fence import Fenced, fence_headers
 from crossover.gateway.headers import bearer
 from crossover.gateway.pools import Backend, Pools
 from crossover.gateway.routing import Routing
@@ -65,6 +65,7 @@ HELD_RECHECK_S = 0.05
 
 # Why a gate call failed: the `kind` label of crossover_gate_sync_errors_total.
 UNREACHABLE, MALFORMED, REFUSED, UNAUTHORIZED, FAILED = "unreachable", "malformed", "refused", "unauthorized", "failed"
+FENCED = "fenced"  # another replica's newer token was accepted: this one stepped down
 
 
 class GateRefused(Exception):
@@ -314,7 +315,7 @@ class GateSync:
                 return  # a change came in meanwhile: it syncs this backend itself
             if gate.zero_steps_above_bs != wanted:
                 raise GateRejected(f"{url} read back zero_steps_above_bs={gate.zero_steps_above_bs}")
-        except (httpx.HTTPError, TimeoutError, NotPatched, GateRejected) as exc:
+        except (httpx.HTTPError, TimeoutError, NotPatched, GateRejected, Fenced) as exc:
             self._failed(backend, exc)
             return
         if url in self.errors:
@@ -383,6 +384,9 @@ class GateSync:
             if isinstance(exc, GateRejected) and exc.refused
             else FAILED
         )
+        if isinstance(exc, Fenced):
+            kind = FENCED
+            self.coordination.step_down(f"the gate of {url} refused our token: {exc}")
         if isinstance(exc, TimeoutError | httpx.TimeoutException):
             self._slow.add(url)
         message = str(exc) or f"{type(exc).__name__} (no answer within {self.timeout_s:g} s)"

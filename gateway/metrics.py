@@ -339,7 +339,7 @@ class GateCollector(Collector):
         )
         errors = CounterMetricFamily(
             "crossover_gate_sync_errors",
-            "Gate calls that failed, by kind (unreachable, malformed, refused, unauthorized, failed).",
+            "Gate calls that failed, by kind (unreachable, malformed, refused, unauthorized, fenced, failed).",
             labels=["backend", "kind"],
         )
         for backend in self.sync.pools.speculative:

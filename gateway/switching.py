@@ -50,6 +50,7 @@ from crossover.gateway import switch_policy
 from crossover.gateway.config import Settings, SwitchSettings
 from crossover.gateway.coordination import Coordination, Solo
 from crossover.gateway.errors import SwitchConflict, SwitchRateLimited, SwitchUnavailable
+from crossover.gateway.fence import Fenced
 from crossover.gateway.headers import bearer
 from crossover.gateway.health import Breaker
 from crossover.gateway.metrics import Metrics
@@ -387,6 +388,13 @@ class SwitchController:
             self._task.cancel()
             self._task = None
 
+    def _fenced(self, failure: SwitchFailed) -> None:
+        """A resource refused this replica's token: another holds the lease now. Nothing more is tried (every call
+        would be refused alike); the replica that holds it adopts what serves, and this one follows it."""
+        log.error("a call on the GPU set was refused by its fence (%s): stepping down", failure)
+        self.coordination.step_down(str(failure))
+        self.acting = False
+
     def mirror(self, mode: Mode | None, phase: str | None, target: Mode | None, pinned: bool) -> None:
         """A follower: the leader published its mode, switch phase and pin. Requests are held while it switches,
         served on its mode when it is active; this replica's own requests on the old mode are cut once the leader
@@ -523,6 +531,9 @@ class SwitchController:
             # Before anything is drained: can it succeed? A switch refused here has cut and held nothing.
             await mechanism.preflight(old, target)
         except SwitchFailed as failure:
+            if isinstance(failure, Fenced):
+                self._fenced(failure)
+                return
             record.failed_step, record.error = failure.step, failure.message
             self.last_switch = record
             log.error("switch %s -> %s (%s) not started: %s", old, target, mechanism.name, failure)
@@ -548,6 +559,9 @@ class SwitchController:
             self._enter(Phase.VERIFYING)
             await mechanism.verify(target)
         except SwitchFailed as failure:
+            if isinstance(failure, Fenced):
+                self._fenced(failure)
+                return
             record.failed_step, record.error = failure.step, failure.message
             log.error(
                 "switch %s -> %s (%s) failed at %s: %s; recovering", old, target, mechanism.name, failure.step, failure
@@ -567,9 +581,8 @@ class SwitchController:
         """Wait for the old mode's requests, up to the drain deadline; then cut them. Returns how many were cut."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.drain_deadline
-        # Replicas: until the others have seen the drain and published what they still have in flight.
-        heard = loop.time() + self.coordination.lag_s
-        while (self.inflight(old) or loop.time() < heard) and loop.time() < deadline:
+        # Replicas: also until the others have seen the drain and published what they still have in flight.
+        while (self.inflight(old) or not self.coordination.caught_up()) and loop.time() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)
         leases = list(self.leases[old])
         if not leases and not self.inflight(old):
@@ -583,9 +596,10 @@ class SwitchController:
         self.metrics.switch_dropped.labels(CUT).inc(len(leases))
         log.warning("drain deadline passed: cut %d request(s) on %s mode", len(leases), old)
         grace = loop.time() + CUT_GRACE_S
-        while self.inflight(old):
+        # Only this replica's: the others cut theirs when they see the hand-over begin.
+        while (here := max(len(self.leases[old]), self.pools.inflight(old))) > 0:
             if loop.time() >= grace:
-                raise SwitchFailed("drain", f"{self.inflight(old)} request(s) on {old} mode did not end when cut")
+                raise SwitchFailed("drain", f"{here} request(s) on {old} mode did not end when cut")
             await asyncio.sleep(DRAIN_POLL_S)
         return len(leases)
 
@@ -654,6 +668,9 @@ class SwitchController:
             try:
                 await bring_up(mechanism, mode)
             except SwitchFailed as failure:
+                if isinstance(failure, Fenced):
+                    self._fenced(failure)
+                    return
                 record.failed_step, record.error = failure.step, failure.message
                 log.error("recovery: %s mode does not come up: %s", mode, failure)
                 continue

@@ -10,16 +10,9 @@ import pytest
 from crossover.gateway.cluster_redis import RedisStore
 from crossover.gateway.coordination import Control, StoreUnavailable
 from crossover.servers.process import free_port
-from tests.gateway.cluster_helpers import RedisServer, needs_redis
+from tests.gateway.cluster_helpers import needs_redis
 
 pytestmark = needs_redis
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    server = RedisServer.start()
-    yield server
-    server.stop()
 
 
 def run(redis_server, name: str, body):

@@ -9,9 +9,13 @@ import asyncio
 import httpx
 import pytest
 
-from crossover.gateway.coordination import Cluster, Solo
-from tests.gateway.cluster_helpers import RedisServer, TcpProxy, needs_redis
-from tests.gateway.gateway_helpers import chat, hold, wait_until
+from crossover.gateway.cluster_redis import RedisStore
+from crossover.gateway.config import Settings
+from crossover.gateway.coordination import Cluster, Control, Solo
+from crossover.gateway.pools import Pools
+from tests.gateway.cluster_helpers import TcpProxy, needs_redis
+from tests.gateway.gateway_helpers import SIM_SCALE, chat, hold, wait_until
+from tests.gateway.test_in_engine import engine_gate
 
 pytestmark = needs_redis
 
@@ -20,13 +24,6 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 # A change is live everywhere within this many of each replica's sync rounds after the PUT returned: the round
 # under way when it was written may have read before it. At the default sync_interval (0.25 s): half a second.
 SPREAD_ROUNDS = 2
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    server = RedisServer.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -165,3 +162,94 @@ def test_a_replica_cut_off_from_redis_stops_acting_when_its_lease_would_have_exp
     view = admin(cut, "GET", "/admin/state").json()["cluster"]
     assert view["role"] == "follower" and view["connected"] is False and view["fence"] is None
     assert cluster_of(cut).fence() is None
+
+
+def test_in_engine_a_put_on_one_of_two_replicas_is_every_engines_gate_and_stays(gateway, sim, redis_server, request):
+    engines = [sim("k25-eagle3", *SIM_SCALE, "--speculation-gate") for _ in range(2)]
+    cluster = {"redis_url": redis_server.url, "name": request.node.name[:60], "sync_interval": 0.1}
+
+    def replica(threshold: int):
+        # Configured apart on purpose: without a cluster each would keep its own gate on every engine.
+        return gateway(
+            [],
+            [],
+            topology="in-engine",
+            threshold=threshold,
+            admin_token=TOKEN,
+            pools={"speculative": {"backends": [engine.url for engine in engines]}},
+            health={"interval": 0.2, "timeout": 2.0},
+            cluster=cluster,
+        )
+
+    group = [replica(4), replica(9)]
+    assert group[1].state.routing.threshold == 4  # joined the cluster's state
+    follower = next(gw for gw in group if not cluster_of(gw).leader)
+    response = admin(follower, "PUT", "/admin/threshold", threshold=12)
+    assert response.status_code == 200, response.text
+    wait_until(lambda: [engine_gate(e.url)["zero_steps_above_bs"] for e in engines] == [12, 12], what="gate 12")
+    generations = [engine_gate(e.url)["generation"] for e in engines]
+    # Several health intervals, on the gateways' own rounds: every replica reads each gate back three more times.
+    reads = {(id(gw), e.url): set() for gw in group for e in engines}
+
+    def read_three_times() -> bool:
+        for gw in group:
+            for e in engines:
+                gate = gw.state.topology.gates.gates.get(e.url)
+                reads[(id(gw), e.url)].add(id(gate))
+        return all(len(seen) >= 4 for seen in reads.values())
+
+    wait_until(read_three_times, what="three more gate rounds on each replica")
+    assert [engine_gate(e.url)["zero_steps_above_bs"] for e in engines] == [12, 12]
+    assert [engine_gate(e.url)["generation"] for e in engines] == generations  # nobody wrote it again
+    wait_until(
+        lambda: all(
+            g["in_sync"] for gw in group for g in admin(gw, "GET", "/admin/state").json()["backend_gates"].values()
+        ),
+        what="every replica reads every gate back in sync",
+    )
+    assert all(gw.state.routing.threshold == 12 for gw in group)
+
+
+class Member:
+    """A Cluster over a real Redis with a plain-data `local` state, synced by hand (`await member.sync()`)."""
+
+    def __init__(self, redis_url: str, name: str, threshold: int) -> None:
+        pools = {"speculative": {"backends": ["http://127.0.0.1:9"]}, "plain": {"backends": ["http://127.0.0.1:10"]}}
+        settings = Settings(pools=pools, threshold=threshold)
+        self.local = Control(threshold=threshold, hysteresis=settings.hysteresis, policy=settings.policy)
+        self.cluster = Cluster(
+            RedisStore(redis_url, name, timeout_s=2.0), Pools.from_settings(settings), lease_s=5.0, interval_s=60.0
+        )
+
+    async def apply(self, control: Control) -> None:
+        self.local = control
+
+    async def start(self) -> None:
+        await self.cluster.start(lambda: self.local, self.apply)
+
+    async def sync(self) -> None:
+        await self.cluster._sync()
+
+
+def test_a_store_restored_by_a_member_that_missed_the_newest_change_is_set_right(redis_server, request):
+    async def main():
+        name = request.node.name[:60]
+        a, b = Member(redis_server.url, name, 20), Member(redis_server.url, name, 20)
+        await a.start()
+        await b.start()
+        try:
+            await a.cluster.store._redis.flushdb()  # Redis restarted empty
+            b.local = b.local.model_copy(update={"threshold": 7})  # changed on b while it was gone
+            await b.sync()  # b writes its change first ...
+            stale = a.cluster.seen  # ... and a, which read the empty store just before, restores what it knew
+            await a.cluster.store.put_control(stale)
+            await b.sync()  # b sees the store went back and writes its change again
+            await a.sync()
+            await b.sync()
+            assert a.local.threshold == b.local.threshold == 7
+            assert a.cluster.seen.same(b.cluster.seen) and a.cluster.seen.version == b.cluster.seen.version
+        finally:
+            await a.cluster.stop()
+            await b.cluster.stop()
+
+    asyncio.run(main())
