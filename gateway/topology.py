@@ -259,6 +259,9 @@ class TimeShared(Topology):
     async def set_mode(self, mode: Mode | None, pin: bool | None) -> tuple[dict, int]:
         """202 while the switch runs, 200 if the mode already serves (or only the pin changed). A replica that does
         not hold the lease carries the change to the one that does (`share`, which follows): 202."""
+        if mode is not None and not self.coordination.connected:
+            # The other replicas would not see the switch's phase, and route to the old mode meanwhile.
+            raise StateNotShared("no switch starts while the cluster's store is unreachable; the mode is unchanged")
         if self.coordination.leader:
             started = self.controller.request_switch(mode, pin=pin)
             return self.controller.view(), 202 if started else 200

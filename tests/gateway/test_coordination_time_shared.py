@@ -200,3 +200,57 @@ def test_the_leader_killed_during_a_drain_leaves_the_gpu_set_serving_one_mode(
     for gw in followers:
         answer = httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=60, trust_env=False)
         assert answer.status_code == 200 and answer.headers["x-crossover-pool"] == mode
+
+
+def test_redis_stopped_no_switch_starts_and_serving_continues_redis_back_the_cluster_converges(
+    sleep_pair,  # noqa: F811
+    time_shared_replicas,
+    redis_server,
+):
+    speculative, plain = sleep_pair
+    group = time_shared_replicas(speculative.url, plain.url)
+    leader = leader_of(group)
+    wait_until(lambda: all_serving(group, "speculative"), what="every replica serving speculative")
+    redis_server.stop()
+    restarted = False
+    try:
+        wait_until(lambda: not any(coordination(gw).connected for gw in group), what="every replica sees Redis gone")
+        refused = httpx.put(leader.url + "/admin/mode", json={"mode": "plain"}, headers=AUTH, timeout=30)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "state_not_shared"
+
+        async def scenario() -> list[ClosedLoop]:
+            clients = [httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False) for gw in group]
+            loads = [ClosedLoop(client) for client in clients]
+            try:
+                for load in loads:
+                    load.resize(THRESHOLD)  # 3x the threshold in all: a switch, were the cluster whole
+                # Several dwell windows on the leader's own rounds (a round lasts at least sync_interval).
+                start = coordination(leader).rounds
+                rounds = 3 * DWELL_S / coordination(leader).interval_s
+                await until(lambda: coordination(leader).rounds - start >= rounds, what="three dwell windows")
+                assert all_serving(group, "speculative")
+                assert sum(sum(switches(gw, "sleep").values()) for gw in group) == 0
+                for gw in group:
+                    view = gw.state.snapshot()
+                    assert view["cluster"]["connected"] is False and "redis" in view["cluster"]["problem"]
+                    assert gw.metric("crossover_cluster_connected") == 0
+                nonlocal restarted
+                redis_server.restart()
+                restarted = True
+                await until(lambda: all_serving(group, "plain"), what="the cluster switching once Redis is back")
+            finally:
+                for load in loads:
+                    await load.stop()
+                for client in clients:
+                    await client.aclose()
+            return loads
+
+        loads = asyncio.run(scenario())
+    finally:
+        if not restarted:
+            redis_server.restart()
+    problems = [result for load in loads for result in load.results if result != (200, "")]
+    assert not problems, problems[:3]
+    assert sum(switches(gw, "sleep")[("plain", "ok")] for gw in group) == 1
+    wait_until(lambda: all(coordination(gw).connected for gw in group), what="every replica connected")
+    assert all(gw.metric("crossover_cluster_connected") == 1 for gw in group)
