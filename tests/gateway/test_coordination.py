@@ -14,8 +14,8 @@ from crossover.gateway.config import Settings
 from crossover.gateway.coordination import Cluster, Control, Solo
 from crossover.gateway.pools import Pools
 from tests.gateway.cluster_helpers import TcpProxy, needs_redis
-from tests.gateway.gateway_helpers import SIM_SCALE, chat, hold, wait_until
-from tests.gateway.test_in_engine import engine_gate
+from tests.gateway.gateway_helpers import chat, hold, wait_until
+from tests.gateway.test_in_engine import engine_gate, faulty  # noqa: F401 - a fixture
 
 pytestmark = needs_redis
 
@@ -164,8 +164,9 @@ def test_a_replica_cut_off_from_redis_stops_acting_when_its_lease_would_have_exp
     assert cluster_of(cut).fence() is None
 
 
-def test_in_engine_a_put_on_one_of_two_replicas_is_every_engines_gate_and_stays(gateway, sim, redis_server, request):
-    engines = [sim("k25-eagle3", *SIM_SCALE, "--speculation-gate") for _ in range(2)]
+def test_in_engine_a_put_on_one_of_two_replicas_is_every_engines_gate_and_stays(gateway, faulty, redis_server, request):  # noqa: F811
+    backends = faulty(2)  # gated stand-ins, each behind a recorder of the gate calls it gets
+    engines = [engine for engine, _, _ in backends]
     cluster = {"redis_url": redis_server.url, "name": request.node.name[:60], "sync_interval": 0.1}
 
     def replica(threshold: int):
@@ -176,25 +177,27 @@ def test_in_engine_a_put_on_one_of_two_replicas_is_every_engines_gate_and_stays(
             topology="in-engine",
             threshold=threshold,
             admin_token=TOKEN,
-            pools={"speculative": {"backends": [engine.url for engine in engines]}},
+            pools={"speculative": {"backends": [url for _, _, url in backends]}},
             health={"interval": 0.2, "timeout": 2.0},
             cluster=cluster,
         )
 
     group = [replica(4), replica(9)]
     assert group[1].state.routing.threshold == 4  # joined the cluster's state
-    follower = next(gw for gw in group if not cluster_of(gw).leader)
+    leader = next(gw for gw in group if cluster_of(gw).leader)
+    follower = next(gw for gw in group if gw is not leader)
     response = admin(follower, "PUT", "/admin/threshold", threshold=12)
     assert response.status_code == 200, response.text
     wait_until(lambda: [engine_gate(e.url)["zero_steps_above_bs"] for e in engines] == [12, 12], what="gate 12")
     generations = [engine_gate(e.url)["generation"] for e in engines]
     # Several health intervals, on the gateways' own rounds: every replica reads each gate back three more times.
+    url_of = {engine.url: url for engine, _, url in backends}
     reads = {(id(gw), e.url): set() for gw in group for e in engines}
 
     def read_three_times() -> bool:
         for gw in group:
             for e in engines:
-                gate = gw.state.topology.gates.gates.get(e.url)
+                gate = gw.state.topology.gates.gates.get(url_of[e.url])
                 reads[(id(gw), e.url)].add(id(gate))
         return all(len(seen) >= 4 for seen in reads.values())
 
@@ -208,6 +211,9 @@ def test_in_engine_a_put_on_one_of_two_replicas_is_every_engines_gate_and_stays(
         what="every replica reads every gate back in sync",
     )
     assert all(gw.state.routing.threshold == 12 for gw in group)
+    # Every gate write came from the leader, under its fencing token; the follower never wrote one.
+    token = str(cluster_of(leader).fence())
+    assert all(faults.write_fences and set(faults.write_fences) == {token} for _, faults, _ in backends)
 
 
 class Member:

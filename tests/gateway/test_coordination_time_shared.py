@@ -6,8 +6,10 @@ it, and a leader killed mid-drain replaced by a replica that adopts what really 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -65,6 +67,25 @@ def all_serving(group, mode: str) -> bool:
     return all(controller.phase == "active" and controller.mode == mode for controller in controllers)
 
 
+@contextlib.asynccontextmanager
+async def loads_on(group) -> AsyncIterator[list[ClosedLoop]]:
+    """One closed loop of streaming clients per replica, none running yet; on exit every one stops (each request
+    read to its end)."""
+    clients = [httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False) for gw in group]
+    loads = [ClosedLoop(client) for client in clients]
+    try:
+        yield loads
+    finally:
+        for load in loads:
+            await load.stop()
+        for client in clients:
+            await client.aclose()
+
+
+def problems(loads: list[ClosedLoop]) -> list[tuple[int, str]]:
+    return [result for load in loads for result in load.results if result != (200, "")]
+
+
 def test_one_load_step_over_three_replicas_is_one_switch_each_way_not_three(sleep_pair, time_shared_replicas):  # noqa: F811
     speculative, plain = sleep_pair
     group = time_shared_replicas(speculative.url, plain.url)
@@ -72,9 +93,7 @@ def test_one_load_step_over_three_replicas_is_one_switch_each_way_not_three(slee
     wait_until(lambda: all_serving(group, "speculative"), what="every replica serving speculative")
 
     async def scenario() -> list[ClosedLoop]:
-        clients = [httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False) for gw in group]
-        loads = [ClosedLoop(client) for client in clients]
-        try:
+        async with loads_on(group) as loads:
             for load in loads:
                 load.resize(1)  # 3 in all: below the threshold
             await asyncio.sleep(3 * DWELL_S)
@@ -87,19 +106,13 @@ def test_one_load_step_over_three_replicas_is_one_switch_each_way_not_three(slee
                 load.resize(0)
             await until(lambda: all_serving(group, "speculative"), what="every replica back on speculative", gw=leader)
             await asyncio.sleep(3 * DWELL_S)
-        finally:
-            for load in loads:
-                await load.stop()
-            for client in clients:
-                await client.aclose()
         return loads
 
     loads = asyncio.run(scenario())
     counts = [switches(gw, "sleep") for gw in group]
     assert sum(sum(c.values()) for c in counts) == 2, counts  # one switch each way, in the whole cluster
     assert switches(leader, "sleep")[("plain", "ok")] == 1 and switches(leader, "sleep")[("speculative", "ok")] == 1
-    problems = [result for load in loads for result in load.results if result != (200, "")]
-    assert not problems, problems[:3]
+    assert not problems(loads), problems(loads)[:3]
     assert all(len(load.results) > 10 for load in loads)
     for gw in group:
         assert sum(gw.metric("crossover_switch_dropped_total", reason=reason) for reason in DROP_REASONS) == 0
@@ -219,9 +232,7 @@ def test_redis_stopped_no_switch_starts_and_serving_continues_redis_back_the_clu
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "state_not_shared"
 
         async def scenario() -> list[ClosedLoop]:
-            clients = [httpx.AsyncClient(base_url=gw.url, timeout=60, trust_env=False) for gw in group]
-            loads = [ClosedLoop(client) for client in clients]
-            try:
+            async with loads_on(group) as loads:
                 for load in loads:
                     load.resize(THRESHOLD)  # 3x the threshold in all: a switch, were the cluster whole
                 # Several dwell windows on the leader's own rounds (a round lasts at least sync_interval).
@@ -238,19 +249,13 @@ def test_redis_stopped_no_switch_starts_and_serving_continues_redis_back_the_clu
                 redis_server.restart()
                 restarted = True
                 await until(lambda: all_serving(group, "plain"), what="the cluster switching once Redis is back")
-            finally:
-                for load in loads:
-                    await load.stop()
-                for client in clients:
-                    await client.aclose()
             return loads
 
         loads = asyncio.run(scenario())
     finally:
         if not restarted:
             redis_server.restart()
-    problems = [result for load in loads for result in load.results if result != (200, "")]
-    assert not problems, problems[:3]
+    assert not problems(loads), problems(loads)[:3]
     assert sum(switches(gw, "sleep")[("plain", "ok")] for gw in group) == 1
     wait_until(lambda: all(coordination(gw).connected for gw in group), what="every replica connected")
     assert all(gw.metric("crossover_cluster_connected") == 1 for gw in group)
