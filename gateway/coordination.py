@@ -17,7 +17,8 @@ What is shared:
   mode, pin, phase and target as the leader publishes them, and a follower's PUT /admin/mode for the leader to run
   (`ModeRequest`). One versioned value: a member that changed it locally writes it whole, the others apply it
   whole (last writer wins); a member that joins adopts it, and a member that changed it while the store was
-  unreachable writes it when the store is back, so every member converges.
+  unreachable writes it when the store is back, so every member converges. Its `generation` counts the changes it
+  descends from: a store restored with an older state (by a member that missed the newest) is written over.
 - the lease: one member at a time acts on the GPU set (the switch controller's decisions and mechanism calls, the
   in-engine gates); each new acquisition gets a larger fencing token (gateway/fence.py) that its calls carry.
 - the in-flight counts: each member publishes its per-backend counts (expiring, so a dead member's vanish) and
@@ -347,7 +348,11 @@ def make_coordination(settings: Settings, pools: Pools) -> Coordination:
     cluster = settings.cluster
     if not cluster.redis_url:
         return Solo()
-    from crossover.gateway.cluster_redis import RedisStore  # only a cluster needs the optional package
+    try:
+        from crossover.gateway.cluster_redis import RedisStore  # only a cluster needs the optional package
+    except ImportError as exc:
+        needs = "[cluster] redis_url needs the redis package: pip install 'crossover[cluster]'"
+        raise ImportError(f"{needs} ({exc})") from None
 
     store = RedisStore(cluster.redis_url, cluster.name, timeout_s=min(cluster.lease / 3, 2.0))
     return Cluster(store, pools, lease_s=cluster.lease, interval_s=cluster.sync_interval)
