@@ -69,7 +69,8 @@ class GateFaults:
         if path == "/v1/chat/completions" and self.queue_full:
             error = {"message": "The request queue is full.", "type": "BadRequestError", "code": 503}
             return JSONResponse({"object": "error", **error}, 503)
-        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        forwarded = ("authorization", "content-type", FENCE_HEADER.lower())
+        headers = {k: v for k, v in request.headers.items() if k.lower() in forwarded}
         try:
             async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
                 answer = await client.request(request.method, self.upstream + path, content=raw, headers=headers)

@@ -8,7 +8,9 @@ import asyncio
 
 import httpx
 import pytest
+import redis
 
+from crossover.gateway import sglang
 from crossover.gateway.cluster_redis import RedisStore
 from crossover.gateway.config import Settings
 from crossover.gateway.coordination import Cluster, Control, Solo
@@ -259,3 +261,47 @@ def test_a_store_restored_by_a_member_that_missed_the_newest_change_is_set_right
             await b.cluster.stop()
 
     asyncio.run(main())
+
+
+@pytest.mark.skipif(not hasattr(sglang, "GateFenced"), reason="needs the engine gate's fence (the fence branch)")
+def test_a_leader_whose_lease_ran_out_behind_its_back_is_refused_by_the_engines_fence(
+    gateway,
+    faulty,  # noqa: F811
+    redis_server,
+    request,
+):
+    """The leader's own clock says its lease holds (it renews every 10 s), but Redis let it go - as for a leader
+    paused past its lease: the replica that took it over writes the gate under a larger token, and the old leader's
+    next gate write is refused by the engine, counted, and it steps down. The gate stays the new leader's."""
+    backends = faulty(1)
+    engine, faults, url = backends[0]
+    name = request.node.name[:60]
+
+    def replica(sync_interval: float):
+        return gateway(
+            [],
+            [],
+            topology="in-engine",
+            threshold=4,
+            admin_token=TOKEN,
+            pools={"speculative": {"backends": [url]}},
+            health={"interval": 0.2, "timeout": 2.0},
+            cluster={"redis_url": redis_server.url, "name": name, "lease": 30.0, "sync_interval": sync_interval},
+        )
+
+    stale = replica(10.0)
+    assert cluster_of(stale).leader
+    taking = replica(0.1)
+    with redis.Redis.from_url(redis_server.url) as direct:
+        direct.delete(f"{name}:lease")  # what Redis does to a lease nobody renewed in time
+    wait_until(lambda: cluster_of(taking).leader, what="the other replica takes the lease")
+    assert cluster_of(taking).fence() > cluster_of(stale).fence()  # the stale one still believes it leads
+    assert admin(taking, "PUT", "/admin/threshold", threshold=12).status_code == 200
+    wait_until(lambda: engine_gate(engine.url)["zero_steps_above_bs"] == 12, what="the new leader's gate")
+    # The stale leader's next round sees the gate is not its own threshold (it has not synced since) and writes 4.
+    wait_until(lambda: cluster_of(stale).fenced == 1, what="the stale leader's write refused by the fence")
+    assert not cluster_of(stale).leader and cluster_of(stale).fence() is None
+    assert stale.metric("crossover_cluster_fenced_total") == 1
+    assert stale.metric("crossover_gate_sync_errors_total", backend=url, kind="fenced") >= 1
+    assert engine_gate(engine.url)["zero_steps_above_bs"] == 12
+    assert int(faults.write_fences[-1]) < cluster_of(taking).fence()  # the refused write carried the stale token
