@@ -35,6 +35,7 @@ from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
 
 if TYPE_CHECKING:
+    from crossover.gateway.coordination import Coordination
     from crossover.gateway.in_engine import GateSync
 
 # LLM requests: first tokens from tens of ms (idle) to minutes (deep queues); whole requests up to the total timeout.
@@ -284,6 +285,32 @@ class SwitchCollector(Collector):
         )
 
 
+class ClusterCollector(Collector):
+    """This replica's place in its cluster (gateway/coordination.py) at scrape time; without a cluster, connected and
+    leader, as a gateway alone is."""
+
+    def __init__(self, coordination: Coordination) -> None:
+        self.coordination = coordination
+
+    def collect(self) -> Iterator[Metric]:
+        coordination = self.coordination
+        yield GaugeMetricFamily(
+            "crossover_cluster_connected",
+            "1 while the cluster's shared state is reachable (else: serving on the last state seen, no switch starts).",
+            value=1 if coordination.connected else 0,
+        )
+        yield GaugeMetricFamily(
+            "crossover_cluster_leader",
+            "1 while this replica holds the lease that lets it act on the GPU set.",
+            value=1 if coordination.leader else 0,
+        )
+        yield CounterMetricFamily(
+            "crossover_cluster_fenced",
+            "Times this replica stepped down because a resource refused its fencing token.",
+            value=coordination.fenced,
+        )
+
+
 class GateCollector(Collector):
     """An in-engine pool's gates at scrape time (gateway/in_engine.py): each backend's as read back, -1 for none
     (never read back, or no gate), and whether it is the live one."""
@@ -312,7 +339,7 @@ class GateCollector(Collector):
         )
         errors = CounterMetricFamily(
             "crossover_gate_sync_errors",
-            "Gate calls that failed, by kind (unreachable, malformed, refused, unauthorized, failed).",
+            "Gate calls that failed, by kind (unreachable, malformed, refused, unauthorized, fenced, failed).",
             labels=["backend", "kind"],
         )
         for backend in self.sync.pools.speculative:

@@ -46,5 +46,6 @@ class GatewayState:
             "models": sorted(self.pools.model_names()),
             "pools": self.pools.state(),
             "topology": self.topology.name,
+            **self.topology.coordination.view(),
         }
         return self.topology.state_view(snapshot)

@@ -6,6 +6,7 @@
   the direct lane answered each request
 - `sims` -> (k25-eagle3, k25-plain) stand-ins, ready
 - `gateway_process(toml, env=None)` -> `crossover serve --config FILE` in its own process, ready
+- `redis_server` -> a real redis-server on a free loopback port, one per test module (tests/gateway/cluster_helpers.py)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from crossover.gateway.config import Settings
 from crossover.gateway.direct import DirectExchange
 from crossover.gateway.server import protocol_options
 from crossover.servers.process import free_port, spawn, stop, wait_ready
+from tests.gateway.cluster_helpers import RedisServer
 from tests.gateway.gateway_helpers import SIM_SCALE, WAIT_S, RunningGateway
 
 
@@ -146,3 +148,10 @@ def gateway_process(tmp_path):
 
     yield start
     stop(started, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def redis_server():
+    server = RedisServer.start()
+    yield server
+    server.stop()

@@ -22,6 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from crossover.gateway.fence import FENCE_HEADER
+
 GATE = "/speculative/adaptive"
 
 
@@ -36,6 +38,7 @@ class GateFaults:
         self.queue_full = False
         self.credentials: defaultdict[str, set[str]] = defaultdict(set)  # path -> Authorization values
         self.gate_calls: Counter[str] = Counter()  # "GET" / "POST" / "dry_run"
+        self.write_fences: list[str | None] = []  # the fencing token (X-Crossover-Fence) of each gate write
         # Whether the engine behind has had its gate set since it started (or last failed to answer: a restart
         # reverts it to its start-up gate, none).
         self.gated = False
@@ -52,6 +55,8 @@ class GateFaults:
         if path == GATE:
             body = json.loads(raw) if request.method == "POST" and raw else {}
             self.gate_calls["dry_run" if body.get("dry_run") else request.method] += 1
+            if request.method == "POST" and not body.get("dry_run"):
+                self.write_fences.append(request.headers.get(FENCE_HEADER))
             while self.hang.is_set() and not self.release.is_set():
                 await asyncio.sleep(0.05)
             if request.method == "GET" and self.malformed > 0:
@@ -64,7 +69,8 @@ class GateFaults:
         if path == "/v1/chat/completions" and self.queue_full:
             error = {"message": "The request queue is full.", "type": "BadRequestError", "code": 503}
             return JSONResponse({"object": "error", **error}, 503)
-        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        forwarded = ("authorization", "content-type", FENCE_HEADER.lower())
+        headers = {k: v for k, v in request.headers.items() if k.lower() in forwarded}
         try:
             async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
                 answer = await client.request(request.method, self.upstream + path, content=raw, headers=headers)

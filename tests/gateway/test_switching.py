@@ -140,20 +140,25 @@ def sleep_pair(sim):
     return speculative, plain
 
 
+# Sleep switches decided within seconds. Phases long enough, switches cheap enough: a switch always pays, so only
+# the load decides.
+FAST_SWITCHING = {
+    "mechanism": "sleep",
+    "dwell": DWELL_S,
+    "window": 0.5,
+    "interval": 0.05,
+    # Phases long enough, switches cheap enough: a switch always pays, so only the load decides.
+    "expected_phase": 3600.0,
+    "initial_cost": 0.5,
+    "operator_interval": 0.0,
+}
+
+
 @pytest.fixture
 def time_shared(gateway):
-    def start(speculative: str, plain: str, engine: str = "sglang", **switching):
-        switching = {
-            "mechanism": "sleep",
-            "dwell": DWELL_S,
-            "window": 0.5,
-            "interval": 0.05,
-            # Phases long enough, switches cheap enough: a switch always pays, so only the load decides.
-            "expected_phase": 3600.0,
-            "initial_cost": 0.5,
-            "operator_interval": 0.0,
-            **switching,
-        }
+    def start(speculative: str, plain: str, engine: str = "sglang", cluster: dict | None = None, **switching):
+        """`cluster`: one replica of a cluster ([cluster] settings), tests/gateway/test_coordination_time_shared.py."""
+        switching = {**FAST_SWITCHING, **switching}
         return gateway(
             [speculative],
             [plain],
@@ -166,6 +171,7 @@ def time_shared(gateway):
             threshold=THRESHOLD,
             hysteresis=HYSTERESIS,
             switching=switching,
+            **({"cluster": cluster} if cluster else {}),
         )
 
     return start
