@@ -3,6 +3,7 @@ the app's own endpoints read. The request path takes only the parts it uses (gat
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -54,5 +55,5 @@ class GatewayState:
             "topology": self.topology.name,
         }
         if self.worker is not None:
-            snapshot["worker"] = {"slot": self.worker.slot, "workers": self.worker.host.workers}
+            snapshot["worker"] = {"slot": self.worker.slot, "workers": self.worker.host.workers, "pid": os.getpid()}
         return self.topology.state_view(snapshot)

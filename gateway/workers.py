@@ -3,9 +3,12 @@ gateway/host.py).
 
     return serve_workers(settings, host, port)     # the supervisor, until it is stopped; the exit status
 
-The supervisor binds the port once and forks the workers, which inherit the listening socket: the kernel hands each
-new connection to a worker that accepts it, and a busy worker accepts less often. The supervisor serves nothing and
-runs no event loop: it waits for signals (blocked, and read with sigwaitinfo, so nothing runs in a handler).
+The supervisor binds the port once per worker (SO_REUSEPORT) and forks the workers, each of which serves its own
+socket: the kernel spreads new connections evenly over the sockets (a hash of the connection's addresses), where one
+socket shared by all would let whichever worker wakes first take a whole burst of keep-alive connections. The
+supervisor keeps every socket open, so while a worker is replaced, the connections the kernel gives its socket wait
+in the backlog for the replacement instead of being refused. It serves nothing and runs no event loop: it waits for
+signals (blocked, and read with sigwaitinfo, so nothing runs in a handler).
 - A worker that dies is replaced in its slot, its row of in-flight counts zeroed and its metrics retired first; the
   other workers' connections and streams are theirs and go on. A worker that dies before it ever served is a
   start-up problem a replacement would repeat: if no worker has served yet, the gateway stops (exit 1); later, the
@@ -76,18 +79,31 @@ def check_workers(settings: Settings) -> None:
 
 def serve_workers(settings: Settings, host: str, port: int) -> int:
     logging.config.dictConfig(log_config(settings.log_level))
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.create_server((host, port), family=family, backlog=BACKLOG)
+    listeners = bind(host, port, settings.workers)
     backends = len(Pools.from_settings(settings).all())
-    with listener, Host.folder_for_metrics() as folder:
-        supervisor = Supervisor(settings, host, port, listener, Host(settings.workers, backends, Path(folder)))
-        return supervisor.run()
+    try:
+        with Host.folder_for_metrics() as folder:
+            shared = Host(settings.workers, backends, Path(folder))
+            return Supervisor(settings, host, port, listeners, shared).run()
+    finally:
+        for listener in listeners:
+            listener.close()
+
+
+def bind(host: str, port: int, count: int) -> list[socket.socket]:
+    """`count` sockets listening on host:port together (port 0: the one the first was given)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listeners: list[socket.socket] = []
+    for _ in range(count):
+        listeners.append(socket.create_server((host, port), family=family, backlog=BACKLOG, reuse_port=True))
+        port = listeners[0].getsockname()[1]
+    return listeners
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, host: str, port: int, listener: socket.socket, shared: Host) -> None:
+    def __init__(self, settings: Settings, host: str, port: int, listeners: list[socket.socket], shared: Host) -> None:
         self.settings, self.host, self.port = settings, host, port
-        self.listener = listener
+        self.listeners = listeners
         self.shared = shared
         self.pids: dict[int, int] = {}  # pid -> slot
         self.retry_at: dict[int, float] = {}  # slot -> when its replacement starts
@@ -130,6 +146,10 @@ class Supervisor:
         if self.stopping is None:
             self.stopping = signo
             log.info("stopping %d workers (%s)", len(self.pids), signal.Signals(signo).name)
+            # The workers close theirs as they start draining: with these closed too, new connections are refused
+            # (a load balancer tries elsewhere) rather than left waiting in a backlog nobody accepts from.
+            for listener in self.listeners:
+                listener.close()
         self.retry_at.clear()
         for pid in self.pids:
             os.kill(pid, signo)
@@ -188,7 +208,10 @@ class Supervisor:
         """Worker `slot`'s life: the gateway of one process on the shared socket."""
         worker = Worker(self.shared, slot)
         server = make_server(worker_settings(self.settings, slot), self.host, self.port, worker=worker)
-        server.run(sockets=[self.listener])
+        for other, listener in enumerate(self.listeners):
+            if other != slot:
+                listener.close()  # the supervisor holds it for its own worker
+        server.run(sockets=[self.listeners[slot]])
         if not server.started:
             return START_FAILED
         return 130 if server.interrupted else 0
