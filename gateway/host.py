@@ -57,8 +57,10 @@ class Host:
         self.workers = workers
         self.width = HEADER_CELLS + backends
         self.folder = folder
-        self._memory = mmap.mmap(-1, workers * self.width * CELL)  # MAP_SHARED | MAP_ANONYMOUS
+        # A row per worker, then the host's own: the control state's version (gateway/host_store.py).
+        self._memory = mmap.mmap(-1, (workers + 1) * self.width * CELL)  # MAP_SHARED | MAP_ANONYMOUS
         self.cells = memoryview(self._memory).cast("q")
+        self._control = workers * self.width
 
     @staticmethod
     def folder_for_metrics() -> tempfile.TemporaryDirectory:
@@ -70,7 +72,13 @@ class Host:
         return self.cells[slot * self.width : (slot + 1) * self.width]
 
     def total(self, column: int) -> int:
-        return sum(self.cells[column :: self.width])
+        return sum(self.cells[column : self._control : self.width])
+
+    def control_version(self) -> int:
+        return self.cells[self._control]
+
+    def set_control_version(self, version: int) -> None:
+        self.cells[self._control] = version
 
     def pid(self, slot: int) -> int:
         """The worker's pid once it serves, else 0."""
@@ -153,9 +161,14 @@ def summable(families: Iterator[Metric]) -> Samples:
 
 
 def write_atomically(path: Path, payload: Samples) -> None:
+    write_bytes_atomically(path, json.dumps(payload).encode())
+
+
+def write_bytes_atomically(path: Path, data: bytes) -> None:
+    """Write-then-rename: a reader sees the old file or the new one, never half of one."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as file:
-        json.dump(payload, file)
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
     os.replace(tmp, path)
 
 
