@@ -122,6 +122,7 @@ def admin_routes(state: GatewayState) -> list[Route]:
         except OSError as exc:
             raise StateNotSaved(f"the change is live but could not be saved to the state file: {exc}") from None
         await topology.threshold_changed(fields)
+        await topology.share()
         return JSONResponse(threshold_view(state))
 
     async def get_state(request: Request) -> JSONResponse:
@@ -138,6 +139,7 @@ def admin_routes(state: GatewayState) -> list[Route]:
         authorize_admin(request.headers.get("authorization"), token)
         update = parse_body(ModeUpdate, await read_admin_body(request))
         view, status = await topology.set_mode(update.mode, update.pin)
+        await topology.share()
         return JSONResponse(view, status_code=status)
 
     return [

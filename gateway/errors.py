@@ -28,6 +28,7 @@ GatewayError ..................... 500  api_error              backend_error
 │   └── BackendBusy .............. 503  api_error              busy              (queue full or 503, nowhere else)
 │       └── BackendRateLimited ... 429  rate_limit_error       busy              (a 429, nowhere else to go)
 ├── StateNotSaved ................ 500  api_error              -                 (a live change not persisted)
+│   └── StateNotShared ........... 503  api_error              -                 (... nor shared: cluster unreachable)
 └── BackendTimeout ............... 504  timeout_error          timeout           (first byte or total timeout)
 
 BackendAnswered keeps the backend's status and message: a 4xx, a 500 about the request, an error event before
@@ -246,6 +247,12 @@ class StateNotSaved(GatewayError):
     """A live change that applies but could not be written to the state file."""
 
     code = "state_not_saved"
+
+
+class StateNotShared(StateNotSaved):
+    """A live change on this replica that the cluster's store did not take (it is written once the store answers)."""
+
+    status, code = 503, "state_not_shared"
 
 
 class BackendTimeout(GatewayError):

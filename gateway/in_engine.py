@@ -9,6 +9,11 @@ request would join fewer than T others", i.e. a batch of at most T: so the gate 
     await sync.threshold_changed()  # after PUT /admin/threshold: dry run everywhere, then set and read back
     await sync.force("plain", pin=True)   # PUT /admin/mode: every engine's gate 0 until {"pin": false}
     sync.view()                     # each backend's gate, for /admin/state
+    await sync.follow("plain", True)  # another replica changed the threshold or the mode (gateway/coordination.py)
+
+With replicas, only the one holding the lease writes the gates, under its fencing token; the others dry-run a
+change they take (so a gate the engines refuse is still refused where it was asked for), then read the gates back:
+two replicas never overwrite each other's gate.
 
 A forced mode (`PUT /admin/mode {"mode": ...}`) holds until the next threshold change; a pinned one until it is
 unpinned (`{"pin": false}`, which hands the gate back to the threshold). A change of hysteresis alone moves no
@@ -38,6 +43,8 @@ from typing import TypeVar
 import httpx
 
 from crossover.gateway.config import PLAIN
+from crossover.gateway.coordination import Coordination, Solo
+from crossover.gateway.fence import fence_headers
 from crossover.gateway.headers import bearer
 from crossover.gateway.pools import Backend, Pools
 from crossover.gateway.routing import Routing
@@ -80,8 +87,11 @@ class GateSync:
         timeout_s: float,
         interval_s: float,
         admin_key: str | None = None,
+        *,
+        coordination: Coordination | None = None,
     ) -> None:
         self.pools = pools
+        self.coordination = coordination if coordination is not None else Solo()
         self.routing = routing
         self.timeout_s = timeout_s
         self.interval_s = interval_s
@@ -137,6 +147,27 @@ class GateSync:
         except GateRefused:
             self.forced, self.pinned = before
             raise
+
+    async def follow(self, forced: str | None, pinned: bool) -> None:
+        """Another replica changed the threshold (already in `routing`) or the forced mode: the leader writes the
+        gate in the background (the caller is the cluster's sync, which must not wait on engines)."""
+        self.forced, self.pinned = forced, pinned
+        if self.coordination.leader:
+            self._tasks = [task for task in self._tasks if not task.done()]
+            self._tasks.append(asyncio.create_task(self._call_all(self.apply_threshold())))
+            return
+        self.wanted, self.live_threshold = self._candidate(), self.routing.threshold
+        for backend in self.pools.speculative:
+            self._hold(backend)
+
+    async def _call_all(self, call: Awaitable[list[str]]) -> None:
+        try:
+            failed = await call
+        except GateRefused as exc:  # the replica that took the change dry-ran it: the engines changed since
+            logger.error("another replica's gate is refused here: %s", exc)
+            return
+        if failed:
+            logger.warning("the cluster's gate is not yet on: %s", "; ".join(failed))
 
     async def threshold_changed(self) -> list[str]:
         """After PUT /admin/threshold moved the threshold: an unpinned forced mode ends; the gates follow. On
@@ -268,6 +299,11 @@ class GateSync:
             self._slow.discard(url)
             self._known(backend, gate)
             backend.gate_read_ejections = seen  # its gate is known again (held by _known if it is none)
+            if not self.coordination.leader:
+                # The replica holding the lease writes gates; this one reads them back (in_sync says whether).
+                self.errors.pop(url, None)
+                self._hold(backend)
+                return
             if force or gate.zero_steps_above_bs != wanted:
                 # Background rounds compare-and-set: a round that read before an operator's change cannot undo it.
                 expected = None if force else gate.generation
@@ -292,7 +328,7 @@ class GateSync:
             self._client,
             backend.url,
             wanted,
-            headers=self.headers,
+            headers={**self.headers, **fence_headers(self.coordination.fence())},
             timeout=self.timeout_s,
             expected_generation=expected,
         )

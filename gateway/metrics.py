@@ -35,6 +35,7 @@ from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
 
 if TYPE_CHECKING:
+    from crossover.gateway.coordination import Coordination
     from crossover.gateway.in_engine import GateSync
 
 # LLM requests: first tokens from tens of ms (idle) to minutes (deep queues); whole requests up to the total timeout.
@@ -281,6 +282,32 @@ class SwitchCollector(Collector):
         yield active
         yield GaugeMetricFamily(
             "crossover_switch_queued_requests", "Requests held while the GPU set switches modes.", value=queued
+        )
+
+
+class ClusterCollector(Collector):
+    """This replica's place in its cluster (gateway/coordination.py) at scrape time; without a cluster, connected and
+    leader, as a gateway alone is."""
+
+    def __init__(self, coordination: Coordination) -> None:
+        self.coordination = coordination
+
+    def collect(self) -> Iterator[Metric]:
+        coordination = self.coordination
+        yield GaugeMetricFamily(
+            "crossover_cluster_connected",
+            "1 while the cluster's shared state is reachable (else: serving on the last state seen, no switch starts).",
+            value=1 if coordination.connected else 0,
+        )
+        yield GaugeMetricFamily(
+            "crossover_cluster_leader",
+            "1 while this replica holds the lease that lets it act on the GPU set.",
+            value=1 if coordination.leader else 0,
+        )
+        yield CounterMetricFamily(
+            "crossover_cluster_fenced",
+            "Times this replica stepped down because a resource refused its fencing token.",
+            value=coordination.fenced,
         )
 
 

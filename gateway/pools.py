@@ -40,6 +40,8 @@ class Backend:
     # its start-up gate) holds it out until the gate is read again, whenever the probes bring it back. None: no
     # gate to check (the other topologies).
     gate_read_ejections: int | None = None
+    # In flight on it through the other members of the cluster (gateway/coordination.py), as they last published.
+    elsewhere: int = 0
 
     @property
     def usable(self) -> bool:
@@ -104,21 +106,21 @@ class Pools:
         return backend.inflight
 
     def backend_load(self, backend: Backend) -> int:
-        inflight = self.count(backend)
+        counted = self.count(backend) + backend.elsewhere
         if self.load_signal == "local":
-            return inflight
+            return counted
         fresh = time.monotonic() - backend.scraped_at <= STALE_AFTER_INTERVALS * self.health.load_interval
         scraped = backend.scraped if fresh and backend.scraped is not None else None
         if self.load_signal == "scraped":
-            return inflight if scraped is None else scraped
-        return max(inflight, scraped or 0)
+            return counted if scraped is None else scraped
+        return max(counted, scraped or 0)
 
     def pool_load(self, name: str) -> int:
         pool = self.pool(name)
         if self.load_signal == "local":  # the default, asked once per request: no call per backend
             load = 0
             for backend in pool:
-                load += backend.inflight
+                load += backend.inflight + backend.elsewhere
             return load
         return sum([self.backend_load(backend) for backend in pool])
 
@@ -127,6 +129,10 @@ class Pools:
 
     def inflight(self, name: str) -> int:
         return sum(self.count(backend) for backend in self.pool(name))
+
+    def elsewhere(self, name: str) -> int:
+        """In flight on pool `name` through the cluster's other members."""
+        return sum(backend.elsewhere for backend in self.pool(name))
 
     def choose(
         self, name: str, exclude: frozenset[Backend] | set[Backend] = frozenset(), turn: bool = True

@@ -53,6 +53,7 @@ class GatewayState:
             "models": sorted(self.pools.model_names()),
             "pools": self.pools.state(),
             "topology": self.topology.name,
+            **self.topology.coordination.view(),
         }
         if self.worker is not None:
             snapshot["worker"] = {"slot": self.worker.slot, "workers": self.worker.host.workers, "pid": os.getpid()}

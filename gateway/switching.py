@@ -48,6 +48,7 @@ import httpx
 
 from crossover.gateway import switch_policy
 from crossover.gateway.config import Settings, SwitchSettings
+from crossover.gateway.coordination import Coordination, Solo
 from crossover.gateway.errors import SwitchConflict, SwitchRateLimited, SwitchUnavailable
 from crossover.gateway.headers import bearer
 from crossover.gateway.health import Breaker
@@ -171,6 +172,7 @@ class SwitchController:
         breaker: Breaker,
         client: httpx.AsyncClient,
         *,
+        coordination: Coordination | None = None,
         queued_elsewhere: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -181,6 +183,10 @@ class SwitchController:
         self.metrics = metrics
         self.breaker = breaker
         self.queued_elsewhere = queued_elsewhere
+        # Replicas: only the lease holder decides and moves the GPU set; the others mirror what it publishes.
+        self.coordination = coordination if coordination is not None else Solo()
+        # This replica runs the switches (it held the lease when it last looked); a gateway alone always does.
+        self.acting = self.coordination.leader
         self.clock = clock
         self.mode: Mode | None = self.settings.initial_mode
         self.phase = Phase.STARTING
@@ -209,6 +215,7 @@ class SwitchController:
             self.settings.queue_timeout,
             on_drop=lambda reason: metrics.switch_dropped.labels(reason).inc(),
         )
+        # FENCE: once gateway/switch_mechanisms.py takes it (the fence branch), pass `fence=self.coordination.fence`.
         self._mechanism = make_mechanism(self.settings, self.targets, client, self.inflight)
         self._timer: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
@@ -219,8 +226,12 @@ class SwitchController:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Begin serving: adopt whichever mode serves (or bring one up) in the background; start the timer."""
-        self._task = asyncio.create_task(self._adopt())
+        """Begin serving: adopt whichever mode serves (or bring one up) in the background; start the timer. A
+        follower waits for the leader's word (`mirror`) instead."""
+        if self.coordination.leader:
+            self._take_over()
+        else:
+            self.acting = False  # a follower until its first tick finds it holds the lease
         self._timer = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
@@ -249,8 +260,9 @@ class SwitchController:
         return self._task is not None and not self._task.done()
 
     def inflight(self, mode: Mode) -> int:
-        """Requests on `mode`: admitted ones (leases) and whatever pools counts on its backends."""
-        return max(len(self.leases[mode]), self.pools.inflight(mode))
+        """Requests on `mode`: admitted ones (leases) and whatever pools counts on its backends, here and through
+        the cluster's other replicas."""
+        return max(len(self.leases[mode]), self.pools.inflight(mode)) + self.pools.elsewhere(mode)
 
     async def admit(self) -> Lease:
         """The lease of the mode that serves this request; waits while a switch is under way, else 503."""
@@ -358,6 +370,42 @@ class SwitchController:
             except Exception:  # a bug in one tick must not end switching for the gateway's lifetime
                 log.exception("switch controller tick failed")
 
+    # -- replicas -------------------------------------------------------------------------------
+
+    def _take_over(self) -> None:
+        """This replica took the lease: adopt what really serves (a leader killed mid-switch leaves the GPU set
+        anywhere), then decide as the only controller."""
+        log.info("acting on the GPU set (this replica holds the lease)")
+        self.acting = True
+        self._task = asyncio.create_task(self._adopt())
+
+    def _step_back(self) -> None:
+        """The lease is gone: stop acting at once (a switch under way ends where it is; the new leader adopts)."""
+        log.warning("no longer acting on the GPU set (the lease is lost); following the replica that holds it")
+        self.acting = False
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    def mirror(self, mode: Mode | None, phase: str | None, target: Mode | None, pinned: bool) -> None:
+        """A follower: the leader published its mode, switch phase and pin. Requests are held while it switches,
+        served on its mode when it is active; this replica's own requests on the old mode are cut once the leader
+        has stopped draining (its hand-over would fail them anyway)."""
+        if self.acting or phase is None:
+            return
+        self.pinned = pinned
+        self.target = target
+        new = Phase(phase)
+        if new in (Phase.SWITCHING, Phase.VERIFYING, Phase.RECOVERING, Phase.UNAVAILABLE) and self.mode is not None:
+            for lease in list(self.leases[self.mode]):
+                lease.cut(f"the request was cut: the GPU set is leaving {self.mode} mode (phase {new})")
+        if new is Phase.ACTIVE and mode is not None:
+            self._activate(mode)
+            return
+        if mode is not None:
+            self.mode = mode
+        self._enter(new)
+
     def policy_settings(self) -> switch_policy.PolicySettings:
         return self.switch.policy(self.routing.threshold, self.routing.hysteresis)
 
@@ -367,8 +415,16 @@ class SwitchController:
         settings = self.policy_settings()
         load = self.pools.total_load() + self.queued + self.queued_elsewhere()
         self.switcher.observe(now, load, settings)
-        if self.busy:
+        coordination = self.coordination
+        if not coordination.leader:
+            if self.acting:
+                self._step_back()
             return
+        if not self.acting:
+            self._take_over()
+            return
+        if self.busy or not coordination.connected:
+            return  # no switch starts on a state the other replicas may not see
         if self.phase is Phase.UNAVAILABLE:
             if self.backoff.ready(now):
                 self._task = asyncio.create_task(self._recover_task(None))
@@ -511,7 +567,9 @@ class SwitchController:
         """Wait for the old mode's requests, up to the drain deadline; then cut them. Returns how many were cut."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.drain_deadline
-        while self.inflight(old) and loop.time() < deadline:
+        # Replicas: until the others have seen the drain and published what they still have in flight.
+        heard = loop.time() + self.coordination.lag_s
+        while (self.inflight(old) or loop.time() < heard) and loop.time() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)
         leases = list(self.leases[old])
         if not leases and not self.inflight(old):

@@ -1,11 +1,16 @@
 """The deployment's shape behind one interface: partitioned pools, a time-shared GPU set, or in-engine gates.
 
     topology = make_topology(settings, pools, routing, metrics, breaker, admission, client)   # build_state
-    await topology.start() ... await topology.stop()       # the app's lifespan
+    await topology.start() ... await topology.stop()       # the app's lifespan (and the cluster's membership)
     lease = await topology.admit(on_cut)                    # a request: its place on the mode that serves (or None)
     pool, reason = topology.route(lease)                    # ... and the pool it goes to
     topology.direct_lane                                    # may the direct lane take a request here?
     await topology.set_mode("plain", pin=True)              # PUT /admin/mode: (view, status), or NotForTopology
+    await topology.share()                                  # after either PUT: live on every replica
+
+With replicas (gateway/coordination.py), the threshold, hysteresis, policy, mode and pin are the cluster's: a
+topology says what of its state is shared (`control`) and takes what another replica changed (`apply_control`);
+only the replica holding the lease acts on the GPU set (time-shared: switches; in-engine: writes the gates).
 
 What the routing asks, what the admin API's threshold, mode and pin mean, the state view, the metrics it adds, its
 start-up and shutdown: each topology answers for itself, so the app, the admin API and the request path ask the
@@ -23,21 +28,33 @@ topology and never which one it is. What a topology cannot honour it refuses wit
 
 from __future__ import annotations
 
+import logging
+import uuid
 from collections.abc import Callable
 
 import httpx
 
 from crossover.gateway.admission import Admission
-from crossover.gateway.config import SPECULATIVE, Settings
-from crossover.gateway.errors import BackendBusy, BackendFailed, GatewayError, InvalidRequest, NotForTopology
+from crossover.gateway.config import SPECULATIVE, Settings, ThresholdError
+from crossover.gateway.coordination import Control, Coordination, ModeRequest, StoreUnavailable, make_coordination
+from crossover.gateway.errors import (
+    BackendBusy,
+    BackendFailed,
+    GatewayError,
+    InvalidRequest,
+    NotForTopology,
+    StateNotShared,
+)
 from crossover.gateway.health import Breaker
 from crossover.gateway.in_engine import GateRefused, GateSync
-from crossover.gateway.metrics import GateCollector, Metrics, SwitchCollector
+from crossover.gateway.metrics import ClusterCollector, GateCollector, Metrics, SwitchCollector
 from crossover.gateway.modes import Mode
 from crossover.gateway.policy import IN_ENGINE
 from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
 from crossover.gateway.switching import ACTIVE_MODE, Lease, SwitchController
+
+log = logging.getLogger("crossover.topology")
 
 # What a PUT /admin/threshold may name (gateway/admin.py's ThresholdUpdate).
 THRESHOLD, HYSTERESIS, POLICY = "threshold", "hysteresis", "policy"
@@ -55,19 +72,49 @@ class Topology:
     # Why a routing policy (PUT /admin/threshold's `policy`) means nothing here; None: it is this topology's.
     no_policy: str | None = None
 
-    def __init__(self, pools: Pools, routing: Routing, metrics: Metrics) -> None:
+    def __init__(self, pools: Pools, routing: Routing, metrics: Metrics, coordination: Coordination) -> None:
         self.pools = pools
         self.routing = routing
+        self.coordination = coordination
         # Every topology exposes the switch families (none serves a mode here), so dashboards need no topology.
         metrics.registry.register(SwitchCollector())
+        metrics.registry.register(ClusterCollector(coordination))
 
     # -- lifespan -------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Once the first health round is in, before serving; what it raises refuses to serve."""
+        await self.coordination.start(self.control, self.apply_control)  # the cluster's state first
 
     async def stop(self) -> None:
         """At shutdown; safe after a `start` that raised."""
+        await self.coordination.stop()
+
+    # -- the cluster ----------------------------------------------------------------------------
+
+    def control(self) -> Control:
+        """What of this replica's state every replica shares."""
+        routing = self.routing
+        return Control(threshold=routing.threshold, hysteresis=routing.hysteresis, policy=routing.policy)
+
+    async def apply_control(self, control: Control) -> None:
+        """What another replica changed; never raises (a bad value is logged and the old one serves)."""
+        try:
+            self.routing.update(control.threshold, control.hysteresis, control.policy)
+        except ThresholdError as exc:
+            log.error("the cluster's control state does not apply here (%s): keeping the live one", exc)
+        except OSError:
+            pass  # live, not saved: Routing said so (state_file_problem)
+
+    async def share(self) -> None:
+        """After a PUT: the change is written for every replica now (503 if it could not be: live here only, and
+        written for the others when the cluster's store answers again)."""
+        try:
+            await self.coordination.share()
+        except StoreUnavailable as exc:
+            raise StateNotShared(
+                f"the change is live on this replica, and reaches the others once the cluster's store answers ({exc})"
+            ) from None
 
     # -- the request path -----------------------------------------------------------------------
 
@@ -134,17 +181,52 @@ class TimeShared(Topology):
     other_pool = False  # the other mode's server is asleep or stopped
     no_policy = "serves one mode at a time, and its switch controller decides when to switch"
 
-    def __init__(self, pools: Pools, routing: Routing, metrics: Metrics, controller: SwitchController) -> None:
+    def __init__(
+        self, pools: Pools, routing: Routing, metrics: Metrics, coordination: Coordination, controller: SwitchController
+    ) -> None:
         self.pools = pools
         self.routing = routing
+        self.coordination = coordination
         self.controller = controller
+        # The last PUT /admin/mode a follower carried to the leader (and the leader ran): part of the shared state.
+        self._request: ModeRequest | None = None
         metrics.registry.register(SwitchCollector(lambda: (controller.serving, controller.queued)))
+        metrics.registry.register(ClusterCollector(coordination))
 
     async def start(self) -> None:
+        await super().start()
         await self.controller.start()
 
     async def stop(self) -> None:
         await self.controller.stop()
+        await super().stop()
+
+    def control(self) -> Control:
+        controller = self.controller
+        published = {
+            "pinned": controller.pinned,
+            "mode": controller.mode,
+            "phase": str(controller.phase),
+            "target": controller.target,
+            "mode_request": self._request,
+        }
+        return super().control().model_copy(update=published)
+
+    async def apply_control(self, control: Control) -> None:
+        """The leader runs a follower's PUT /admin/mode; a follower mirrors the leader's mode, phase and pin."""
+        await super().apply_control(control)
+        request = control.mode_request
+        if not self.coordination.leader:
+            self._request = request
+            self.controller.mirror(control.mode, control.phase, control.target, control.pinned)
+            return
+        if request is None or request == self._request:
+            return
+        self._request = request
+        try:
+            self.controller.request_switch(request.mode, pin=request.pin)
+        except GatewayError as exc:  # in a switch already, or too soon: the follower's caller got its 202
+            log.warning("a PUT /admin/mode taken by another replica is not run: %s", exc)
 
     async def admit(self, on_cut: Callable[[str], None]) -> Lease:
         # During a switch this waits in the switch queue (bounded in length and time).
@@ -175,9 +257,13 @@ class TimeShared(Topology):
         return self.controller.view()
 
     async def set_mode(self, mode: Mode | None, pin: bool | None) -> tuple[dict, int]:
-        """202 while the switch runs, 200 if the mode already serves (or only the pin changed)."""
-        started = self.controller.request_switch(mode, pin=pin)
-        return self.controller.view(), 202 if started else 200
+        """202 while the switch runs, 200 if the mode already serves (or only the pin changed). A replica that does
+        not hold the lease carries the change to the one that does (`share`, which follows): 202."""
+        if self.coordination.leader:
+            started = self.controller.request_switch(mode, pin=pin)
+            return self.controller.view(), 202 if started else 200
+        self._request = ModeRequest(id=uuid.uuid4().hex, mode=mode, pin=pin)
+        return self.controller.view(), 202
 
 
 class InEngine(Topology):
@@ -186,18 +272,32 @@ class InEngine(Topology):
     name = "in-engine"
     no_policy = "has one pool, whose engines' zero-step gate is the threshold"
 
-    def __init__(self, pools: Pools, routing: Routing, metrics: Metrics, gates: GateSync) -> None:
+    def __init__(
+        self, pools: Pools, routing: Routing, metrics: Metrics, coordination: Coordination, gates: GateSync
+    ) -> None:
         self.pools = pools
         self.routing = routing
+        self.coordination = coordination
         self.gates = gates
         metrics.registry.register(SwitchCollector())
         metrics.registry.register(GateCollector(gates))
+        metrics.registry.register(ClusterCollector(coordination))
 
     async def start(self) -> None:
+        await super().start()
         await self.gates.start()  # NotPatched: refuse to serve, naming the patch
 
     async def stop(self) -> None:
         await self.gates.stop()
+        await super().stop()
+
+    def control(self) -> Control:
+        return super().control().model_copy(update={"forced_mode": self.gates.forced, "pinned": self.gates.pinned})
+
+    async def apply_control(self, control: Control) -> None:
+        """Another replica's threshold or mode: the leader writes it to every engine, a follower reads it back."""
+        await super().apply_control(control)
+        await self.gates.follow(control.forced_mode, control.pinned)
 
     def route(self, lease: Lease | None) -> tuple[str, str]:
         return SPECULATIVE, IN_ENGINE
@@ -252,14 +352,30 @@ def make_topology(
     admission: Admission,
     client: httpx.AsyncClient,
 ) -> Topology:
-    """The topology `settings` names, built whole with what it needs of the gateway's state."""
+    """The topology `settings` names, built whole with what it needs of the gateway's state (and its cluster's)."""
+    coordination = make_coordination(settings, pools)
     if settings.topology == "time-shared":
         controller = SwitchController(
-            settings, pools, routing, metrics, breaker, client, queued_elsewhere=lambda: admission.queued
+            settings,
+            pools,
+            routing,
+            metrics,
+            breaker,
+            client,
+            coordination=coordination,
+            queued_elsewhere=lambda: admission.queued,
         )
-        return TimeShared(pools, routing, metrics, controller)
+        return TimeShared(pools, routing, metrics, coordination, controller)
     if settings.topology == "in-engine":
         spec = settings.pools.speculative
-        gates = GateSync(pools, routing, client, settings.health.timeout, settings.health.interval, spec.control_key)
-        return InEngine(pools, routing, metrics, gates)
-    return Partitioned(pools, routing, metrics)
+        gates = GateSync(
+            pools,
+            routing,
+            client,
+            settings.health.timeout,
+            settings.health.interval,
+            spec.control_key,
+            coordination=coordination,
+        )
+        return InEngine(pools, routing, metrics, coordination, gates)
+    return Partitioned(pools, routing, metrics, coordination)

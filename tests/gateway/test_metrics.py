@@ -39,6 +39,9 @@ DOCUMENTED = {
     "crossover_switch_queued_requests": "gauge",
     "crossover_switch_dropped": "counter",
     "crossover_switch_recoveries": "counter",
+    "crossover_cluster_connected": "gauge",
+    "crossover_cluster_leader": "gauge",
+    "crossover_cluster_fenced": "counter",
 }
 
 

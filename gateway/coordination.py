@@ -1,0 +1,320 @@
+"""What the replicas of one gateway must share, whichever way they share it: the seam between a gateway and its
+cluster.
+
+    coordination = make_coordination(settings, pools)    # Solo without [cluster] redis_url, else Cluster(store)
+    await coordination.start(local, apply)   # local() -> Control now; apply(control) takes what another wrote
+    await coordination.share()               # after a local change (a PUT): written for every member now
+    coordination.leader                      # may this process act on the GPU set (it holds an unexpired lease)
+    coordination.connected                   # is the shared state reachable (no switch starts while it is not)
+    coordination.fence()                     # the token its mutating calls carry (None: no cluster)
+    coordination.step_down(why)              # a resource refused our token (409 `fenced`): stop acting now
+    coordination.lag_s                       # how long until the others have seen a change and answered
+    coordination.view()                      # for /admin/state and crossover_cluster_*
+    await coordination.stop()
+
+What is shared:
+- the control state (`Control`): the threshold, hysteresis and policy; in-engine's forced mode and pin; time-shared's
+  mode, pin, phase and target as the leader publishes them, and a follower's PUT /admin/mode for the leader to run
+  (`ModeRequest`). One versioned value: a member that changed it locally writes it whole, the others apply it
+  whole (last writer wins); a member that joins adopts it, and a member that changed it while the store was
+  unreachable writes it when the store is back, so every member converges.
+- the lease: one member at a time acts on the GPU set (the switch controller's decisions and mechanism calls, the
+  in-engine gates); each new acquisition gets a larger fencing token (gateway/fence.py) that its calls carry.
+- the in-flight counts: each member publishes its per-backend counts (expiring, so a dead member's vanish) and
+  writes the others' sum onto each `Backend.elsewhere`, which the pools' load adds to its own count. Nothing per
+  request asks the coordination anything.
+
+Another way of sharing (the workers of one host) implements `Store` only; `Cluster` runs the loop over it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from crossover.gateway.config import Settings
+from crossover.gateway.modes import Mode
+from crossover.gateway.pools import Pools
+
+log = logging.getLogger("crossover.coordination")
+
+
+class ModeRequest(BaseModel):
+    """A PUT /admin/mode taken by a member that does not hold the lease, carried to the one that does."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    mode: Mode | None = None
+    pin: bool | None = None
+
+
+class Control(BaseModel):
+    """The cluster-wide control state. `version` is the store's (0: never stored); equality ignores it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    threshold: int
+    hysteresis: int
+    policy: str
+    # A forced mode (in-engine: every gate; time-shared: the pin) and whether it is pinned.
+    forced_mode: Mode | None = None
+    pinned: bool = False
+    # Time-shared, as the leader publishes them: the mode that serves, the switch phase, the mode switched to.
+    mode: Mode | None = None
+    phase: str | None = None
+    target: Mode | None = None
+    mode_request: ModeRequest | None = None
+    version: int = 0
+
+    def same(self, other: Control | None) -> bool:
+        return other is not None and self.model_dump(exclude={"version"}) == other.model_dump(exclude={"version"})
+
+
+class StoreUnavailable(Exception):
+    """The store did not answer (down, cut off, too slow): the message says how."""
+
+
+class Store(Protocol):
+    """Where members share state; every call raises StoreUnavailable when the store does not answer."""
+
+    async def get_control(self) -> Control | None:
+        """The stored control state with its version; None if none was ever stored."""
+
+    async def put_control(self, control: Control) -> int:
+        """Store `control` (its version ignored); the new version, larger than any before."""
+
+    async def acquire(self, member: str, ttl_s: float) -> int | None:
+        """Take the lease for `ttl_s` if nobody holds it: the new fencing token (larger than every earlier one)."""
+
+    async def renew(self, member: str, token: int, ttl_s: float) -> bool:
+        """Extend the lease `member` holds under `token` by `ttl_s`; False if it no longer holds it."""
+
+    async def release(self, member: str, token: int) -> None:
+        """Give the lease up if `member` still holds it under `token`."""
+
+    async def publish(self, member: str, inflight: dict[str, int], ttl_s: float) -> None:
+        """`member`'s in-flight count per backend URL, forgotten after `ttl_s` unless published again."""
+
+    async def inflight(self) -> dict[str, dict[str, int]]:
+        """Every live member's last published counts."""
+
+    async def close(self) -> None: ...
+
+
+LocalControl = Callable[[], Control]
+ApplyControl = Callable[[Control], Awaitable[None]]
+
+
+class Solo:
+    """A gateway that is its whole cluster: always the leader, no token, nobody else's requests. Costs nothing."""
+
+    leader = True
+    connected = True
+    fenced = 0
+    lag_s = 0.0
+
+    async def start(self, local: LocalControl, apply: ApplyControl) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def share(self) -> None:
+        pass
+
+    def fence(self) -> int | None:
+        return None
+
+    def step_down(self, why: str) -> None:
+        pass
+
+    def view(self) -> dict:
+        return {"cluster": None}
+
+
+class Cluster:
+    """Members sharing a `Store`: a background loop every `sync_interval` renews or takes the lease, exchanges the
+    control state and publishes/reads the in-flight counts. A member whose store stops answering keeps serving on
+    what it last saw; once its lease may have expired it no longer acts."""
+
+    def __init__(
+        self,
+        store: Store,
+        pools: Pools,
+        *,
+        lease_s: float,
+        interval_s: float,
+        member: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.pools = pools
+        self.lease_s = lease_s
+        self.interval_s = interval_s
+        # A dead member's counts are gone within a few syncs (never before a busy member publishes again).
+        self.inflight_ttl_s = max(1.0, 4 * interval_s)
+        # How long a change published here takes to be seen by the others and their answer to come back.
+        self.lag_s = 3 * interval_s
+        self.member = member or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.clock = clock
+        self.connected = False
+        self.problem: str | None = "not yet synced"
+        self.fenced = 0
+        self.rounds = 0  # syncs completed, reached or not: the clock a change's spread is measured on
+        self.seen: Control | None = None  # the control state as last read from or written to the store
+        self._token: int | None = None
+        self._valid_until = -1.0
+        self._local: LocalControl | None = None
+        self._apply: ApplyControl | None = None
+        self._task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+
+    # -- what the gateway asks ---------------------------------------------------------------------
+
+    @property
+    def leader(self) -> bool:
+        return self._token is not None and self.clock() < self._valid_until
+
+    def fence(self) -> int | None:
+        return self._token if self.leader else None
+
+    def step_down(self, why: str) -> None:
+        if self._token is None:
+            return
+        log.warning("stepping down as the GPU set's leader (token %d): %s", self._token, why)
+        self.fenced += 1
+        self._token = None
+
+    def view(self) -> dict:
+        return {
+            "cluster": {
+                "member": self.member,
+                "role": "leader" if self.leader else "follower",
+                "fence": self.fence(),
+                "connected": self.connected,
+                "problem": self.problem,
+                "control_version": self.seen.version if self.seen else None,
+                "sync_rounds": self.rounds,
+                "fenced": self.fenced,
+            }
+        }
+
+    # -- lifespan ----------------------------------------------------------------------------------
+
+    async def start(self, local: LocalControl, apply: ApplyControl) -> None:
+        self._local, self._apply = local, apply
+        await self._sync()  # serve on the cluster's state from the first request, if the store answers
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        token, self._token = self._token, None
+        if token is not None:
+            with contextlib.suppress(StoreUnavailable):
+                await self.store.release(self.member, token)  # the next leader need not wait out the lease
+        await self.store.close()
+
+    async def share(self) -> None:
+        """Write a local change now; StoreUnavailable if it could not be (it is written when the store is back)."""
+        await self._sync()
+        if not self.connected:
+            raise StoreUnavailable(self.problem or "the cluster's store did not answer")
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self._sync()
+            except Exception:  # a bug in one round must not end the membership
+                log.exception("cluster sync failed")
+
+    async def _sync(self) -> None:
+        async with self._lock:
+            try:
+                await self._lease()
+                await self._control()
+                await self._counts()
+            except StoreUnavailable as exc:
+                if self.connected or self.problem != str(exc):
+                    log.warning("cluster store unreachable: %s; serving on the last state seen", exc)
+                self.connected, self.problem = False, str(exc)
+                self.rounds += 1
+                return
+            if not self.connected:
+                log.info("cluster store reachable again")
+            self.connected, self.problem = True, None
+            self.rounds += 1
+
+    async def _lease(self) -> None:
+        asked = self.clock()  # the lease runs from before the store heard us: never longer than the store's
+        if self._token is not None:
+            if await self.store.renew(self.member, self._token, self.lease_s):
+                self._valid_until = asked + self.lease_s
+                return
+            log.warning("lost the GPU set's lease (token %d)", self._token)
+            self._token = None
+        token = await self.store.acquire(self.member, self.lease_s)
+        if token is not None:
+            self._token, self._valid_until = token, asked + self.lease_s
+            log.info("took the GPU set's lease (token %d)", token)
+
+    async def _control(self) -> None:
+        local = self._local()
+        if self.seen is not None and not local.same(self.seen):
+            version = await self.store.put_control(local)  # changed here since: ours is the newest word
+            self.seen = local.model_copy(update={"version": version})
+            return
+        stored = await self.store.get_control()
+        if stored is None:
+            version = await self.store.put_control(local)  # the first member: its configuration starts the cluster
+            self.seen = local.model_copy(update={"version": version})
+            return
+        # A Redis that came back empty counts versions again: a version seen before may hold another state.
+        if self.seen is None or stored.version != self.seen.version or not stored.same(self.seen):
+            self.seen = stored
+            if not stored.same(local):
+                try:
+                    await self._apply(stored)
+                except Exception:  # one bad state must not end the membership (the next change applies)
+                    log.exception("applying the cluster's control state (version %d) failed", stored.version)
+
+    async def _counts(self) -> None:
+        backends = self.pools.all()
+        await self.store.publish(self.member, {b.url: b.inflight for b in backends}, self.inflight_ttl_s)
+        members = await self.store.inflight()
+        elsewhere: Counter[str] = Counter()
+        for member, counts in members.items():
+            if member != self.member:
+                elsewhere.update(counts)
+        for backend in backends:
+            backend.elsewhere = elsewhere[backend.url]
+
+
+Coordination = Solo | Cluster
+
+
+def make_coordination(settings: Settings, pools: Pools) -> Coordination:
+    """Solo without a cluster; else the Redis-backed cluster (the `redis` package: `pip install crossover[cluster]`)."""
+    cluster = settings.cluster
+    if not cluster.redis_url:
+        return Solo()
+    from crossover.gateway.cluster_redis import RedisStore  # only a cluster needs the optional package
+
+    store = RedisStore(cluster.redis_url, cluster.name, timeout_s=min(cluster.lease / 3, 2.0))
+    return Cluster(store, pools, lease_s=cluster.lease, interval_s=cluster.sync_interval)
