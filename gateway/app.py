@@ -66,7 +66,7 @@ def build_state(
     )
     breaker = monitor.breaker
     failover = Failover(pools, breaker, metrics, limits.max_failovers, proxy_sender(backend_transport))
-    topology = make_topology(settings, pools, routing, metrics, breaker, admission, client)
+    topology = make_topology(settings, pools, routing, metrics, breaker, admission, client, worker)
     return GatewayState(
         settings, pools, routing, metrics, admission, breaker, failover, monitor, client, topology, worker=worker
     )

@@ -38,13 +38,16 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from crossover.gateway.config import Settings
 from crossover.gateway.modes import Mode
 from crossover.gateway.pools import Pools
+
+if TYPE_CHECKING:
+    from crossover.gateway.host import Worker
 
 log = logging.getLogger("crossover.coordination")
 
@@ -156,6 +159,7 @@ class Cluster:
         lease_s: float,
         interval_s: float,
         member: str | None = None,
+        counted_as: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
@@ -167,6 +171,9 @@ class Cluster:
         # How long a change published here takes to be seen by the others and their answer to come back.
         self.lag_s = 3 * interval_s
         self.member = member or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # Whose in-flight counts this member publishes: its own, or (one of a host's workers, gateway/host.py) its
+        # host's, which every worker of the host publishes alike and which the shared table already counts exactly.
+        self.counted_as = counted_as or self.member
         self.clock = clock
         self.connected = False
         self.problem: str | None = "not yet synced"
@@ -296,11 +303,12 @@ class Cluster:
 
     async def _counts(self) -> None:
         backends = self.pools.all()
-        await self.store.publish(self.member, {b.url: b.inflight for b in backends}, self.inflight_ttl_s)
+        ours = {backend.url: self.pools.count(backend) for backend in backends}
+        await self.store.publish(self.counted_as, ours, self.inflight_ttl_s)
         members = await self.store.inflight()
         elsewhere: Counter[str] = Counter()
         for member, counts in members.items():
-            if member != self.member:
+            if member != self.counted_as:
                 elsewhere.update(counts)
         for backend in backends:
             backend.elsewhere = elsewhere[backend.url]
@@ -309,12 +317,20 @@ class Cluster:
 Coordination = Solo | Cluster
 
 
-def make_coordination(settings: Settings, pools: Pools) -> Coordination:
-    """Solo without a cluster; else the Redis-backed cluster (the `redis` package: `pip install crossover[cluster]`)."""
+def make_coordination(settings: Settings, pools: Pools, worker: Worker | None = None) -> Coordination:
+    """Solo without a cluster; else the Redis-backed cluster (the `redis` package: `pip install crossover[cluster]`).
+    One of a host's workers (gateway/host.py) is a member too: of the Redis cluster if there is one, else of its
+    host's (gateway/host_store.py); either way the in-flight counts it publishes are its host's."""
     cluster = settings.cluster
-    if not cluster.redis_url:
-        return Solo()
-    from crossover.gateway.cluster_redis import RedisStore  # only a cluster needs the optional package
+    if cluster.redis_url:
+        from crossover.gateway.cluster_redis import RedisStore  # only a cluster needs the optional package
 
-    store = RedisStore(cluster.redis_url, cluster.name, timeout_s=min(cluster.lease / 3, 2.0))
-    return Cluster(store, pools, lease_s=cluster.lease, interval_s=cluster.sync_interval)
+        store: Store = RedisStore(cluster.redis_url, cluster.name, timeout_s=min(cluster.lease / 3, 2.0))
+    elif worker is not None:
+        from crossover.gateway.host_store import HostStore
+
+        store = HostStore(worker)
+    else:
+        return Solo()
+    counted_as = worker.host.member if worker is not None else None
+    return Cluster(store, pools, lease_s=cluster.lease, interval_s=cluster.sync_interval, counted_as=counted_as)

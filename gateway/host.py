@@ -22,6 +22,7 @@ import contextlib
 import json
 import mmap
 import os
+import socket
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -44,7 +45,10 @@ CELL = 8  # bytes: an int64, "q"
 PUBLISH_S = 0.25
 # Gauges that are a sum over workers (each worker's queue); the in-flight gauges read the shared table instead, and
 # the rest (threshold, health as each worker's probes see it) are one value, whichever worker answers.
-SUMMED_GAUGES = frozenset({"crossover_admission_queued_requests", "crossover_switch_queued_requests"})
+# crossover_cluster_leader: 1 on the host whose worker holds the lease.
+SUMMED_GAUGES = frozenset(
+    {"crossover_admission_queued_requests", "crossover_switch_queued_requests", "crossover_cluster_leader"}
+)
 RETIRED = "retired"
 
 Samples = dict[str, dict[str, float]]  # family name -> {sample key: value}; a key is json of (name, labels)
@@ -55,6 +59,8 @@ class Host:
 
     def __init__(self, workers: int, backends: int, folder: Path) -> None:
         self.workers = workers
+        # The host as a member of a Redis cluster: whose in-flight counts its workers publish (gateway/coordination.py).
+        self.member = f"{socket.gethostname()}:{os.getpid()}"
         self.width = HEADER_CELLS + backends
         self.folder = folder
         # A row per worker, then the host's own: the control state's version (gateway/host_store.py).

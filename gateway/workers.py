@@ -70,11 +70,6 @@ def worker_settings(settings: Settings, slot: int) -> Settings:
 
 def check_workers(settings: Settings) -> None:
     """Raise ValueError for settings N workers cannot serve as one gateway."""
-    if settings.topology == "time-shared":
-        raise ValueError(
-            f"workers = {settings.workers} with topology 'time-shared': one switch controller acts on a GPU set, "
-            "and workers do not elect one yet; serve it with workers = 1"
-        )
     if settings.workers > settings.limits.max_inflight:
         raise ValueError(
             f"workers = {settings.workers} is more than limits.max_inflight = {settings.limits.max_inflight}: "

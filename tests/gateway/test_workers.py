@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.gateway.workers import share
+from tests.gateway.cluster_helpers import RedisServer, needs_redis
 from tests.gateway.gateway_helpers import MODEL, chat, sse_events, wait_until
 
 WORKERS = 2
@@ -323,3 +324,73 @@ def test_more_workers_than_max_inflight_is_refused(tmp_path):
     )
     result = refused_serve(config)
     assert result.returncode == 2 and "workers = 3 is more than limits.max_inflight = 2" in result.stderr
+
+
+def test_a_threshold_put_on_one_worker_reads_back_on_the_other_and_one_worker_leads(two_workers):
+    gw, _ = two_workers
+    workers = each_worker(gw.url)
+    try:
+        put = workers[0].put("/admin/threshold", headers=ADMIN, json={"threshold": 7, "hysteresis": 2})
+        assert put.status_code == 200, put.text
+
+        def read_back() -> dict:
+            return workers[1].get("/admin/threshold", headers=ADMIN).json()
+
+        wait_until(lambda: read_back()["threshold"] == 7, what="the threshold on the other worker")
+        assert {key: read_back()[key] for key in ("threshold", "hysteresis", "policy")} == {
+            "threshold": 7,
+            "hysteresis": 2,
+            "policy": "spillover",
+        }
+        assert total(scrape(workers[1]), "crossover_routing_threshold") == 7
+
+        roles = [client.get("/admin/state", headers=ADMIN).json()["cluster"]["role"] for client in workers.values()]
+        assert sorted(roles) == ["follower", "leader"]
+        assert total(scrape(workers[0]), "crossover_cluster_leader") == 1  # the host's: one of its workers
+    finally:
+        for client in workers.values():
+            client.close()
+
+
+@needs_redis
+def test_with_redis_the_hosts_counts_are_published_once_and_not_counted_twice(serve, gateway_process):
+    redis = RedisServer.start()
+    try:
+        backend = HeldBackend()
+        server = serve(backend)
+        # The cluster counts by backend URL: the plain pool's is another name for the same server.
+        plain = server.url.replace("127.0.0.1", "localhost")
+        config = (
+            f'admin_token = "t"\nthreshold = 32\n[cluster]\nredis_url = "{redis.url}"\nsync_interval = 0.1\n'
+            f'[pools.speculative]\nbackends = ["{server.url}"]\n[pools.plain]\nbackends = ["{plain}"]\n'
+        )
+        host = gateway_process(f"workers = {WORKERS}\n" + config)
+        replica = gateway_process(config)
+        backend.open.clear()
+
+        async def scenario() -> None:
+            async with httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=10), trust_env=False, timeout=60
+            ) as client:
+                sent = [
+                    asyncio.create_task(client.post(host.url + "/v1/chat/completions", json=chat())) for _ in range(10)
+                ]
+                await wait_for(lambda: backend.pending == 10, "10 requests at the backend")
+
+                def load(url: str) -> int:
+                    return httpx.get(url + "/admin/state", headers=ADMIN, trust_env=False).json()["pools"][
+                        "speculative"
+                    ]["load"]
+
+                # The other replica sees the host's 10 (all its workers publish the same host count, under one name).
+                await wait_for(lambda: load(replica.url) == 10, "the replica to see the host's requests")
+                for worker, admin in each_worker(host.url).items():
+                    with contextlib.closing(admin):
+                        state = admin.get("/admin/state", headers=ADMIN).json()["pools"]["speculative"]
+                        assert (state["inflight"], state["load"]) == (10, 10), worker  # not 20: its own, once
+                backend.open.set()
+                assert {response.status_code for response in await asyncio.gather(*sent)} == {200}
+
+        asyncio.run(scenario())
+    finally:
+        redis.stop()
