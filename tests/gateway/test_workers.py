@@ -20,10 +20,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.gateway.workers import share
 from tests.gateway.cluster_helpers import RedisServer, needs_redis
-from tests.gateway.gateway_helpers import MODEL, chat, sse_events, wait_until
+from tests.gateway.gateway_helpers import MODEL, SIM_SCALE, chat, sse_events, wait_until
 
 WORKERS = 2
 TRIES = 200  # connections opened, at most, to find a worker (the kernel spreads them evenly)
+# A client on one worker keeps its one connection however long it idles (httpx would drop it after 5 s, and the
+# next request could land on the other worker).
+ONE_CONNECTION = httpx.Limits(max_connections=1, keepalive_expiry=None)
 
 
 class HeldBackend:
@@ -122,7 +125,7 @@ ADMIN = {"authorization": "Bearer t"}
 def on_worker(url: str, wanted: int) -> httpx.Client:
     """A client whose one kept-alive connection is on worker `wanted`."""
     for _ in range(TRIES):
-        client = httpx.Client(base_url=url, limits=httpx.Limits(max_connections=1), trust_env=False, timeout=30)
+        client = httpx.Client(base_url=url, limits=ONE_CONNECTION, trust_env=False, timeout=30)
         if client.get("/health").json()["worker"] == wanted:
             return client
         client.close()
@@ -206,7 +209,7 @@ async def held_streams(url: str, per_worker: int) -> dict[int, list[tuple[httpx.
     for _ in range(TRIES):
         if all(len(held) == per_worker for held in streams.values()):
             return streams
-        client = httpx.AsyncClient(base_url=url, limits=httpx.Limits(max_connections=1), trust_env=False, timeout=60)
+        client = httpx.AsyncClient(base_url=url, limits=ONE_CONNECTION, trust_env=False, timeout=60)
         worker = (await client.get("/health")).json()["worker"]
         if len(streams[worker]) == per_worker:
             await client.aclose()
@@ -394,3 +397,51 @@ def test_with_redis_the_hosts_counts_are_published_once_and_not_counted_twice(se
         asyncio.run(scenario())
     finally:
         redis.stop()
+
+
+def test_time_shared_one_worker_leads_and_an_operator_switch_on_a_follower_is_one_switch(sim, gateway_process):
+    speculative, plain = sim("k25-eagle3", *SIM_SCALE), sim("k25-plain", *SIM_SCALE)
+    httpx.post(plain.url + "/release_memory_occupation", json={}, timeout=30, trust_env=False).raise_for_status()
+    gw = gateway_process(
+        f'workers = {WORKERS}\nadmin_token = "t"\ntopology = "time-shared"\npolicy = "switch"\nthreshold = 6\n'
+        'hysteresis = 3\n[switching]\nmechanism = "sleep"\ndwell = 3600.0\ninterval = 0.05\nwindow = 0.5\n'
+        "operator_interval = 0.0\n"
+        f'[pools.speculative]\nbackends = ["{speculative.url}"]\n[pools.plain]\nbackends = ["{plain.url}"]\n'
+    )
+    workers = each_worker(gw.url)
+    try:
+
+        def state(worker: int) -> dict:
+            seen = workers[worker].get("/admin/state", headers=ADMIN).json()
+            assert seen["worker"]["slot"] == worker
+            return seen
+
+        wait_until(
+            lambda: sorted(state(w)["cluster"]["role"] for w in workers) == ["follower", "leader"], what="a leader"
+        )
+        follower = next(w for w in workers if state(w)["cluster"]["role"] == "follower")
+        # Once the leader has published what serves (a follower's request written before that is overwritten by it:
+        # the control state is last-writer-wins, gateway/coordination.py).
+        wait_until(lambda: state(1 - follower)["last_decision"] is not None, what="the leader deciding")
+        wait_until(lambda: state(follower)["phase"] == "active", what="the follower to see the mode")
+        assert workers[follower].put("/admin/mode", headers=ADMIN, json={"mode": "plain"}).status_code == 202
+        for worker in workers:
+            wait_until(lambda w=worker: (state(w)["phase"], state(w)["mode"]) == ("active", "plain"), 60, "plain")
+        switches = total(scrape(workers[0]), "crossover_mode_switches_total", to="plain")
+        assert switches == 1  # the leader's, once: the follower ran none
+        assert workers[follower].post("/v1/chat/completions", json=chat()).headers["x-crossover-pool"] == "plain"
+
+        # The leader killed: the kernel drops its lock, and the follower or the leader's replacement takes the lease,
+        # with a larger token, on the mode the GPU set is in.
+        leader = 1 - follower
+        token = state(leader)["cluster"]["fence"]
+        os.kill(state(leader)["worker"]["pid"], signal.SIGKILL)
+
+        def led_again() -> bool:  # asked on a new connection each time: whichever worker the kernel picks
+            seen = httpx.get(gw.url + "/admin/state", headers=ADMIN, timeout=10, trust_env=False).json()
+            return seen["cluster"]["role"] == "leader" and seen["cluster"]["fence"] > token and seen["mode"] == "plain"
+
+        wait_until(led_again, what="a new leader")
+    finally:
+        for client in workers.values():
+            client.close()
