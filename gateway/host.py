@@ -40,6 +40,7 @@ from crossover.gateway.pools import Backend, Lease, Pools
 PID, ACTIVE, QUEUED = range(3)
 HEADER_CELLS = 3
 CELL = 8  # bytes: an int64, "q"
+CELLS_PER_LINE = 64 // CELL
 
 # How often a worker publishes its metrics for the others' scrapes: the most a scrape's other-worker part lags.
 PUBLISH_S = 0.25
@@ -61,7 +62,8 @@ class Host:
         self.workers = workers
         # The host as a member of a Redis cluster: whose in-flight counts its workers publish (gateway/coordination.py).
         self.member = f"{socket.gethostname()}:{os.getpid()}"
-        self.width = HEADER_CELLS + backends
+        # Rows whole cache lines apart: a worker storing to its row does not evict the others' (false sharing).
+        self.width = -(-(HEADER_CELLS + backends) // CELLS_PER_LINE) * CELLS_PER_LINE
         self.folder = folder
         # A row per worker, then the host's own: the control state's version (gateway/host_store.py).
         self._memory = mmap.mmap(-1, (workers + 1) * self.width * CELL)  # MAP_SHARED | MAP_ANONYMOUS
