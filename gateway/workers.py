@@ -16,6 +16,10 @@ signals (blocked, and read with sigwaitinfo, so nothing runs in a handler).
 - SIGTERM or SIGINT goes to every worker (each drains as one process does, gateway/server.py; a second SIGINT
   forces their exit, as it does there); the supervisor exits 0 (130 after SIGINT) once all are gone.
 
+The workers are one gateway through gateway/host.py (in-flight counts, metrics) and, as members of the host's
+cluster, gateway/host_store.py (the control state a PUT changes; the lease: one worker runs the switch controller
+or the in-engine gates, the others follow, and if it dies another takes over).
+
 Workers run in their own process group, so a terminal's Ctrl-C reaches the supervisor alone, which passes it on
 once; and they die with it (PR_SET_PDEATHSIG: SIGTERM, so they drain even if it is killed).
 
@@ -117,7 +121,8 @@ class Supervisor:
         try:
             for slot in range(self.settings.workers):
                 self.start(slot, mask)
-            log.info("serving on %s:%d with %d workers", self.host, self.port, self.settings.workers)
+            port = self.listeners[0].getsockname()[1]
+            log.info("serving on %s:%d with %d workers", self.host, port, self.settings.workers)
             while self.pids or (self.retry_at and self.stopping is None):
                 self.wait(mask)
         finally:
@@ -185,6 +190,7 @@ class Supervisor:
     def start(self, slot: int, mask) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
+        supervisor = os.getpid()
         pid = os.fork()
         if pid:
             self.pids[pid] = slot
@@ -193,9 +199,8 @@ class Supervisor:
         try:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.setpgid(0, 0)
-            parent = os.getppid()
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-            if os.getppid() == parent:  # else the supervisor died before prctl took effect
+            if os.getppid() == supervisor:  # else it died before prctl took effect
                 status = self.serve(slot)
         except BaseException:
             traceback.print_exc()

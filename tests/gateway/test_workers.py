@@ -445,3 +445,16 @@ def test_time_shared_one_worker_leads_and_an_operator_switch_on_a_follower_is_on
     finally:
         for client in workers.values():
             client.close()
+
+
+def test_sigint_stops_every_worker_and_exits_130(serve, gateway_process):
+    server = serve(HeldBackend())
+    gw = gateway_process(
+        f'workers = {WORKERS}\nadmin_token = "t"\n'
+        f'[pools.speculative]\nbackends = ["{server.url}"]\n[pools.plain]\nbackends = ["{server.url}"]\n'
+    )
+    pids = {worker_pid(gw.url, worker) for worker in range(WORKERS)}
+    gw.proc.send_signal(signal.SIGINT)
+    assert gw.proc.wait(30) == 130
+    for pid in pids:  # gone, not orphaned
+        wait_until(lambda pid=pid: not os.path.exists(f"/proc/{pid}"), what=f"worker {pid} to end")
