@@ -2,6 +2,7 @@
 
 app = create_app(settings)                                      # what `crossover serve` runs
 app = create_app(settings, registry=CollectorRegistry())        # tests read metrics from `registry`
+app = create_app(settings, worker=Worker(host, slot))           # one of `crossover serve --workers N`
 app.state                                                       # the live GatewayState
 app.live                                                        # the requests in progress
 """
@@ -29,6 +30,7 @@ from crossover.gateway.errors import EXCEPTION_HANDLERS, ModelNotFound
 from crossover.gateway.failover import Failover
 from crossover.gateway.headers import RequestIdMiddleware
 from crossover.gateway.health import HealthMonitor
+from crossover.gateway.host import HostPools, HostRegistry, Worker
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.pools import Pools
 from crossover.gateway.proxy import Live, ProxyEndpoint
@@ -43,10 +45,12 @@ def build_state(
     settings: Settings,
     registry: CollectorRegistry | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    worker: Worker | None = None,
 ) -> GatewayState:
     """Every object the gateway runs on, each built whole: nothing is wired in afterwards (the lifespan only starts
-    and stops them). Nothing here touches an event loop: connections open on the serving one."""
-    pools = Pools.from_settings(settings)
+    and stops them). Nothing here touches an event loop: connections open on the serving one. A worker of several
+    counts in flight on its host's table (gateway/host.py)."""
+    pools = Pools.from_settings(settings) if worker is None else HostPools.from_settings(settings, worker=worker)
     routing = Routing.from_settings(settings)
     limits = settings.limits
     admission = Admission(limits.max_inflight, limits.max_queued, settings.timeouts.queue)
@@ -62,8 +66,10 @@ def build_state(
     )
     breaker = monitor.breaker
     failover = Failover(pools, breaker, metrics, limits.max_failovers, proxy_sender(backend_transport))
-    topology = make_topology(settings, pools, routing, metrics, breaker, admission, client)
-    return GatewayState(settings, pools, routing, metrics, admission, breaker, failover, monitor, client, topology)
+    topology = make_topology(settings, pools, routing, metrics, breaker, admission, client, worker)
+    return GatewayState(
+        settings, pools, routing, metrics, admission, breaker, failover, monitor, client, topology, worker=worker
+    )
 
 
 def create_app(
@@ -71,25 +77,32 @@ def create_app(
     *,
     transport: httpx.AsyncBaseTransport | None = None,
     registry: CollectorRegistry | None = None,
+    worker: Worker | None = None,
 ) -> GatewayApp:
-    """The gateway app; its lifespan runs the backend client, the health checks and the topology."""
-    state = build_state(settings, registry, transport)
+    """The gateway app; its lifespan runs the backend client, the health checks and the topology (and a worker's
+    publishing of its metrics to the others)."""
+    state = build_state(settings, registry, transport, worker)
+    exposed = state.metrics.registry if worker is None else HostRegistry(state.metrics.registry, worker)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with state.client:
             # One round before serving, so /health and routing start from what the backends really say.
             await state.monitor.check_all()
-            checks = asyncio.create_task(state.monitor.run())
+            tasks = [asyncio.create_task(state.monitor.run())]
             try:
                 await state.topology.start()  # what it raises refuses to serve (in-engine: NotPatched)
+                if worker is not None:
+                    tasks.append(asyncio.create_task(worker.publish_every(state.metrics.registry, state.admission)))
+                    worker.serving()
                 yield
             finally:
                 await state.topology.stop()
                 state.monitor.stop()
-                checks.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await checks
+                for task in tasks:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
 
     def model_card(name: str) -> dict:
         return {"id": name, "object": "model", "created": int(state.started_at), "owned_by": "crossover"}
@@ -116,10 +129,12 @@ def create_app(
         usable = sum(1 for backend in backends if backend.healthy and backend.usable)
         status = "draining" if state.draining else "ok" if usable else "unavailable"
         body = {"status": status, "usable_backends": usable, "healthy_backends": healthy}
+        if worker is not None:
+            body["worker"] = worker.slot
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(exposed), media_type=CONTENT_TYPE_LATEST)
 
     live = Live()
     proxies = {

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from crossover.gateway.cli import listen_error, port
+from crossover.gateway.config import MAX_WORKERS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,22 +21,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--config", type=Path, help="TOML settings file")
     serve.add_argument("--host", help="listen address (default: the settings' host)")
     serve.add_argument("--port", type=port, help="listen port (default: the settings' port)")
+    serve.add_argument(
+        "--workers",
+        type=workers,
+        help="processes serving the port as one gateway (default: the settings' workers; one per core to use)",
+    )
     serve.set_defaults(run=run_serve)
+
+
+def workers(text: str) -> int:
+    count = int(text)
+    if not 1 <= count <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_WORKERS}, got {count}")
+    return count
 
 
 def run_serve(args: argparse.Namespace) -> int:
     from crossover.gateway.config import SettingsError, load_settings
     from crossover.gateway.server import make_server
+    from crossover.gateway.workers import check_workers, serve_workers
 
     try:
         settings = load_settings(args.config)
-        server = make_server(settings, args.host, args.port)
+        if args.workers is not None:
+            settings = settings.model_copy(update={"workers": args.workers})
+        host = args.host or settings.host
+        port = settings.port if args.port is None else args.port
+        if settings.workers > 1:
+            check_workers(settings)
+        else:
+            server = make_server(settings, host, port)
     except (SettingsError, ValueError) as exc:
         print(f"crossover serve: {_one_line(args.config, exc)}", file=sys.stderr)
         return 2
-    if (error := listen_error(server.config.host, server.config.port)) is not None:
+    if (error := listen_error(host, port)) is not None:
         print(f"crossover serve: {error}", file=sys.stderr)
         return 2
+    if settings.workers > 1:
+        return serve_workers(settings, host, port)
     server.run()
     return 130 if server.interrupted else 0  # 128 + SIGINT, as a shell reports Ctrl-C
 

@@ -47,6 +47,8 @@ DEFAULT_THRESHOLD = 32
 DEFAULT_HYSTERESIS = 4
 # A crossover is a concurrency: anything beyond this is a typo, and it must stay an exact float for /metrics.
 MAX_THRESHOLD = 1_000_000
+# `crossover serve --workers N`: processes serving one port as one gateway.
+MAX_WORKERS = 256
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 # Until a stream's first event: a request queued in the engine waits here too.
@@ -372,7 +374,7 @@ class Settings(BaseSettings):
     served_model_names: list[str] = []
     state_file: Path | None = None
     # Processes serving the one port (`crossover serve --workers N`), acting as one gateway.
-    workers: int = Field(1, ge=1, le=256)
+    workers: int = Field(1, ge=1, le=MAX_WORKERS)
 
     pools: PoolsSettings
     timeouts: TimeoutSettings = TimeoutSettings()

@@ -41,13 +41,16 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from crossover.gateway.config import Settings
 from crossover.gateway.modes import Mode
 from crossover.gateway.pools import Pools
+
+if TYPE_CHECKING:
+    from crossover.gateway.host import Worker
 
 log = logging.getLogger("crossover.coordination")
 
@@ -168,6 +171,7 @@ class Cluster:
         lease_s: float,
         interval_s: float,
         member: str | None = None,
+        counted_as: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
@@ -177,6 +181,9 @@ class Cluster:
         # A dead member's counts are gone within a few syncs (never before a busy member publishes again).
         self.inflight_ttl_s = max(1.0, 4 * interval_s)
         self.member = member or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # Whose in-flight counts this member publishes: its own, or (one of a host's workers, gateway/host.py) its
+        # host's, which every worker of the host publishes alike and which the shared table already counts exactly.
+        self.counted_as = counted_as or self.member
         self.clock = clock
         self.connected = False
         self.problem: str | None = "not yet synced"
@@ -325,14 +332,14 @@ class Cluster:
 
     async def _counts(self) -> None:
         backends = self.pools.all()
-        counts = {backend.url: backend.inflight for backend in backends}
+        counts = {backend.url: self.pools.count(backend) for backend in backends}
         counts[VERSION_KEY] = self.seen.version if self.seen is not None else 0
-        await self.store.publish(self.member, counts, self.inflight_ttl_s)
+        await self.store.publish(self.counted_as, counts, self.inflight_ttl_s)
         members = await self.store.inflight()
         elsewhere: Counter[str] = Counter()
         heard: dict[str, int] = {}
         for member, published in members.items():
-            if member != self.member:
+            if member != self.counted_as:
                 heard[member] = published.pop(VERSION_KEY, 0)
                 elsewhere.update(published)
         self.heard = heard
@@ -343,16 +350,24 @@ class Cluster:
 Coordination = Solo | Cluster
 
 
-def make_coordination(settings: Settings, pools: Pools) -> Coordination:
-    """Solo without a cluster; else the Redis-backed cluster (the `redis` package: `pip install crossover[cluster]`)."""
+def make_coordination(settings: Settings, pools: Pools, worker: Worker | None = None) -> Coordination:
+    """Solo without a cluster; else the Redis-backed cluster (the `redis` package: `pip install crossover[cluster]`).
+    One of a host's workers (gateway/host.py) is a member too: of the Redis cluster if there is one, else of its
+    host's (gateway/host_store.py); either way the in-flight counts it publishes are its host's."""
     cluster = settings.cluster
-    if not cluster.redis_url:
-        return Solo()
-    try:
-        from crossover.gateway.cluster_redis import RedisStore  # only a cluster needs the optional package
-    except ImportError as exc:
-        needs = "[cluster] redis_url needs the redis package: pip install 'crossover[cluster]'"
-        raise ImportError(f"{needs} ({exc})") from None
+    if cluster.redis_url:
+        try:
+            from crossover.gateway.cluster_redis import RedisStore  # only a cluster needs the optional package
+        except ImportError as exc:
+            needs = "[cluster] redis_url needs the redis package: pip install 'crossover[cluster]'"
+            raise ImportError(f"{needs} ({exc})") from None
 
-    store = RedisStore(cluster.redis_url, cluster.name, timeout_s=min(cluster.lease / 3, 2.0))
-    return Cluster(store, pools, lease_s=cluster.lease, interval_s=cluster.sync_interval)
+        store: Store = RedisStore(cluster.redis_url, cluster.name, timeout_s=min(cluster.lease / 3, 2.0))
+    elif worker is not None:
+        from crossover.gateway.host_store import HostStore
+
+        store = HostStore(worker)
+    else:
+        return Solo()
+    counted_as = worker.host.member if worker is not None else None
+    return Cluster(store, pools, lease_s=cluster.lease, interval_s=cluster.sync_interval, counted_as=counted_as)

@@ -255,7 +255,7 @@ class _StateCollector(Collector):
         for backend in self.pools.all():
             labels = [backend.pool, backend.url]
             healthy.add_metric(labels, 1.0 if backend.healthy else 0.0)
-            backend_inflight.add_metric(labels, backend.inflight)
+            backend_inflight.add_metric(labels, self.pools.count(backend))
             if backend.scraped is not None:
                 scraped.add_metric(labels, backend.scraped)
         yield healthy

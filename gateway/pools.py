@@ -52,13 +52,13 @@ class Backend:
             self.healthy is not False and not self.gate_pending and self.gate_read_ejections in (None, self.ejections)
         )
 
-    def state(self) -> dict:
+    def state(self, inflight: int) -> dict:
         now = time.monotonic()
         return {
             "url": self.url,
             "engine": self.engine,
             "healthy": self.healthy,
-            "inflight": self.inflight,
+            "inflight": inflight,
             "consecutive_failures": self.failures,
             "ejected_for_s": round(max(0.0, self.ejected_until - now), 3),
             "scraped_load": self.scraped,
@@ -79,7 +79,7 @@ class Pools:
     _names: frozenset[str] = field(default=frozenset(), repr=False)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Pools:
+    def from_settings(cls, settings: Settings, **extra) -> Pools:
         spec, plain = settings.pools.speculative, settings.pools.plain
         return cls(
             speculative=[Backend(url, SPECULATIVE, spec.api_key or None, spec.engine) for url in spec.backends],
@@ -88,6 +88,7 @@ class Pools:
             load_signal=settings.load_signal,
             health=settings.health,
             served_model_names=frozenset(settings.served_model_names),
+            **extra,
         )
 
     def pool(self, name: str) -> list[Backend]:
@@ -103,12 +104,17 @@ class Pools:
 
     # -- load -----------------------------------------------------------------------------------
 
+    def count(self, backend: Backend) -> int:
+        """Requests in flight on `backend` through this gateway (a host's workers: all of theirs,
+        gateway/host.py)."""
+        return backend.inflight
+
     def backend_load(self, backend: Backend) -> int:
+        counted = self.count(backend) + backend.elsewhere
         if self.load_signal == "local":
-            return backend.inflight + backend.elsewhere
+            return counted
         fresh = time.monotonic() - backend.scraped_at <= STALE_AFTER_INTERVALS * self.health.load_interval
         scraped = backend.scraped if fresh and backend.scraped is not None else None
-        counted = backend.inflight + backend.elsewhere
         if self.load_signal == "scraped":
             return counted if scraped is None else scraped
         return max(counted, scraped or 0)
@@ -126,7 +132,7 @@ class Pools:
         return self.pool_load(SPECULATIVE) + self.pool_load(PLAIN)
 
     def inflight(self, name: str) -> int:
-        return sum(backend.inflight for backend in self.pool(name))
+        return sum(self.count(backend) for backend in self.pool(name))
 
     def elsewhere(self, name: str) -> int:
         """In flight on pool `name` through the cluster's other members."""
@@ -173,7 +179,7 @@ class Pools:
             name: {
                 "inflight": self.inflight(name),
                 "load": self.pool_load(name),
-                "backends": [backend.state() for backend in self.pool(name)],
+                "backends": [backend.state(self.count(backend)) for backend in self.pool(name)],
             }
             for name in POOL_NAMES
         }

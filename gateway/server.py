@@ -29,6 +29,7 @@ import uvicorn.config
 from crossover.gateway.app import GatewayApp, create_app
 from crossover.gateway.client_http import client_protocol
 from crossover.gateway.config import Settings
+from crossover.gateway.host import Worker
 
 log = logging.getLogger("crossover.server")
 
@@ -39,6 +40,8 @@ CUT_GRACE_S = 5.0
 # How long the app's own shutdown may take after a forced exit.
 LIFESPAN_FORCED_S = 5.0
 POLL_S = 0.1
+# Connections the kernel holds for the server before it accepts them.
+BACKLOG = 4096
 # Python's cyclic collector runs its youngest generation every 700 net allocations of container objects (those
 # not freed at once: a request leaves some behind in cycles), every few requests here, and a full pass over the
 # whole heap after every 100 of those. With the start-up heap frozen and these thresholds, non-streamed requests
@@ -112,9 +115,11 @@ def protocol_options(settings: Settings, app: GatewayApp) -> dict:
     }
 
 
-def make_server(settings: Settings, host: str | None = None, port: int | None = None) -> GatewayServer:
+def make_server(
+    settings: Settings, host: str | None = None, port: int | None = None, worker: Worker | None = None
+) -> GatewayServer:
     settings = fit_descriptors(settings)
-    app = create_app(settings)
+    app = create_app(settings, worker=worker)
     config = uvicorn.Config(
         app,
         host=host or settings.host,
@@ -126,7 +131,7 @@ def make_server(settings: Settings, host: str | None = None, port: int | None = 
         log_level=settings.log_level,
         timeout_keep_alive=int(settings.timeouts.client_keepalive),
         timeout_graceful_shutdown=int(settings.timeouts.graceful_shutdown),
-        backlog=4096,
+        backlog=BACKLOG,
     )
     return GatewayServer(config, app)
 

@@ -3,6 +3,7 @@ the app's own endpoints read. The request path takes only the parts it uses (gat
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -12,6 +13,7 @@ from crossover.gateway.admission import Admission
 from crossover.gateway.config import Settings
 from crossover.gateway.failover import Failover
 from crossover.gateway.health import Breaker, HealthMonitor
+from crossover.gateway.host import Worker
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.pools import Pools
 from crossover.gateway.routing import Routing
@@ -35,17 +37,24 @@ class GatewayState:
     started_at: float = field(default_factory=time.time)
     # Set at SIGTERM: /health answers 503 so load balancers stop sending before connections close.
     draining: bool = False
+    # One of `crossover serve --workers N` (gateway/host.py); None: the gateway is this process.
+    worker: Worker | None = None
 
     def snapshot(self) -> dict:
         """/admin/state, as the topology sees it."""
+        inflight, queued = self.admission.active, self.admission.queued
+        if self.worker is not None:
+            inflight, queued = self.worker.admitted(self.admission)
         snapshot = {
             **self.routing.state(),
             "load_signal": self.pools.load_signal,
-            "inflight": self.admission.active,
-            "queued": self.admission.queued,
+            "inflight": inflight,
+            "queued": queued,
             "models": sorted(self.pools.model_names()),
             "pools": self.pools.state(),
             "topology": self.topology.name,
             **self.topology.coordination.view(),
         }
+        if self.worker is not None:
+            snapshot["worker"] = {"slot": self.worker.slot, "workers": self.worker.host.workers, "pid": os.getpid()}
         return self.topology.state_view(snapshot)

@@ -46,6 +46,7 @@ from crossover.gateway.errors import (
     StateNotShared,
 )
 from crossover.gateway.health import Breaker
+from crossover.gateway.host import Worker
 from crossover.gateway.in_engine import GateRefused, GateSync
 from crossover.gateway.metrics import ClusterCollector, GateCollector, Metrics, SwitchCollector
 from crossover.gateway.modes import Mode
@@ -354,9 +355,11 @@ def make_topology(
     breaker: Breaker,
     admission: Admission,
     client: httpx.AsyncClient,
+    worker: Worker | None = None,
 ) -> Topology:
-    """The topology `settings` names, built whole with what it needs of the gateway's state (and its cluster's)."""
-    coordination = make_coordination(settings, pools)
+    """The topology `settings` names, built whole with what it needs of the gateway's state (and its cluster's: one
+    of a host's workers is a member of its host's)."""
+    coordination = make_coordination(settings, pools, worker)
     if settings.topology == "time-shared":
         controller = SwitchController(
             settings,
