@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from crossover.gateway.agent_contract import TOKEN_ENV
+from crossover.gateway.engines import DEFAULT_ENGINE, EngineName, adapter
 from crossover.gateway.modes import MODES as POOL_NAMES
 from crossover.gateway.modes import PLAIN, SPECULATIVE, Mode
 from crossover.gateway.switch_policy import (
@@ -144,6 +145,8 @@ def check_token(token: str, what: str, *, empty_ok: bool) -> str:
 
 class PoolSettings(_Section):
     backends: list[str] = Field(min_length=1)
+    # What its servers run (gateway/engines.py): where load is read, how a time-shared server sleeps and wakes.
+    engine: EngineName = DEFAULT_ENGINE
     # The pool's SGLang --api-key: sent on every call the gateway makes to these backends, in place of the client's.
     api_key: str = ""
     # Its SGLang --admin-api-key, for control calls only (the speculation gate, release, resume); generation keeps
@@ -403,6 +406,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 "topology 'in-engine' has one pool, pools.speculative (patched EAGLE-3 servers whose zero-step gate "
                 "is the threshold): remove pools.plain"
+            )
+        if self.topology == "in-engine" and not adapter(self.pools.speculative.engine).has_gate:
+            raise ValueError(
+                f"topology 'in-engine' moves a run-time speculation gate, which only SGLang patched with "
+                f"patches/sglang-0.5.23 has; pools.speculative.engine is {self.pools.speculative.engine!r} (vLLM fixes "
+                "its draft length at launch): use topology 'partitioned' or 'time-shared' with two vLLM pools"
             )
         if self.topology != "in-engine" and self.pools.plain is None:
             raise ValueError(f"topology {self.topology!r} needs pools.plain")

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from crossover.gateway import engines
 from crossover.gateway import metrics as labels
 from crossover.gateway._http1 import RawResponse, Target
 from crossover.gateway.errors import (
@@ -53,7 +54,6 @@ from crossover.gateway.headers import request_headers
 from crossover.gateway.health import Breaker
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.pools import Backend, Lease, Pools
-from crossover.gateway.sglang import is_queue_full
 from crossover.gateway.sse import error_in, first_event
 from crossover.gateway.transport import ProxySender
 
@@ -145,7 +145,7 @@ def classify_response(
     event = error_in(head) if head.startswith(b"data:") else None
     if event is None:
         return None
-    if is_queue_full(event.status):
+    if engines.busy(event.status):
         return Failure(Fault.BACKEND, BackendBusy(event.message, pool=pool), failover=labels.QUEUE_FULL, busy=True)
     if not stream:  # an error event as a non-streaming body: not a success, whatever its status line said
         return Failure(Fault.REQUEST, BackendAnswered(event.status or 500, event.message, pool=pool))

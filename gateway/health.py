@@ -10,8 +10,8 @@ True or False (ejected until `ejected_until`, then back through a passing probe)
   pool's passively ejected share within `max_ejection_percent` and never its last healthy backend. A
   failure that was the request's, or the gateway's own, is never evidence.
 
-Engine load is running + queued requests, read from SGLang's `/v1/loads`, or `/get_load` on older
-releases, or the `sglang:num_running_reqs` and `sglang:num_queue_reqs` gauges at `/metrics`.
+Engine load is running + queued requests, read where the backend's engine reports it (gateway/engines.py:
+SGLang's `/v1/loads`, `/get_load` or `/metrics`; vLLM's `/metrics`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,11 @@ import time
 from collections.abc import Awaitable, Callable
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.gateway.config import HealthSettings
+from crossover.gateway.engines import adapter
 from crossover.gateway.headers import bearer
 from crossover.gateway.pools import Backend, Pools
-from crossover.gateway.sglang import LEGACY_LOAD_PATH, LOADS_PATH, load_from_loads
 
 log = logging.getLogger("crossover.health")
 
@@ -117,27 +116,6 @@ class Breaker:
         backend.ejections += 1
         log.warning("ejected backend %s (%s) for %g s", backend.url, source, self.settings.eject_seconds)
         self.on_eject(backend, source)
-
-
-def load_from_metrics(text: str) -> int:
-    """Prometheus text: running + queued gauges; TP ranks repeat their DP rank's value, DP ranks add up."""
-    by_rank: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name not in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
-            continue
-        for sample in family.samples:
-            key = (family.name, sample.labels.get("dp_rank", "0"))
-            by_rank[key] = max(by_rank.get(key, 0.0), sample.value)
-    if not by_rank:
-        raise ValueError("no sglang:num_running_reqs gauge")
-    return int(sum(by_rank.values()))
-
-
-LOAD_SOURCES: tuple[tuple[str, Callable[[httpx.Response], int]], ...] = (
-    (LOADS_PATH, lambda response: load_from_loads(response.json())),
-    (LEGACY_LOAD_PATH, lambda response: load_from_loads(response.json())),
-    ("/metrics", lambda response: load_from_metrics(response.text)),
-)
 
 
 class HealthMonitor:
@@ -231,19 +209,20 @@ class HealthMonitor:
         await asyncio.gather(*(self.scrape_load(backend) for backend in self.pools.all()))
 
     async def scrape_load(self, backend: Backend) -> None:
+        sources = adapter(backend.engine).load_sources
         first = self._load_source.get(backend, 0)
-        for index in [*range(first, len(LOAD_SOURCES)), *range(first)]:
-            path, parse = LOAD_SOURCES[index]
+        for index in [*range(first, len(sources)), *range(first)]:
+            source = sources[index]
             try:
                 response = await self.client.get(
-                    backend.url + path, timeout=self.settings.timeout, headers=bearer(backend.api_key)
+                    backend.url + source.path, timeout=self.settings.timeout, headers=bearer(backend.api_key)
                 )
                 response.raise_for_status()
-                load = parse(response)
+                load = source.parse(response)
             except (httpx.ConnectError, httpx.TimeoutException):
                 return  # the backend itself is unreachable; its load goes stale and routing falls back to local
             except (httpx.HTTPError, ValueError, TypeError, AttributeError):
-                continue  # this SGLang release lacks the endpoint or the format: try the next source
+                continue  # this engine release lacks the endpoint or the format: try the next source
             backend.scraped, backend.scraped_at = load, time.monotonic()
             self._load_source[backend] = index
             return

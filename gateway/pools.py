@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from crossover.gateway.config import PLAIN, POOL_NAMES, SPECULATIVE, HealthSettings, Settings
+from crossover.gateway.engines import DEFAULT_ENGINE, EngineName
 from crossover.gateway.modes import other as other_mode
 from crossover.gateway.policy import least_loaded
 
@@ -25,6 +26,8 @@ class Backend:
     pool: str
     # Sent to the backend as a bearer token instead of the client's credentials (SGLang's --api-key).
     api_key: str | None = None
+    # Which engine serves it (gateway/engines.py): where its load is read, how it sleeps.
+    engine: EngineName = DEFAULT_ENGINE
     inflight: int = 0
     healthy: bool | None = None
     failures: int = 0
@@ -51,6 +54,7 @@ class Backend:
         now = time.monotonic()
         return {
             "url": self.url,
+            "engine": self.engine,
             "healthy": self.healthy,
             "inflight": self.inflight,
             "consecutive_failures": self.failures,
@@ -76,9 +80,9 @@ class Pools:
     def from_settings(cls, settings: Settings) -> Pools:
         spec, plain = settings.pools.speculative, settings.pools.plain
         return cls(
-            speculative=[Backend(url, SPECULATIVE, spec.api_key or None) for url in spec.backends],
+            speculative=[Backend(url, SPECULATIVE, spec.api_key or None, spec.engine) for url in spec.backends],
             # In-engine: one pool (config.py); the plain one stays empty and routing never chooses it.
-            plain=[Backend(url, PLAIN, plain.api_key or None) for url in plain.backends] if plain else [],
+            plain=[Backend(url, PLAIN, plain.api_key or None, plain.engine) for url in plain.backends] if plain else [],
             load_signal=settings.load_signal,
             health=settings.health,
             served_model_names=frozenset(settings.served_model_names),

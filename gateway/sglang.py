@@ -15,6 +15,7 @@ import asyncio
 from dataclasses import dataclass
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 # Load endpoints: `/v1/loads` (0.5.x), `/get_load` (older releases), both JSON.
 LOADS_PATH = "/v1/loads"
@@ -65,9 +66,19 @@ def load_from_loads(payload: object) -> int:
     return total
 
 
-def is_queue_full(status: int | None) -> bool:
-    """Whether an error event's status is SGLang's queue-full refusal (the backend did no work: fail over)."""
-    return status == QUEUE_FULL_STATUS
+def load_from_metrics(text: str) -> int:
+    """Prometheus text: `sglang:num_running_reqs` + `sglang:num_queue_reqs`; TP ranks repeat their DP rank's
+    value, DP ranks add up."""
+    by_rank: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
+            continue
+        for sample in family.samples:
+            key = (family.name, sample.labels.get("dp_rank", "0"))
+            by_rank[key] = max(by_rank.get(key, 0.0), sample.value)
+    if not by_rank:
+        raise ValueError("no sglang:num_running_reqs gauge")
+    return int(sum(by_rank.values()))
 
 
 def error_message(response: httpx.Response) -> str:
@@ -98,17 +109,6 @@ async def control(
         raise SGLangError(f"{target} failed: {exc!r}") from None
     if response.status_code != 200:
         raise SGLangError(f"{target} answered HTTP {response.status_code}: {error_message(response)}")
-
-
-async def server_load(client: httpx.AsyncClient, url: str, *, headers: dict[str, str] | None, timeout: float) -> int:
-    """Running + waiting requests the server itself reports (other clients' included); SGLangError if unreadable."""
-    target = url + LOADS_PATH
-    try:
-        response = await client.get(target, timeout=timeout, headers=headers)
-        response.raise_for_status()
-        return load_from_loads(response.json())
-    except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:
-        raise SGLangError(f"cannot read {target}: {exc!r}") from None
 
 
 async def generate_once(

@@ -22,10 +22,11 @@ The interface (`Mechanism`), which another way of switching (the in-engine specu
 Kinds:
 - `restart`: the GPU-host agent (`crossover servers agent`) stops the old server and starts the other; its
   start waits for a 1-token generation before it says `ready`.
-- `sleep`: SGLang's own endpoints, both servers started with `--enable-memory-saver
-  --enable-weights-cpu-backup`: release the old server's memory, resume the new one's, continue it. Never
-  release a busy server (SGLang asserts idle): the gateway's own count and the server's `/v1/loads` must
-  both say zero first.
+- `sleep`: the engine's own endpoints, as its adapter (gateway/engines.py) names them - SGLang's memory saver
+  (both servers started with `--enable-memory-saver --enable-weights-cpu-backup`: release the old server's
+  memory, resume the new one's, continue it), vLLM's `/sleep` and `/wake_up` (`--enable-sleep-mode`). Never
+  release a busy server (SGLang asserts idle): the gateway's own count and the server's own load must both
+  say zero first.
 - `manual`: the operator moves the servers; the gateway only drains, holds and verifies.
 
 Every call is bounded by a named timeout; every failure raises `SwitchFailed` naming the step.
@@ -41,7 +42,7 @@ from enum import StrEnum
 import httpx
 from pydantic import ValidationError
 
-from crossover.gateway import sglang
+from crossover.gateway import engines, sglang
 from crossover.gateway.agent_contract import ServerStatus
 from crossover.gateway.config import SwitchingSettings
 from crossover.gateway.modes import Mode, other
@@ -86,6 +87,8 @@ class Target:
     url: str
     headers: dict[str, str] = field(default_factory=dict)
     control: dict[str, str] = field(default_factory=dict)
+    # What it runs: which control calls put it to sleep and wake it, where its own load is read.
+    engine: engines.EngineName = engines.DEFAULT_ENGINE
 
 
 class Mechanism:
@@ -138,7 +141,8 @@ class Mechanism:
 
 
 class SleepMechanism(Mechanism):
-    """SGLang's sleep/wake: pause/drain -> release old -> resume new -> continue new."""
+    """Sleep/wake through the engine: pause/drain -> release old -> resume new -> continue new (the calls are the
+    adapter's: SGLang release/resume/pause/continue; vLLM sleep, wake up, and no pause or continue)."""
 
     name = "sleep"
 
@@ -157,32 +161,37 @@ class SleepMechanism(Mechanism):
         # process that replaces it starts holding its memory.
         self.released = {other(settings.initial_mode)}
 
-    async def _control(self, mode: Mode, call: sglang.ControlCall) -> None:
+    def _engine(self, mode: Mode) -> engines.EngineAdapter:
+        return engines.adapter(self.targets[mode].engine)
+
+    async def _control(self, mode: Mode, call: engines.ControlCall | None) -> None:
+        if call is None:
+            return  # this engine has no such call: the one before it did its work
         target = self.targets[mode]
         try:
-            await sglang.control(
+            await engines.control(
                 self.client, target.url, call, headers=target.control, timeout=self.settings.control_timeout
             )
-        except sglang.SGLangError as exc:
+        except engines.EngineError as exc:
             raise SwitchFailed(call.name, str(exc)) from None
 
     async def _release(self, mode: Mode) -> None:
-        await self._control(mode, sglang.RELEASE)
+        await self._control(mode, self._engine(mode).release)
         self.released.add(mode)
 
     async def _resume(self, mode: Mode) -> None:
         if mode in self.released:
-            await self._control(mode, sglang.RESUME)
+            await self._control(mode, self._engine(mode).resume)
             self.released.discard(mode)
 
     async def server_load(self, mode: Mode) -> int:
         """Running + waiting requests the server itself reports (other clients' included)."""
         target = self.targets[mode]
         try:
-            return await sglang.server_load(
+            return await self._engine(mode).server_load(
                 self.client, target.url, headers=target.headers, timeout=self.settings.control_timeout
             )
-        except sglang.SGLangError as exc:
+        except engines.EngineError as exc:
             raise SwitchFailed("release", f"{exc}: cannot check that the server is idle") from None
 
     async def preflight(self, old: Mode | None, new: Mode) -> None:
@@ -190,14 +199,31 @@ class SleepMechanism(Mechanism):
             self.released.discard(new)
             raise SwitchFailed("preflight", f"the {new} server at {self.targets[new].url} does not answer")
 
+    async def _sleeping(self, mode: Mode) -> bool | None:
+        """What the server says of its sleep (vLLM's /is_sleeping), which beats what this gateway believes."""
+        target = self.targets[mode]
+        asleep = await self._engine(mode).sleeping(
+            self.client, target.url, headers=target.headers, timeout=PREFLIGHT_TIMEOUT_S
+        )
+        if asleep is not None:
+            (self.released.add if asleep else self.released.discard)(mode)
+        return asleep
+
     async def mode_state(self, mode: Mode) -> ModeState:
         if not await self._answers(mode):
             self.released.discard(mode)
             return ModeState.DEAD
+        await self._sleeping(mode)
         return ModeState.ASLEEP if mode in self.released else ModeState.SERVING
 
+    async def verify(self, mode: Mode) -> None:
+        # A sleeping vLLM would hold the verify generation until it wakes (the whole verify timeout).
+        if await self._sleeping(mode):
+            raise SwitchFailed("verify", f"the {mode} server at {self.targets[mode].url} says it is asleep")
+        await super().verify(mode)
+
     async def wake(self, mode: Mode) -> None:
-        await self._control(mode, sglang.CONTINUE)
+        await self._control(mode, self._engine(mode).resume_generation)
 
     def adopted(self, mode: Mode) -> None:
         # One GPU set: the mode that serves holds it, so the other's memory is released (or it is dead, and the
@@ -215,7 +241,9 @@ class SleepMechanism(Mechanism):
                 return
             if gateway == 0 and not paused:
                 # Requests the gateway did not send (other clients): SGLang's pause aborts them.
-                await self._control(mode, sglang.PAUSE)
+                if self._engine(mode).pause is None:
+                    return  # vLLM's sleep (mode "abort") ends them itself
+                await self._control(mode, self._engine(mode).pause)
                 paused = True
             if loop.time() >= deadline:
                 raise SwitchFailed(
@@ -235,14 +263,14 @@ class SleepMechanism(Mechanism):
         elif old is None:
             await self._release_if_idle(other(new))  # from no serving mode: whatever the other holds
         await self._resume(new)
-        await self._control(new, sglang.CONTINUE)
+        await self._control(new, self._engine(new).resume_generation)
 
     async def restore(self, mode: Mode, failed: Mode | None) -> None:
         if failed is not None and failed != mode:
             # Whatever the failed mode holds must leave the GPUs first; it has served nothing yet.
             await self._release_if_idle(failed)
         await self._resume(mode)
-        await self._control(mode, sglang.CONTINUE)
+        await self._control(mode, self._engine(mode).resume_generation)
 
     async def _release_if_idle(self, mode: Mode) -> None:
         if mode in self.released:

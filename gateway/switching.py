@@ -200,6 +200,7 @@ class SwitchController:
                 pools.pool(mode)[0].url,
                 bearer(pools.pool(mode)[0].api_key),
                 bearer(getattr(settings.pools, mode).control_key),
+                getattr(settings.pools, mode).engine,
             )
             for mode in MODES
         }

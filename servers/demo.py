@@ -3,6 +3,7 @@
     crossover demo                                            # partitioned: both pools serve, spillover
     crossover demo --topology time-shared                     # one GPU set; sleep/wake between the modes
     crossover demo --topology time-shared --mechanism restart # ... restart through a local GPU-host agent
+    crossover demo --engine vllm                              # the stand-ins play vLLM (either topology)
 
 Partitioned: a k25-eagle3 and a k25-plain stand-in, and the gateway. Time-shared: the stand-in set of
 servers/profiles/standin-time-shared.toml and the gateway of servers/gateway_configs/standin-time-shared.toml
@@ -36,8 +37,10 @@ from pathlib import Path
 
 from crossover.gateway.agent_contract import TOKEN_ENV
 from crossover.gateway.cli import listen_error, non_negative_int, port, positive_float
+from crossover.gateway.engines import ENGINE_NAMES, EngineName, adapter
 
 HOST = "127.0.0.1"
+ENGINE_TITLES = {"sglang": "SGLang", "vllm": "vLLM"}
 MODEL = "moonshotai/Kimi-K2.5"  # the stand-in profiles' served name, and k25-eagle3's / k25-plain's
 PROFILES = {"speculative": "k25-eagle3", "plain": "k25-plain"}
 TIME_SHARED_PROFILE = "standin-time-shared"
@@ -77,6 +80,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="sleep",
         help="time-shared: how a switch happens - sleep/wake, or restart through a local agent (default: sleep)",
     )
+    demo.add_argument(
+        "--engine",
+        choices=list(ENGINE_NAMES),
+        default="sglang",
+        help="whose HTTP surface the stand-ins play, and the pools' engine (default: sglang)",
+    )
     demo.add_argument("--admin-token", help="admin API token (default: a random one, printed)")
     demo.add_argument(
         "--policy",
@@ -108,6 +117,7 @@ def run_command(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         topology=args.topology,
         mechanism=args.mechanism,
+        engine=args.engine,
     )
 
 
@@ -115,10 +125,13 @@ def _crossover(*argv: str) -> list[str]:
     return [sys.executable, "-m", "crossover.gateway.cli", *argv]
 
 
-def start_standin(profile: str, port: int, time_scale: float) -> subprocess.Popen:
+def start_standin(profile: str, port: int, time_scale: float, engine: EngineName = "sglang") -> subprocess.Popen:
     from crossover.servers import process
 
     argv = _crossover("sim", "serve", "--profile", profile, "--host", HOST, "--port", str(port))
+    if engine == "vllm":
+        # As vLLM with --enable-sleep-mode (and its dev mode): the time-shared demo sleeps and wakes it.
+        argv += ["--engine", "vllm", "--enable-sleep-mode"]
     # The demo shows routing, not the minutes of weight loading the k25 profiles model.
     argv += ["--time-scale", str(time_scale), "--startup-delay", "0"]
     # The demo starts its stand-ins before it runs any thread, so they can die with it.
@@ -190,22 +203,25 @@ class _Started:
     down: list[list[str]] = field(default_factory=list)  # commands that stop what an agent started
 
 
-def _partitioned(started: _Started, policy: str, threshold: int, time_scale: float) -> tuple[dict, list[str]]:
+def _partitioned(
+    started: _Started, policy: str, threshold: int, time_scale: float, engine: EngineName
+) -> tuple[dict, list[str]]:
     from crossover.servers import process
 
     urls = {}
     for pool, profile in PROFILES.items():
         standin_port = process.free_port(HOST)
-        started.procs.append(start_standin(profile, standin_port, time_scale))
+        started.procs.append(start_standin(profile, standin_port, time_scale, engine))
         urls[pool] = f"http://{HOST}:{standin_port}"
     for proc, url in zip(started.procs, urls.values(), strict=False):
         process.wait_ready(url + "/health", proc, STANDIN_READY_TIMEOUT_S)
-    settings = {"policy": policy, "threshold": threshold, "pools": {p: {"backends": [u]} for p, u in urls.items()}}
-    return settings, [f"two simulated SGLang pools: {', '.join(PROFILES.values())}"]
+    pools = {p: {"backends": [u], "engine": engine} for p, u in urls.items()}
+    settings = {"policy": policy, "threshold": threshold, "pools": pools}
+    return settings, [f"two simulated {ENGINE_TITLES[engine]} pools: {', '.join(PROFILES.values())}"]
 
 
-def _time_shared_profile(ports: dict[str, int], time_scale: float, folder: Path) -> Path:
-    """The stand-in time-shared profile on the demo's own ports and time scale, as a file the agent reads."""
+def _time_shared_profile(ports: dict[str, int], time_scale: float, folder: Path, engine: EngineName) -> Path:
+    """The stand-in time-shared profile on the demo's own ports, time scale and engine, as a file the agent reads."""
     from crossover.servers.profile import load_profile
 
     shipped = load_profile(TIME_SHARED_PROFILE)
@@ -214,14 +230,14 @@ def _time_shared_profile(ports: dict[str, int], time_scale: float, folder: Path)
         old = f"port = {server.port}"
         assert text.count(old) == 1, f"{TIME_SHARED_PROFILE}: expected one '{old}'"
         text = text.replace(old, f"port = {ports[server.name]}")
-    text = text.replace("time_scale = 20", f"time_scale = {time_scale:g}")
+    text = text.replace("time_scale = 20", f"time_scale = {time_scale:g}\nengine = {json.dumps(engine)}")
     path = folder / f"{TIME_SHARED_PROFILE}.toml"
     path.write_text(text)
     return path
 
 
 def _time_shared(
-    started: _Started, mechanism: str, threshold: int | None, time_scale: float, folder: Path
+    started: _Started, mechanism: str, threshold: int | None, time_scale: float, folder: Path, engine: EngineName
 ) -> tuple[dict, list[str]]:
     import httpx
 
@@ -234,20 +250,21 @@ def _time_shared(
     switching["mechanism"] = mechanism
     ports = {"speculative": process.free_port(HOST), "plain": process.free_port(HOST)}
     urls = {mode: f"http://{HOST}:{p}" for mode, p in ports.items()}
-    settings["pools"] = {mode: {"backends": [url]} for mode, url in urls.items()}
+    settings["pools"] = {mode: {"backends": [url], "engine": engine} for mode, url in urls.items()}
     if mechanism == "sleep":
         for mode, profile in PROFILES.items():
-            started.procs.append(start_standin(profile, ports[mode], time_scale))
+            started.procs.append(start_standin(profile, ports[mode], time_scale, engine))
         for proc, url in zip(started.procs, urls.values(), strict=False):
             process.wait_ready(url + "/health", proc, STANDIN_READY_TIMEOUT_S)
         # One GPU set: the mode not serving holds no GPU memory (the gateway resumes it when it switches).
-        httpx.post(f"{urls['plain']}/release_memory_occupation", json={}, timeout=CONTROL_TIMEOUT_S).raise_for_status()
+        release = adapter(engine).release
+        httpx.post(urls["plain"] + release.path, json=release.body, timeout=CONTROL_TIMEOUT_S).raise_for_status()
         switching["initial_cost"] = 1.5  # release + resume of the k25 stand-ins at time scale 20
         for key in ("agent_url", "agent_token", "agent_servers"):
             switching.pop(key, None)
         return settings, []
 
-    profile = _time_shared_profile(ports, time_scale, folder)
+    profile = _time_shared_profile(ports, time_scale, folder, engine)
     agent_port, agent_token = process.free_port(HOST), secrets.token_urlsafe(18)
     state_dir = folder / "state"
     agent = _crossover("servers", "agent", str(profile), "--port", str(agent_port), "--state-dir", str(state_dir))
@@ -271,6 +288,7 @@ def run(
     time_scale: float | None,
     topology: str = "partitioned",
     mechanism: str = "sleep",
+    engine: EngineName = "sglang",
 ) -> int:
     import httpx
 
@@ -291,11 +309,12 @@ def run(
         try:
             if topology == "time-shared":
                 scale = TIME_SHARED_TIME_SCALE if time_scale is None else time_scale
-                values, extra = _time_shared(started, mechanism, threshold, scale, Path(folder))
+                values, extra = _time_shared(started, mechanism, threshold, scale, Path(folder), engine)
                 lines = time_shared_lines(url, token, mechanism, values.get("threshold", DEFAULT_THRESHOLD)) + extra
             else:
                 chosen = DEFAULT_THRESHOLD if threshold is None else threshold
-                values, described = _partitioned(started, policy, chosen, 1.0 if time_scale is None else time_scale)
+                scale = 1.0 if time_scale is None else time_scale
+                values, described = _partitioned(started, policy, chosen, scale, engine)
                 lines = [f"crossover demo: gateway on {url} ({described[0]})"]
             try:
                 settings = Settings(

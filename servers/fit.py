@@ -175,7 +175,7 @@ def _check_gpus(profile: Profile, gpus: Callable[[], list[int] | None], report: 
                         f"GPU {gpu} is given to both {holder[gpu]!r} and {server.name!r}, which run at the same time"
                     )
                 holder[gpu] = server.name
-    real = [s for s in profile.servers if s.engine == "sglang"]
+    real = [s for s in profile.servers if s.engine != "sim"]
     if not real:
         report.notes.append("stand-in servers only: their GPU ids are simulated and not checked against the box")
         return

@@ -3,8 +3,9 @@
     for command in launch_commands(profile):
         print(command.name, command.argv, command.env)
 
-`server_args` is the part after the SGLang command (`sglang serve`): what SGLang's own parser must accept
-(tests/servers/test_sglang_parser.py feeds it to 0.5.23's `prepare_server_args`). `env` holds only what the
+`server_args` is the part after the engine's command (`sglang serve`, `python -m vllm.entrypoints.openai.api_server`):
+what the engine's own parser must accept (tests/servers/test_sglang_parser.py feeds SGLang's to 0.5.23's
+`prepare_server_args`, tests/servers/test_vllm_parser.py vLLM's to 0.32's `make_arg_parser`). `env` holds only what the
 profile sets; the process gets it on top of the caller's environment.
 
 A server's admin key (`admin_api_key_file`) is never in `argv`: it shows as `<from /path>` there (what `plan`
@@ -19,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from crossover.gateway import vllm
 from crossover.servers.profile import Profile, Server
 
 
@@ -74,14 +76,19 @@ def launch_commands(profile: Profile) -> list[LaunchCommand]:
 
 
 def launch_command(profile: Profile, server: Server) -> LaunchCommand:
+    env = dict(server.env)
     if server.engine == "sim":
         command, args = sim_command(), sim_args(profile, server)
+    elif server.engine == "vllm":
+        command, args = list(profile.vllm_command), vllm_args(profile, server)
+        if profile.sleeps:
+            # vLLM serves /sleep, /wake_up and /is_sleeping only in its dev mode.
+            env.setdefault(vllm.DEV_MODE_ENV, "1")
     else:
         command, args = list(profile.sglang_command), sglang_args(profile, server)
-    env = dict(server.env)
-    if server.device == "cpu":
-        env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    if server.gpus and server.engine == "sglang":
+        if server.device == "cpu":
+            env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    if server.gpus and server.engine != "sim":
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in server.gpus))
     return LaunchCommand(
         name=server.name,
@@ -142,6 +149,33 @@ def sglang_args(profile: Profile, server: Server) -> list[str]:
     return [*args, *server.extra_args]
 
 
+def vllm_args(profile: Profile, server: Server) -> list[str]:
+    """vLLM's OpenAI server flags, as vLLM documents them (what tests/servers/test_vllm_parser.py feeds to its
+    own parser). vLLM has no admin key and no extra metric labels; its CPU build needs no device flag."""
+    assert server.model_path is not None  # the profile validator guarantees it for engine "vllm"
+    args = ["--model", server.model_path]
+    if server.served_model_name:
+        args += ["--served-model-name", server.served_model_name]
+    args += ["--host", server.host, "--port", str(server.port), "--tensor-parallel-size", str(server.tp_size)]
+    spec = server.speculative
+    if spec is not None:
+        config = {
+            "method": "eagle3",
+            "model": spec.draft_model_path,
+            "num_speculative_tokens": spec.num_steps,
+            **spec.vllm_config,
+        }
+        args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+    if server.max_running_requests is not None:
+        args += ["--max-num-seqs", str(server.max_running_requests)]
+    if server.mem_fraction_static is not None:
+        # SGLang's fraction for weights + KV cache; vLLM's is of the whole GPU, for everything the engine holds.
+        args += ["--gpu-memory-utilization", f"{server.mem_fraction_static:g}"]
+    if profile.sleeps:
+        args.append("--enable-sleep-mode")
+    return [*args, *server.extra_args]
+
+
 def sim_command() -> list[str]:
     return [sys.executable, "-m", "crossover.gateway.cli", "sim", "serve"]
 
@@ -159,4 +193,6 @@ def sim_args(profile: Profile, server: Server) -> list[str]:
         args += ["--admin-api-key-file", server.admin_api_key_file]  # the stand-in reads it: the key stays off ps
     if profile.topology == "in-engine":
         args.append("--speculation-gate")  # the stand-in plays a patched server
+    if server.sim.engine == "vllm":
+        args += ["--engine", "vllm"] + (["--enable-sleep-mode"] if profile.sleeps else [])
     return [*args, *server.extra_args]

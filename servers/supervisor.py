@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from crossover.gateway import sglang
+from crossover.gateway import engines, sglang
 from crossover.gateway.agent_contract import TOKEN_ENV, ServerState, ServerStatus
 from crossover.servers import fit
 from crossover.servers.launch import LaunchError, launch_command, read_admin_key
@@ -153,14 +153,14 @@ class Supervisor:
     async def release(self, name: str) -> None:
         """Sleep: hand the GPU memory back, weights to host memory. SGLang refuses while busy."""
         record = self._require(name)
-        await self._admin(name, record, sglang.RELEASE)
+        await self._admin(name, record, engines.adapter(self.profile.server(name).plays).release)
         self.store.update(name, released=True)
         self._log(f"{name}: released (weights in host memory)")
 
     async def resume(self, name: str) -> float:
         server, record = self.profile.server(name), self._require(name)
         began = time.monotonic()
-        await self._admin(name, record, sglang.RESUME)
+        await self._admin(name, record, engines.adapter(server.plays).resume)
         self.store.update(name, released=False)
         # torch_memory_saver has corrupted weights after repeated cycles: verify before trusting a resume.
         await self._wait_generation(server, record, began + server.ready_timeout_s)
@@ -254,7 +254,7 @@ class Supervisor:
 
     def gpu_holders(self) -> list[fit.GpuProcess] | None:
         """Processes still holding memory on the profile's real GPUs (None: no nvidia-smi, or stand-ins)."""
-        gpus = sorted({g for s in self.profile.servers if s.engine == "sglang" for g in s.gpus})
+        gpus = sorted({g for s in self.profile.servers if s.engine != "sim" for g in s.gpus})
         return fit.gpu_processes(gpus) if gpus else None
 
     # --- internals --------------------------------------------------------------------------------------

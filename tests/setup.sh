@@ -28,6 +28,7 @@ build() { python -m "$1" build "$2"; }
 
 system prometheus prometheus         # a real Prometheus scrapes the gateway; promtool (same package) checks deploy/
 system systemd-analyze systemd       # verifies deploy/'s systemd units
+system redis-server redis-server     # a real Redis: the cluster tests and proxybench's crossover-redis target
 python -m pip install -e '.[test]'
 build crossover.servers.sglang_check .venv-sglang         # SGLang 0.5.23's own parser checks every profile's argv
 build tests.real_sglang.engine_env .venv-sglang-serve     # real SGLang 0.5.23 on CPU for tests/real_sglang/

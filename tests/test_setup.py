@@ -45,9 +45,14 @@ def test_the_readme_test_command_is_what_ci_runs_and_starts_with_the_setup():
     assert "pytest -n auto" in command and "python -m tests.busy" in command
 
 
-def test_setup_installs_prometheus_with_promtool_and_systemd_analyze():
-    # Debian's `prometheus` package ships promtool beside the server (tests/deploy/test_prometheus_rules.py).
-    assert setup_steps("system") == [["prometheus", "prometheus"], ["systemd-analyze", "systemd"]]
+def test_setup_installs_prometheus_with_promtool_systemd_analyze_and_redis():
+    # Debian's `prometheus` package ships promtool beside the server (tests/deploy/test_prometheus_rules.py);
+    # redis-server: the tests start their own on a free loopback port, never the system service.
+    assert setup_steps("system") == [
+        ["prometheus", "prometheus"],
+        ["systemd-analyze", "systemd"],
+        ["redis-server", "redis-server"],
+    ]
 
 
 def test_setup_builds_every_venv_the_tests_look_for():

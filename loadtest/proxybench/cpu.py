@@ -31,8 +31,8 @@ def _read_stat(pid: str) -> tuple[int, int] | None:
     return int(fields[1]), int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
 
 
-def tree_cpu_seconds(root: int) -> float:
-    """User plus system CPU seconds of `root` and all its descendants (threads and reaped children included)."""
+def _snapshot() -> tuple[dict[int, list[int]], dict[int, int]]:
+    """({parent: [children]}, {pid: CPU ticks}) of every live process."""
     children: dict[int, list[int]] = {}
     ticks: dict[int, int] = {}
     for entry in os.scandir(PROC):
@@ -43,9 +43,24 @@ def tree_cpu_seconds(root: int) -> float:
             pid = int(entry.name)
             children.setdefault(stat[0], []).append(pid)
             ticks[pid] = stat[1]
-    total, todo = 0, [root]
+    return children, ticks
+
+
+def _tree(root: int, children: dict[int, list[int]]) -> list[int]:
+    found, todo = [], [root]
     while todo:
         pid = todo.pop()
-        total += ticks.get(pid, 0)
+        found.append(pid)
         todo += children.get(pid, [])
-    return total / CLOCK_TICKS
+    return found
+
+
+def tree_pids(root: int) -> list[int]:
+    """`root` and all its live descendants."""
+    return _tree(root, _snapshot()[0])
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User plus system CPU seconds of `root` and all its descendants (threads and reaped children included)."""
+    children, ticks = _snapshot()
+    return sum(ticks.get(pid, 0) for pid in _tree(root, children)) / CLOCK_TICKS

@@ -8,7 +8,8 @@ bare asyncio protocol on httptools and uvloop: a general-purpose client would sp
 than the proxies under test do. Prints one JSON object: req/s, p50/p99 latency and time to first body
 chunk (ms), errors by kind, and `sent == ok + errors` over the whole run so no request goes unaccounted.
 With --cpu-pid it also reports the CPU that process's tree spent in the window (`proxybench.cpu`), per request:
-the window's edges are known here, nowhere else.
+the window's edges are known here, nowhere else. Several generators (a host whose load needs more than one core)
+share one window through --start-at and --samples, and `merge` makes their reports one.
 
     python -m crossover.loadtest.proxybench.loadgen --url http://127.0.0.1:8000 --concurrency 32 --stream --duration 5
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import sys
 import time
@@ -30,6 +32,7 @@ import uvloop
 
 from crossover.gateway.cli import non_negative_float, positive_float, positive_int
 from crossover.loadtest.percentile import percentiles
+from crossover.loadtest.proxybench.cores import format_cpu_list
 from crossover.loadtest.proxybench.cpu import tree_cpu_seconds
 
 DEFAULT_MAX_TOKENS = 64
@@ -148,6 +151,10 @@ class LoadSpec:
     ramp: float = 0.0  # worker i sends its first request at i/C of this (seconds)
     cpu_pid: int | None = None  # the process whose tree's CPU time is measured over the window
     model: str = DEFAULT_MODEL
+    # When to start, on time.monotonic()'s clock (shared by every process on the host): several load generators
+    # given one start measure one window. None: now.
+    start_at: float | None = None
+    samples: bool = False  # also report every measured request's latency and time to first chunk (seconds)
 
 
 def build_request(spec: LoadSpec) -> bytes:
@@ -182,6 +189,9 @@ async def run_load(spec: LoadSpec) -> dict:
     request = build_request(spec)
     tally = Tally()
     start = time.perf_counter()
+    if spec.start_at is not None:
+        start += max(spec.start_at - time.monotonic(), 0.0)
+        await asyncio.sleep(start - time.perf_counter())
     window_start = start if spec.requests is not None else start + spec.warmup
     window_end = float("inf") if spec.requests is not None else window_start + spec.duration
     remaining = [spec.requests] if spec.requests is not None else None
@@ -256,7 +266,7 @@ async def run_load(spec: LoadSpec) -> dict:
     requests_in_window = rate * (window_end - window_start)
     cpu_s = cpu[1] - cpu[0] if len(cpu) == 2 else None
     cpu_ms = round(cpu_s * 1000.0 / requests_in_window, 4) if cpu_s is not None and requests_in_window else None
-    return {
+    report = {
         "url": spec.url,
         "concurrency": spec.concurrency,
         "stream": spec.stream,
@@ -275,7 +285,38 @@ async def run_load(spec: LoadSpec) -> dict:
         "error_kinds": dict(tally.errors),
         "cpu_s": None if cpu_s is None else round(cpu_s, 3),
         "cpu_ms_per_request": cpu_ms,
+        "load_cores": [format_cpu_list(frozenset(os.sched_getaffinity(0)))],  # where this generator ran
     }
+    if spec.samples:
+        report["latency_s"] = [round(t1 - t0, 6) for t0, _, t1 in measured]
+        report["ttfc_s"] = [round(first - t0, 6) for t0, first, _ in measured]
+    return report
+
+
+def merge(reports: list[dict]) -> dict:
+    """Several generators' reports of one window (one `start_at`, each with `samples`) as one: counts and rates
+    summed, percentiles over the pooled samples, CPU per request from the one that measured CPU over all of them."""
+    merged = {key: value for key, value in reports[0].items() if key not in ("latency_s", "ttfc_s")}
+    for key in ("concurrency", "completed", "sent", "ok", "errors", "window_errors"):
+        merged[key] = sum(report[key] for report in reports)
+    merged["rps"] = round(sum(report["rps"] for report in reports), 1)
+    kinds: Counter = Counter()
+    for report in reports:
+        kinds.update(report["error_kinds"])
+    merged["error_kinds"] = dict(kinds)
+    latency = [value for report in reports for value in report["latency_s"]]
+    ttfc = [value for report in reports for value in report["ttfc_s"]]
+    merged["latency_p50_ms"], merged["latency_p99_ms"] = _p50_p99_ms(latency)
+    merged["ttfc_p50_ms"], merged["ttfc_p99_ms"] = _p50_p99_ms(ttfc)
+    cpu_s = next((report["cpu_s"] for report in reports if report["cpu_s"] is not None), None)
+    requests_in_window = merged["rps"] * merged["window_s"]
+    merged["cpu_s"] = cpu_s
+    merged["cpu_ms_per_request"] = (
+        round(cpu_s * 1000.0 / requests_in_window, 4) if cpu_s is not None and requests_in_window else None
+    )
+    merged["processes"] = len(reports)
+    merged["load_cores"] = [cores for report in reports for cores in report["load_cores"]]
+    return merged
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -298,6 +339,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--cpu-pid", type=positive_int, help="report this process tree's CPU time per request")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="the request's model (default: %(default)s)")
+    parser.add_argument(
+        "--start-at", type=float, help="start at this time.monotonic() value (several generators, one window)"
+    )
+    parser.add_argument("--samples", action="store_true", help="report each measured request's latency and TTFC")
     args = parser.parse_args(argv)
     spec = LoadSpec(
         args.url,
@@ -311,6 +356,8 @@ def main(argv: list[str] | None = None) -> None:
         args.ramp,
         args.cpu_pid,
         args.model,
+        args.start_at,
+        args.samples,
     )
     json.dump(uvloop.run(run_load(spec)), sys.stdout)
     sys.stdout.write("\n")

@@ -2,6 +2,7 @@
 
     peer = PEERS["smg"]
     exe = peer.installed(venvs)                     # .venv-smg/bin/smg, installed from the registry if missing
+    exe = peer.installed(venvs, wheels=Path("w"))   # ... or from a directory of wheels (no registry on the host)
     argv = peer.argv(exe, backend_url, host, port, metrics_port)
 
 Every peer starts the way a real deployment would run it and the comparison needs: round-robin to the one
@@ -38,28 +39,35 @@ class Peer:
     def venv(self, venvs: Path) -> Path:
         return venvs / f".venv-{self.name}"
 
-    def installed(self, venvs: Path) -> Path:
-        """The peer's executable, installing the pinned release into its own venv first if it is not there."""
+    def installed(self, venvs: Path, wheels: Path | None = None) -> Path:
+        """The peer's executable, installing the pinned release into its own venv first if it is not there: from
+        the registry, or with `wheels` from that directory alone (a host without a registry: `pip download
+        REQUIREMENT -d DIR` where there is one, carry DIR over)."""
         venv = self.venv(venvs)
         exe = venv / "bin" / self.executable
         python = venv / "bin" / "python"
-        version = self.requirement.split("==")[1]
-        probe = [str(python), "-m", "pip", "show", self.requirement.split("==")[0]]
+        name, version = self.requirement.split("==")
+        probe = [str(python), "-c", f"import importlib.metadata as m; print(m.version({name!r}))"]
         if exe.exists():
             shown = subprocess.run(probe, capture_output=True, text=True, check=False).stdout
-            if f"Version: {version}\n" in shown:
+            if shown.strip() == version:
                 return exe
-        print(f"proxybench: installing {self.requirement} into {venv}", file=sys.stderr)
+        source = f"the wheels in {wheels}" if wheels else "the registry"
+        print(f"proxybench: installing {self.requirement} into {venv} from {source}", file=sys.stderr)
+        offline = ["--no-index", "--find-links", str(wheels.absolute())] if wheels else []
+        # No pip in the venv: this Python's pip installs into it (`--python`), so a Python without ensurepip (a
+        # distribution's, without its venv package) makes one all the same.
         try:
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            venv_argv = [sys.executable, "-m", "venv", "--clear", "--without-pip", str(venv)]
+            subprocess.run(venv_argv, check=True, stdout=sys.stderr)
             subprocess.run(
-                [str(python), "-m", "pip", "install", "-q", self.requirement],
+                [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", *offline, self.requirement],
                 check=True,
                 timeout=VENV_INSTALL_TIMEOUT_S,
                 stdout=sys.stderr,
             )
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            raise InstallFailed(f"could not install {self.requirement}: {exc}") from exc
+            raise InstallFailed(f"could not install {self.requirement} from {source}: {exc}") from exc
         return exe
 
     def argv(self, exe: Path, backend_url: str, host: str, port: int, metrics_port: int) -> list[str]:

@@ -15,10 +15,15 @@ import statistics
 from dataclasses import dataclass
 
 DIRECT, CROSSOVER = "direct", "crossover"
+# Crossover's variants, each measured against crossover (not peers): with [cluster] redis_url set, and one process
+# (no --workers) beside a run whose crossover has --workers N.
+CROSSOVER_REDIS, CROSSOVER_ONE = "crossover-redis", "crossover-w1"
+VARIANTS = (CROSSOVER_REDIS, CROSSOVER_ONE)
 # The bar (issues 3 and 20).
 TTFC_ADDED_MAX_MS = 2.0  # crossover's added p50 time to first chunk at C=1, streaming
 PACED_RPS_FRACTION = 0.97  # of direct's req/s in the paced run
 PACED_TTFC_ADDED_MAX_MS = 10.0  # over direct's p50 time to first chunk in the paced run
+REDIS_CPU_MAX_RATIO = 1.05  # crossover's CPU per request with Redis configured over without (issue 31)
 CPU = "cpu_ms_per_request"
 CPU_ROUNDS = "cpu_rounds"  # each round's CPU per request, in the order they ran
 _SUMMED = ("sent", "ok", "completed", "errors", "window_errors", "cpu_s", "window_s")
@@ -78,7 +83,7 @@ def _by_round(ours: dict, theirs: dict) -> str:
 
 def peers(rows: list[dict]) -> list[str]:
     """The peer targets in `rows`, in their order."""
-    return list(dict.fromkeys(r["target"] for r in rows if r["target"] not in (DIRECT, CROSSOVER)))
+    return list(dict.fromkeys(r["target"] for r in rows if r["target"] not in (DIRECT, CROSSOVER, *VARIANTS)))
 
 
 def check_bar(rows: list[dict]) -> list[Bar]:
@@ -131,6 +136,7 @@ def check_bar(rows: list[dict]) -> list[Bar]:
         else Bar(line, added <= PACED_TTFC_ADDED_MAX_MS, f"+{added:.3f} ms")
     )
 
+    bars += _redis_bars(rows) + _workers_bars(rows)
     ours_rows = [r for r in rows if r["target"] == CROSSOVER]
     errors = sum(r["errors"] for r in ours_rows)
     bars.append(
@@ -140,6 +146,40 @@ def check_bar(rows: list[dict]) -> list[Bar]:
             f"{errors} errors in {sum(r['sent'] for r in ours_rows)} requests",
         )
     )
+    return bars
+
+
+def _redis_bars(rows: list[dict]) -> list[Bar]:
+    """Per cell where both ran: crossover with Redis configured costs at most REDIS_CPU_MAX_RATIO of its CPU per
+    request without (nothing per request goes to Redis). No line at all where crossover-redis did not run."""
+    bars = []
+    for kind, c in dict.fromkeys((r["kind"], r["concurrency"]) for r in rows if r["target"] == CROSSOVER_REDIS):
+        line = f"{kind} C={c}: crossover's CPU per request with Redis <= {REDIS_CPU_MAX_RATIO:g}x without"
+        with_redis, without = _row(rows, kind, c, CROSSOVER_REDIS), _row(rows, kind, c, CROSSOVER)
+        if with_redis is None or without is None or not with_redis.get(CPU) or not without.get(CPU):
+            bars.append(Bar(line, None, "not measured"))
+            continue
+        ratio = with_redis[CPU] / without[CPU]
+        detail = f"{with_redis[CPU]:.3f} / {without[CPU]:.3f} ms = {ratio:.3f}"
+        spread = _by_round(with_redis, without)
+        detail += f"; round by round: {spread}" if spread else ""
+        bars.append(Bar(line, ratio <= REDIS_CPU_MAX_RATIO, detail))
+    return bars
+
+
+def _workers_bars(rows: list[dict]) -> list[Bar]:
+    """Per cell where both ran: crossover with its workers passes at least the req/s of one process (issue 31: on 2
+    cores, --workers 2 no worse than 1). No line at all where crossover-w1 did not run."""
+    bars = []
+    for kind, c in dict.fromkeys((r["kind"], r["concurrency"]) for r in rows if r["target"] == CROSSOVER_ONE):
+        line = f"{kind} C={c}: crossover's req/s with its workers >= with one process"
+        ours, one = _row(rows, kind, c, CROSSOVER), _row(rows, kind, c, CROSSOVER_ONE)
+        if ours is None or one is None or not one["rps"]:
+            bars.append(Bar(line, None, "not measured"))
+            continue
+        detail = f"{ours['rps']:.0f} / {one['rps']:.0f} req/s = {ours['rps'] / one['rps']:.3f}"
+        detail += f"; CPU ms/request {ours[CPU]} / {one[CPU]}"
+        bars.append(Bar(line, ours["rps"] >= one["rps"], detail))
     return bars
 
 
@@ -191,12 +231,63 @@ def render_text(rows: list[dict], bars: list[Bar]) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(rows: list[dict], bars: list[Bar], command: str, targets: dict[str, str] | None = None) -> str:
-    """The command, how each target was started (`targets`: {name: command line}), the table and the bar.
-    CPU ms/req is the target's whole process tree (the backend's, for direct) over the window: the median of
-    the rounds, whose lowest and highest are its range."""
+def summary_table(rows: list[dict]) -> list[list[str]]:
+    """Issue 31's table: a line per cell's req/s (x direct), the paced run's TTFT p50 and each cell's CPU per
+    request, a column per target, and crossover over the best peer (above 1 is better for req/s, below 1 for
+    time and CPU). Its first line is the header."""
+    targets = list(dict.fromkeys(r["target"] for r in rows))
+    others = peers(rows)
+    lines = [["cell", *targets, "crossover / best peer"]]
+
+    def line(label: str, metric: str, kind: str, c: int, higher_is_better: bool) -> None:
+        found = {t: row[metric] for t in targets if (row := _row(rows, kind, c, t)) and row.get(metric) is not None}
+        cells = []
+        for t in targets:
+            value = found.get(t)
+            if value is None:
+                cells.append("-")
+            elif metric == "rps":
+                ratio = _row(rows, kind, c, t)["ratio"]
+                cells.append(f"{value:.0f}" + ("" if t == DIRECT or ratio is None else f" ({ratio:.2f}x)"))
+            else:
+                cells.append(f"{value:.3f}" if metric == CPU else f"{value:.1f}")
+        theirs = [found[t] for t in others if t in found]
+        best = (max if higher_is_better else min)(theirs) if theirs else None
+        ours = found.get(CROSSOVER)
+        lines.append([label, *cells, f"{ours / best:.2f}" if ours is not None and best else "-"])
+
+    cells = list(dict.fromkeys((r["kind"], r["concurrency"], r.get("max_tokens")) for r in rows))
+    for kind, c, tokens in cells:
+        name = f"{kind} {tokens} tokens" if kind != "non-stream" and tokens else kind
+        line(f"{name}, C={c}: req/s", "rps", kind, c, True)
+        if kind == "paced":
+            line(f"{name}, C={c}: TTFT p50 ms", "ttfc_p50_ms", kind, c, False)
+    for kind, c, _ in cells:
+        line(f"CPU ms per request, {kind} C={c}", CPU, kind, c, False)
+    return lines
+
+
+def render_summary(rows: list[dict]) -> str:
+    """`summary_table` as markdown (what issue 31 shows)."""
+    table = summary_table(rows)
+    out = ["| " + " | ".join(table[0]) + " |", "|" + "---|" * len(table[0])]
+    return "\n".join(out + ["| " + " | ".join(line) + " |" for line in table[1:]])
+
+
+def render_markdown(
+    rows: list[dict],
+    bars: list[Bar],
+    command: str,
+    targets: dict[str, str] | None = None,
+    skipped: dict[str, str] | None = None,
+) -> str:
+    """The command, how each target was started (`targets`: {name: command line}) or why it was left out
+    (`skipped`), the summary, the table and the bar. CPU ms/req is the target's whole process tree (the backend's,
+    for direct) over the window: the median of the rounds, whose lowest and highest are its range."""
     lines = [f"`{command}`", ""]
     lines += [f"- {name}: `{started}`" for name, started in (targets or {}).items()]
+    lines += [f"- {name}: left out: {reason}" for name, reason in (skipped or {}).items()]
+    lines += ["", render_summary(rows)]
     lines += ["", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
     lines += ["", "| bar | result | measured |", "|---|---|---|"]

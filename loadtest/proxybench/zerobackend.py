@@ -9,7 +9,8 @@ uvloop, because every microsecond spent here is taken from the proxy under test 
     python -m crossover.loadtest.proxybench.zerobackend --port 31000 --chunk-delay-ms 20
 
 Repeating `--port` serves the same backend on several ports, so a gateway that wants distinct backend
-addresses per pool can still be pointed twice at one backend.
+addresses per pool can still be pointed twice at one backend. `--workers N` serves them from N processes
+(SO_REUSEPORT), for a host where one process would be the bottleneck of the direct line.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import argparse
 import asyncio
 import json
 import socket
+import sys
 import time
 
 import httptools
 import uvloop
 
-from crossover.gateway.cli import non_negative_float, port
+from crossover.gateway.cli import non_negative_float, port, positive_int
+from crossover.servers import process
 
 MODEL = "zero"
 DEFAULT_CHUNKS = 16
@@ -253,12 +256,15 @@ class ZeroProtocol(asyncio.Protocol):
             self.transport.close()
 
 
-async def serve(host: str, ports: list[int], chunk_delay_ms: float) -> None:
-    """Serve on every port in `ports` (one backend, several addresses) until cancelled."""
+async def serve(host: str, ports: list[int], chunk_delay_ms: float, reuse_port: bool = False) -> None:
+    """Serve on every port in `ports` (one backend, several addresses) until cancelled; `reuse_port`: beside other
+    processes serving the same ports (the kernel spreads connections over them)."""
     canned = Canned()
     loop = asyncio.get_running_loop()
     servers = [
-        await loop.create_server(lambda: ZeroProtocol(canned, chunk_delay_ms / 1000.0), host, port, backlog=4096)
+        await loop.create_server(
+            lambda: ZeroProtocol(canned, chunk_delay_ms / 1000.0), host, port, backlog=4096, reuse_port=reuse_port
+        )
         for port in ports
     ]
     await asyncio.gather(*(server.serve_forever() for server in servers))
@@ -276,8 +282,24 @@ def main(argv: list[str] | None = None) -> None:
         help=f"listen port (default {DEFAULT_PORT}); repeat it to serve on several ports",
     )
     parser.add_argument("--chunk-delay-ms", type=non_negative_float, default=0.0, help="gap between streamed chunks")
+    parser.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="processes serving the ports (this one and its children, which die with it): a backend that is not "
+        "the bottleneck on a host with cores to spare",
+    )
+    parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set for the workers
     args = parser.parse_args(argv)
-    uvloop.run(serve(args.host, args.port or [DEFAULT_PORT], args.chunk_delay_ms))
+    ports = args.port or [DEFAULT_PORT]
+    shared = args.reuse_port or args.workers > 1
+    if args.workers > 1:
+        # Children of this process, so its process tree (what the benchmark measures) holds them all.
+        worker = [sys.executable, "-m", __spec__.name, "--host", args.host, "--reuse-port"]
+        worker += [*(f"--port={p}" for p in ports), "--chunk-delay-ms", str(args.chunk_delay_ms)]
+        for _ in range(args.workers - 1):
+            process.spawn(worker)
+    uvloop.run(serve(args.host, ports, args.chunk_delay_ms, shared))
 
 
 if __name__ == "__main__":

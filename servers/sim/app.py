@@ -1,4 +1,5 @@
-"""The stand-in's HTTP surface: SGLang's endpoints (0.5.23, entrypoints/http_server.py) over one LiveEngine.
+"""The stand-in's HTTP surface: SGLang's endpoints (0.5.23, entrypoints/http_server.py) over one LiveEngine, or
+vLLM's (`engine="vllm"`, vllm_surface.py).
 
     run(SimSettings(profile=load_profile("k25-eagle3"), port=30001, time_scale=50.0))   # until SIGTERM
     app = create_app(settings, registry=CollectorRegistry())                              # to embed or test
@@ -17,7 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -32,9 +33,10 @@ from crossover.servers.sim.engine import PAUSE_MODES, Engine
 from crossover.servers.sim.generation import TooLarge, json_response, read_json
 from crossover.servers.sim.live import MEMORY_TAGS, Busy, LiveEngine
 from crossover.servers.sim.metrics import SimMetrics
-from crossover.servers.sim.openai_format import WEIGHT_VERSION, BadRequest, error_body
+from crossover.servers.sim.openai_format import SGLANG_ERRORS, VLLM_ERRORS, WEIGHT_VERSION, BadRequest, error_body
 from crossover.servers.sim.profile import Profile
 from crossover.servers.sim.speculation_gate import GateMetrics, StandInGate, bearer_matches, gate_routes
+from crossover.servers.sim.vllm_surface import VLLM_VERSION, vllm_routes
 
 SGLANG_VERSION = "0.5.23"  # the release whose surface the stand-in mirrors
 LOAD_SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")
@@ -59,6 +61,10 @@ class SimSettings:
     # SGLang's --admin-api-key: the gate's POST then needs it (speculation_gate.py says what it does without one), and
     # so do pause/continue and release/resume (SGLang's ADMIN_OPTIONAL endpoints: open only while no key is set).
     admin_api_key: str | None = None
+    # The engine it plays: SGLang's surface, or vLLM's (vllm_surface.py: its endpoints, metric names, errors).
+    engine: Literal["sglang", "vllm"] = "sglang"
+    # vLLM's --enable-sleep-mode (with VLLM_SERVER_DEV_MODE=1): /sleep, /wake_up and /is_sleeping.
+    sleep_mode: bool = False
 
 
 def run(settings: SimSettings, *, log_level: str = "warning") -> None:
@@ -100,7 +106,14 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         model_name=profile.model_name,
         extra_labels=settings.extra_metric_labels,
         num_spec_steps=spec.num_steps if spec else 0,
+        engine=settings.engine,
     )
+    vllm = settings.engine == "vllm"
+    errors = VLLM_ERRORS if vllm else SGLANG_ERRORS
+    if vllm and settings.speculation_gate:
+        raise ValueError("--speculation-gate is an SGLang patch's: vLLM has no run-time speculation gate")
+    if settings.sleep_mode and not vllm:
+        raise ValueError("--enable-sleep-mode is vLLM's: the SGLang stand-in always has its memory saver")
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -110,7 +123,7 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         finally:
             await live.stop()
 
-    app = FastAPI(title="crossover sim: a simulated SGLang server", lifespan=lifespan)
+    app = FastAPI(title=f"crossover sim: a simulated {'vLLM' if vllm else 'SGLang'} server", lifespan=lifespan)
     # As SGLang's HTTP server: every response then says `vary: Origin`.
     app.add_middleware(
         CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"], allow_headers=["*"]
@@ -120,9 +133,8 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
         # Unknown paths and methods: the same error body as every other failure, not FastAPI's {"detail"}.
         phrase = HTTPStatus(exc.status_code).phrase
-        return json_response(
-            error_body(str(exc.detail), status=exc.status_code, err_type=phrase.replace(" ", "")), exc.status_code
-        )
+        err_type = phrase if vllm else phrase.replace(" ", "")
+        return json_response(errors.body(str(exc.detail), status=exc.status_code, err_type=err_type), exc.status_code)
 
     @app.exception_handler(ClientDisconnect)
     async def client_gone(_: Request, exc: ClientDisconnect) -> Response:
@@ -130,7 +142,7 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         return Response(status_code=499)
 
     app.state.live, app.state.metrics = live, metrics
-    generation.register(app, live, metrics, profile)
+    generation.register(app, live, metrics, profile, errors, refuse_released=not vllm)
 
     async def health() -> Response:
         return Response(status_code=200 if live.healthy else 503)
@@ -156,28 +168,11 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
             {
                 **server_args(settings),
                 "memory": memory_report(live),
-                "schedule": live.schedule_report(),
                 "max_total_num_tokens": profile.limits.max_total_num_tokens,
                 "max_req_input_len": profile.limits.context_length - 1,
                 "internal_states": [internal_state(live, profile)],
                 "version": SGLANG_VERSION,
-                "simulated": True,
-                "simulator": {
-                    "note": "crossover's SGLang stand-in: no model runs; timings come from the profile, text is filler",
-                    "profile": profile.name,
-                    "kind": profile.kind,
-                    "source": profile.source,
-                    "description": profile.description,
-                    "time_scale": settings.time_scale,
-                    "seed": settings.seed,
-                    "accept_length": spec.accept_length if spec else None,
-                    # Wall-clock seconds of weight loading, release and resume on this stand-in.
-                    "delays_s": {
-                        "startup": live.startup_delay_s,
-                        "release": live.release_delay_s,
-                        "resume": live.resume_delay_s,
-                    },
-                },
+                **simulation_report(settings, live),
             }
         )
 
@@ -282,6 +277,18 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
             return json_response({"error": {"message": str(exc)}}, 400)
         return json_response(None)
 
+    async def vllm_server_info() -> Response:
+        # vLLM's /server_info (dev mode) dumps its config; the stand-in's says what it simulates, as SGLang's does.
+        return json_response({"version": VLLM_VERSION, **simulation_report(settings, live)})
+
+    if vllm:
+        for path, endpoint, methods in [
+            *vllm_routes(live, model_card(profile, "vllm"), sleep_mode=settings.sleep_mode),
+            ("/metrics", metrics_endpoint, ["GET"]),
+            ("/server_info", vllm_server_info, ["GET"]),
+        ]:
+            app.add_api_route(path, endpoint, methods=methods)
+        return app
     routes: list[tuple[str, Any, list[str]]] = []
     if settings.speculation_gate:
         if spec is None:
@@ -327,6 +334,33 @@ async def _tags(request: Request) -> list[str] | None:
     if tags is not None and (not isinstance(tags, list) or not set(tags) <= set(MEMORY_TAGS)):
         raise BadRequest(f"'tags' must be null or a list drawn from {list(MEMORY_TAGS)}, got {tags!r}")
     return tags
+
+
+def simulation_report(settings: SimSettings, live: LiveEngine) -> dict[str, Any]:
+    """What `/server_info` says of the stand-in itself, whichever engine it plays (`crossover bench` reads it to
+    tell a stand-in that kept up with its schedule from one that fell behind)."""
+    profile, spec = settings.profile, settings.profile.speculative
+    engine = "vLLM" if settings.engine == "vllm" else "SGLang"
+    return {
+        "schedule": live.schedule_report(),
+        "simulated": True,
+        "simulator": {
+            "note": f"crossover's {engine} stand-in: no model runs; timings come from the profile, text is filler",
+            "profile": profile.name,
+            "kind": profile.kind,
+            "source": profile.source,
+            "description": profile.description,
+            "time_scale": settings.time_scale,
+            "seed": settings.seed,
+            "accept_length": spec.accept_length if spec else None,
+            # Wall-clock seconds of weight loading, release and resume on this stand-in.
+            "delays_s": {
+                "startup": live.startup_delay_s,
+                "release": live.release_delay_s,
+                "resume": live.resume_delay_s,
+            },
+        },
+    }
 
 
 def server_args(settings: SimSettings) -> dict[str, Any]:
@@ -378,12 +412,13 @@ def memory_report(live: LiveEngine) -> dict[str, Any]:
     return {"released": sorted(live.released), **dataclasses.asdict(live.memory_stats)}
 
 
-def model_card(profile: Profile) -> dict[str, Any]:
+def model_card(profile: Profile, owned_by: str = "sglang") -> dict[str, Any]:
+    """One entry of /v1/models, as the engine the stand-in plays writes it (`owned_by` its name)."""
     return {
         "id": profile.model_name,
         "object": "model",
         "created": int(time.time()),
-        "owned_by": "sglang",
+        "owned_by": owned_by,
         "root": profile.model_name,
         "parent": None,
         "max_model_len": profile.limits.context_length,

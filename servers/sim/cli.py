@@ -88,6 +88,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     admin_key.add_argument(
         "--admin-api-key-file", metavar="PATH", help="the same key, read from a file (it stays off the command line)"
     )
+    serve.add_argument(
+        "--engine",
+        choices=["sglang", "vllm"],
+        default="sglang",
+        help="the engine whose HTTP surface it plays: endpoints, metric names, error shapes (default: sglang)",
+    )
+    serve.add_argument(
+        "--enable-sleep-mode",
+        action="store_true",
+        help="with --engine vllm: serve /sleep, /wake_up and /is_sleeping (vLLM's --enable-sleep-mode)",
+    )
     serve.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(run=_serve)
 
@@ -235,9 +246,14 @@ def _serve(args: argparse.Namespace) -> int:
             return _fail(str(exc))
     if (error := listen_error(args.host, args.port)) is not None:
         return _fail(error)
+    if args.engine == "vllm" and args.speculation_gate:
+        return _fail("--speculation-gate is an SGLang patch's: vLLM has no run-time speculation gate")
+    if args.enable_sleep_mode and args.engine != "vllm":
+        return _fail("--enable-sleep-mode is vLLM's (with --engine vllm); the SGLang stand-in has its memory saver")
     spec = profile.speculative
+    engine = "vLLM" if args.engine == "vllm" else "SGLang"
     print(
-        f"crossover sim: SIMULATED SGLang server - no model runs, text is filler. profile {profile.name} "
+        f"crossover sim: SIMULATED {engine} server - no model runs, text is filler. profile {profile.name} "
         f"({profile.kind}{f', {spec.algorithm} accept length {spec.accept_length}' if spec else ''}), "
         f"model {profile.model_name}, time scale {args.time_scale:g}x, on http://{args.host}:{args.port}",
         file=sys.stderr,
@@ -256,6 +272,8 @@ def _serve(args: argparse.Namespace) -> int:
             extra_metric_labels=args.extra_metric_labels,
             speculation_gate=args.speculation_gate,
             admin_api_key=admin_api_key,
+            engine=args.engine,
+            sleep_mode=args.enable_sleep_mode,
         ),
         log_level=args.log_level,
     )

@@ -28,14 +28,14 @@ from crossover.servers.sim.live import LiveEngine
 from crossover.servers.sim.metrics import SimMetrics
 from crossover.servers.sim.openai_format import (
     DONE,
+    SGLANG_ERRORS,
     BadRequest,
     Endpoint,
+    ErrorShape,
     Generation,
     StreamEncoder,
-    error_body,
     parse_generation,
     response_body,
-    stream_error,
 )
 from crossover.servers.sim.profile import Profile
 
@@ -52,7 +52,18 @@ def json_response(content: Any, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type="application/json")
 
 
-def register(app: FastAPI, live: LiveEngine, metrics: SimMetrics, profile: Profile) -> None:
+def register(
+    app: FastAPI,
+    live: LiveEngine,
+    metrics: SimMetrics,
+    profile: Profile,
+    errors: ErrorShape = SGLANG_ERRORS,
+    *,
+    refuse_released: bool = True,
+) -> None:
+    """`errors`: the engine's error shapes; `refuse_released`: SGLang refuses (503) while its memory is released,
+    vLLM holds a request that arrives while it sleeps until /wake_up."""
+
     async def chat(request: Request) -> Response:
         return await _generate("chat", request)
 
@@ -74,12 +85,12 @@ def register(app: FastAPI, live: LiveEngine, metrics: SimMetrics, profile: Profi
                     f"server's pool holds {profile.limits.max_total_num_tokens}."
                 )
         except BadRequest as exc:
-            return json_response(error_body(str(exc)), 400)
+            return json_response(errors.body(str(exc)), 400)
         except TooLarge as exc:
-            return json_response(error_body(str(exc), status=413, err_type="RequestEntityTooLarge"), 413)
-        refusal = live.refusal()
+            return json_response(errors.body(str(exc), status=413, err_type="RequestEntityTooLarge"), 413)
+        refusal = live.refusal(released=refuse_released)
         if refusal is not None:
-            return json_response(error_body(refusal, status=503, err_type="ServiceUnavailable"), 503)
+            return json_response(errors.body(refusal, status=503, err_type="ServiceUnavailable"), 503)
         rid = uuid.uuid4().hex  # SGLang's request id, which it also uses as the response id
         created = int(time.time())
         if gen.stream:
@@ -90,12 +101,14 @@ def register(app: FastAPI, live: LiveEngine, metrics: SimMetrics, profile: Profi
         try:
             live.submit(seq)
         except QueueFull as exc:
-            return json_response(error_body(str(exc), status=503, err_type="503"), 503)
+            return json_response(
+                errors.body(errors.queue_full(str(exc)), status=503, err_type=errors.busy_body_type), 503
+            )
         if not await _wait(request, seq):
             return Response(status_code=499)  # nobody is listening any more
         if seq.error is not None:
             metrics.aborted.inc()
-            return json_response(error_body(seq.error, status=503, err_type="503"), 503)
+            return json_response(errors.body(seq.error, status=503, err_type=errors.busy_body_type), 503)
         if seq.first_token_at is not None:
             _observe_first_token(seq, first_token_s=(seq.first_token_at - seq.arrival) / live.time_scale)
         if seq.state is State.FINISHED:
@@ -116,7 +129,7 @@ def register(app: FastAPI, live: LiveEngine, metrics: SimMetrics, profile: Profi
         try:
             live.submit(seq)
         except QueueFull as exc:  # SGLang answers 200 and reports this inside the stream
-            yield stream_error(str(exc), status=503, err_type="SERVICE_UNAVAILABLE")
+            yield errors.stream(errors.queue_full(str(exc)), status=503, err_type=errors.busy_type)
             yield DONE
             return
         loop = asyncio.get_running_loop()
@@ -134,7 +147,7 @@ def register(app: FastAPI, live: LiveEngine, metrics: SimMetrics, profile: Profi
                 yield chunk
             if seq.error is not None:  # SGLang reports a failure after HTTP 200 inside the stream
                 metrics.aborted.inc()
-                yield stream_error(seq.error, status=503, err_type="SERVICE_UNAVAILABLE")
+                yield errors.stream(seq.error, status=503, err_type=errors.busy_type)
                 yield DONE
                 return
             if sent == 0 and seq.state is State.FINISHED:  # max_tokens = 0

@@ -133,13 +133,14 @@ class LiveEngine:
         """What SGLang's /health reports: a one-token generation would succeed now."""
         return not (self.starting or self.released or self.engine.paused or self.failure)
 
-    def refusal(self) -> str | None:
-        """Why a new generation must be refused with 503, or None."""
+    def refusal(self, *, released: bool = True) -> str | None:
+        """Why a new generation must be refused with 503, or None (`released` False: not for released memory -
+        vLLM holds requests while it sleeps)."""
         if self.failure:
             return self.failure
         if self.starting:
             return "The server is starting (loading weights)."
-        if self.released:
+        if self.released and released:
             return (
                 "The server's GPU memory is released ("
                 + ", ".join(sorted(self.released))

@@ -1,7 +1,15 @@
-"""SGLang's Prometheus metrics (`sglang:` names and labels), on an injectable registry.
+"""SGLang's Prometheus metrics (`sglang:` names and labels), or vLLM's (`vllm:`, `--engine vllm`), on an
+injectable registry.
 
     metrics = SimMetrics(CollectorRegistry(), live, model_name="moonshotai/Kimi-K2.5")
+    metrics = SimMetrics(CollectorRegistry(), live, model_name="meta-llama/...", engine="vllm", num_spec_steps=3)
     generate_latest(metrics.registry)
+
+vLLM (0.32, vllm/v1/metrics/loggers.py and v1/spec_decode/metrics.py): the scheduler gauges
+`vllm:num_requests_running` / `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc`, labels `model_name` and
+`engine` (one per DP rank); the speculative counters `vllm:spec_decode_num_drafts_total`,
+`vllm:spec_decode_num_draft_tokens_total` and `vllm:spec_decode_num_accepted_tokens_total` (accepted drafts,
+without the bonus token each verify adds).
 
 Scheduler gauges are computed at scrape time from the engine (labels model_name, engine_type, tp_rank,
 pp_rank, moe_ep_rank); request histograms and counters are observed by the HTTP layer in real seconds
@@ -12,6 +20,7 @@ The stand-in's own account of itself (no SGLang counterpart) is named `crossover
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -36,6 +45,29 @@ QUEUE_BUCKETS = (
 )  # fmt: skip
 
 
+SGLANG_NAMES = {
+    "ttft": "sglang:time_to_first_token_seconds",
+    "itl": "sglang:inter_token_latency_seconds",
+    "e2e": "sglang:e2e_request_latency_seconds",
+    "queue": "sglang:queue_time_seconds",
+    "prompt": "sglang:prompt_tokens_total",
+    "generation": "sglang:generation_tokens_total",
+    "requests": "sglang:num_requests_total",
+    "aborted": "sglang:num_aborted_requests_total",
+}
+VLLM_NAMES = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prompt": "vllm:prompt_tokens_total",
+    "generation": "vllm:generation_tokens_total",
+    "requests": "vllm:request_success_total",
+    # vLLM counts aborts as a finished_reason of request_success; the stand-in keeps its own count.
+    "aborted": "crossover_sim_aborted_requests_total",
+}
+
+
 class SimMetrics:
     def __init__(
         self,
@@ -45,10 +77,12 @@ class SimMetrics:
         model_name: str,
         extra_labels: dict[str, str] | None = None,
         num_spec_steps: int = 0,
+        engine: Literal["sglang", "vllm"] = "sglang",
     ):
         self.registry = registry
-        labels = {"model_name": model_name, **(extra_labels or {})}
+        labels = {"model_name": model_name, **({"engine": "0"} if engine == "vllm" else {}), **(extra_labels or {})}
         names = list(labels)
+        name = (VLLM_NAMES if engine == "vllm" else SGLANG_NAMES).__getitem__
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, names, buckets=buckets, registry=registry).labels(**labels)
@@ -56,22 +90,18 @@ class SimMetrics:
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, names, registry=registry).labels(**labels)
 
-        self.ttft = histogram(
-            "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
-        )
-        self.itl = histogram(
-            "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS
-        )
-        self.e2e = histogram(
-            "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds", E2E_BUCKETS
-        )
-        self.queue_time = histogram(
-            "sglang:queue_time_seconds", "Histogram of queueing time in seconds.", QUEUE_BUCKETS
-        )
-        self.prompt_tokens = counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("sglang:generation_tokens_total", "Number of generation tokens processed.")
-        self.requests = counter("sglang:num_requests_total", "Number of requests processed.")
-        self.aborted = counter("sglang:num_aborted_requests_total", "Number of requests aborted.")
+        self.ttft = histogram(name("ttft"), "Histogram of time to first token in seconds.", TTFT_BUCKETS)
+        self.itl = histogram(name("itl"), "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.e2e = histogram(name("e2e"), "Histogram of End-to-end request latency in seconds", E2E_BUCKETS)
+        self.queue_time = histogram(name("queue"), "Histogram of queueing time in seconds.", QUEUE_BUCKETS)
+        self.prompt_tokens = counter(name("prompt"), "Number of prefill tokens processed.")
+        self.generation_tokens = counter(name("generation"), "Number of generation tokens processed.")
+        self.requests = counter(name("requests"), "Number of requests processed.")
+        self.aborted = counter(name("aborted"), "Number of requests aborted.")
+        if engine == "vllm":
+            registry.register(_VllmGauges(live, labels, num_spec_steps))
+            registry.register(_StandInMetrics(live, labels))
+            return
         registry.register(
             _SchedulerGauges(
                 live,
@@ -100,6 +130,41 @@ class SimMetrics:
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(completion_tokens)
         self.requests.inc()
+
+
+class _VllmGauges(Collector):
+    """vLLM's scheduler gauges and speculative counters, computed at scrape time from the engine."""
+
+    def __init__(self, live: LiveEngine, labels: dict[str, str], num_spec_steps: int):
+        self._live, self._names, self._values, self._steps = live, list(labels), list(labels.values()), num_spec_steps
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        engine = self._live.engine
+        gauges = {
+            "num_requests_running": ("Number of requests in model execution batches.", engine.num_running),
+            "num_requests_waiting": ("Number of requests waiting to be processed.", engine.num_waiting),
+            "kv_cache_usage_perc": (
+                "KV-cache usage. 1 means 100 percent usage.",
+                engine.num_used_tokens / engine.limits.max_total_num_tokens,
+            ),
+        }
+        for key, (doc, value) in gauges.items():
+            family = GaugeMetricFamily(f"vllm:{key}", doc, labels=self._names)
+            family.add_metric(self._values, float(value))
+            yield family
+        if not self._steps:
+            return
+        drafts = engine.spec_verify_total
+        counters = {
+            "spec_decode_num_drafts": ("Number of spec decoding drafts.", drafts),
+            "spec_decode_num_draft_tokens": ("Number of draft tokens.", drafts * self._steps),
+            # Each verify yields the accepted drafts plus one token of the target's own.
+            "spec_decode_num_accepted_tokens": ("Number of accepted tokens.", engine.spec_accepted_total - drafts),
+        }
+        for key, (doc, value) in counters.items():
+            family = CounterMetricFamily(f"vllm:{key}", doc, labels=self._names)
+            family.add_metric(self._values, float(value))
+            yield family
 
 
 class _SchedulerGauges(Collector):

@@ -168,6 +168,43 @@ def stream_error(message: str, *, status: int, err_type: str) -> bytes:
     return _sse({"error": error_body(message, status=status, err_type=err_type)})
 
 
+@dataclass(frozen=True, slots=True)
+class ErrorShape:
+    """How the engine the stand-in plays writes its errors (`--engine`): SGLang's top-level body, or vLLM's
+    `{"error": {...}}` (its ErrorResponse, vllm/entrypoints/serve/engine/protocol.py), as a body and as an
+    event. Busy is 503 in both: SGLang's "queue full", vLLM's QueueOverflowError past --max-num-queued-reqs."""
+
+    nested: bool
+    # vLLM's words for a full queue and their type; None: the engine's own (SGLang's "The request queue is full.").
+    queue_full_message: str | None = None
+    # The type of a busy refusal in a stream's error event, and in a 503 body.
+    busy_type: str = "SERVICE_UNAVAILABLE"
+    busy_body_type: str = "503"
+
+    def body(self, message: str, *, status: int = 400, err_type: str = "BadRequestError") -> dict:
+        if self.nested:
+            return {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+        return error_body(message, status=status, err_type=err_type)
+
+    def stream(self, message: str, *, status: int, err_type: str) -> bytes:
+        if self.nested:
+            return _sse(self.body(message, status=status, err_type=err_type))
+        return stream_error(message, status=status, err_type=err_type)
+
+    def queue_full(self, engine_message: str) -> str:
+        return self.queue_full_message or engine_message
+
+
+SGLANG_ERRORS = ErrorShape(nested=False)
+VLLM_ERRORS = ErrorShape(
+    nested=True,
+    queue_full_message="The engine is currently busy and cannot accept new requests. Please try again later or "
+    "on a different instance.",
+    busy_type="Service Unavailable",
+    busy_body_type="Service Unavailable",
+)
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {
         "prompt_tokens": prompt_tokens,

@@ -9,12 +9,13 @@ import copy
 import json
 import shutil
 import subprocess
+import tomllib
 
 import pytest
 import yaml
 
 from crossover.gateway.cli import build_parser
-from crossover.gateway.config import load_settings
+from crossover.gateway.config import Settings, load_settings
 from crossover.servers.profile import load_profile
 from tests.conftest import crossover_argv
 from tests.deploy.deploy_files import k8s_documents, rule_groups
@@ -104,17 +105,100 @@ def test_service_monitors_select_services_and_their_ports():
                 assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
 
 
-def test_gateway_runs_several_replicas_with_the_max_load_signal(tmp_path):
-    deployment = one("Deployment", "crossover-gateway")
-    assert deployment["spec"]["replicas"] >= 2
-    path = tmp_path / "crossover.toml"
-    path.write_text(one("ConfigMap", "crossover-gateway")["data"]["crossover.toml"])
-    settings = load_settings(path)
-    assert settings.load_signal == "max"
-    assert settings.topology == "partitioned"
+TOPOLOGIES = ("partitioned", "time-shared", "in-engine")
+CONFIG_DIR = "/etc/crossover/"
+
+
+def gateway_settings(topology: str, tmp_path, monkeypatch) -> Settings:
+    """The gateway ConfigMap's file for `topology`, loaded with the gateway's own loader, as a pod would: the
+    in-engine engines' admin key read from where the pod mounts its Secret (here a file of the test's)."""
+    monkeypatch.setenv("CROSSOVER_AGENT_TOKEN", "from-the-secret")
+    key = tmp_path / "sglang-admin.key"
+    key.write_text("engine-admin-key\n")
+    text = one("ConfigMap", "crossover-gateway")["data"][f"{topology}.toml"]
+    mounted = _secret_mount("sglang-admin") + "/key"
+    path = tmp_path / f"{topology}.toml"
+    path.write_text(text.replace(mounted, str(key)))
+    return load_settings(path)
+
+
+def _secret_mount(secret: str) -> str:
+    pod = one("Deployment", "crossover-gateway")["spec"]["template"]["spec"]
+    (volume,) = [v["name"] for v in pod["volumes"] if v.get("secret", {}).get("secretName") == secret]
+    (mount,) = [
+        m["mountPath"] for m in container(one("Deployment", "crossover-gateway"))["volumeMounts"] if m["name"] == volume
+    ]
+    return mount
+
+
+def test_the_gateway_config_holds_one_file_per_topology_and_the_pods_run_one_of_them():
+    assert set(one("ConfigMap", "crossover-gateway")["data"]) == {f"{t}.toml" for t in TOPOLOGIES}
+    args = container(one("Deployment", "crossover-gateway"))["args"]
+    assert args[0] == "--config" and args[1].removeprefix(CONFIG_DIR) in one("ConfigMap", "crossover-gateway")["data"]
+    mounts = {m["mountPath"]: m["name"] for m in container(one("Deployment", "crossover-gateway"))["volumeMounts"]}
+    assert mounts[CONFIG_DIR.rstrip("/")] == "config"
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_every_topology_runs_three_replicas_sharing_one_redis(topology, tmp_path, monkeypatch):
+    assert one("Deployment", "crossover-gateway")["spec"]["replicas"] == 3
+    settings = gateway_settings(topology, tmp_path, monkeypatch)
+    assert settings.topology == topology
+    # The Redis every replica shares: the Service of the Redis Deployment in this file.
+    redis = one("Service", "crossover-redis")
+    (port,) = redis["spec"]["ports"]
+    assert settings.cluster.redis_url == f"redis://{redis['metadata']['name']}:{port['port']}/0"
+    assert (
+        redis["spec"]["selector"].items()
+        <= one("Deployment", "crossover-redis")["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert settings.load_signal == ("local" if topology == "in-engine" else "max")
+
+
+def test_each_topology_names_its_own_cluster():
+    data = one("ConfigMap", "crossover-gateway")["data"]
+    names = [tomllib.loads(data[f"{topology}.toml"])["cluster"]["name"] for topology in TOPOLOGIES]
+    assert len(set(names)) == len(names)
+
+
+def test_partitioned_backends_are_the_statefulsets_services(tmp_path, monkeypatch):
+    settings = gateway_settings("partitioned", tmp_path, monkeypatch)
     services = {f"{s['metadata']['name']}" for s in documents("Service")}
     for backend in settings.pools.speculative.backends + settings.pools.plain.backends:
         assert backend.split("//")[1].split(":")[0].split(".")[1] in services, backend
+
+
+def test_in_engine_sends_the_engines_admin_key_from_its_secret(tmp_path, monkeypatch):
+    settings = gateway_settings("in-engine", tmp_path, monkeypatch)
+    assert settings.pools.speculative.admin_api_key == "engine-admin-key" and settings.pools.plain is None
+    pod = one("Deployment", "crossover-gateway")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == "sglang-admin"]
+    # Optional: the other topologies run without it. Readable by the gateway's group only.
+    assert volume["secret"]["optional"] is True and volume["secret"]["defaultMode"] == 0o440
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+
+
+def test_redis_is_reachable_from_the_gateways_only():
+    (policy,) = documents("NetworkPolicy")
+    redis_labels = one("Deployment", "crossover-redis")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= redis_labels.items()
+    (rule,) = policy["spec"]["ingress"]
+    (source,) = rule["from"]
+    gateway_labels = one("Deployment", "crossover-gateway")["spec"]["template"]["metadata"]["labels"]
+    assert source["podSelector"]["matchLabels"].items() <= gateway_labels.items()
+    # Not scraped as a gateway: the gateway's ServiceMonitor selects on the gateway's name label.
+    assert one("Service", "crossover-redis")["metadata"]["labels"]["app.kubernetes.io/name"] != "crossover-gateway"
+
+
+def test_gateway_pods_run_workers_on_the_cores_they_request(tmp_path, monkeypatch):
+    main = container(one("Deployment", "crossover-gateway"))
+    env = {item["name"]: item for item in main["env"]}
+    workers = int(env["CROSSOVER_WORKERS"]["value"])
+    assert workers >= 2 and float(main["resources"]["requests"]["cpu"]) >= workers
+    monkeypatch.setenv("CROSSOVER_WORKERS", str(workers))
+    assert gateway_settings("partitioned", tmp_path, monkeypatch).workers == workers
+    agent_token = env["CROSSOVER_AGENT_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert agent_token["name"] == one("Secret", "crossover-agent")["metadata"]["name"] and agent_token["optional"]
 
 
 def test_gateway_pods_probe_health_take_the_token_from_the_secret_and_are_covered():
@@ -191,11 +275,8 @@ def test_time_shared_pod_runs_the_agent_on_all_eight_gpus_with_the_shipped_profi
 
 
 def test_time_shared_gateway_config_loads_and_points_at_the_agent_pod(tmp_path, monkeypatch):
-    monkeypatch.setenv("CROSSOVER_AGENT_TOKEN", "from-the-secret")
-    path = tmp_path / "crossover.toml"
-    path.write_text(one("ConfigMap", "crossover-gateway-time-shared")["data"]["crossover.toml"])
-    settings = load_settings(path)
-    assert settings.topology == "time-shared"
+    settings = gateway_settings("time-shared", tmp_path, monkeypatch)
+    assert settings.switching.agent_token == "from-the-secret"
     ports = {port["name"]: port["port"] for port in one("Service", "sglang-time-shared")["spec"]["ports"]}
     assert settings.switching.agent_url == f"http://sglang-time-shared:{ports['agent']}"
     for mode in ("speculative", "plain"):

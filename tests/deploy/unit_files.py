@@ -10,6 +10,7 @@ from pathlib import Path
 EXAMPLE_ENVIRONMENT = {
     "CROSSOVER_AGENT_HOST": "127.0.0.1",
     "CROSSOVER_AGENT_PORT": "9000",
+    "CROSSOVER_WORKERS": "4",
 }
 
 

@@ -114,9 +114,16 @@ def test_health_is_503_when_no_backend_is_healthy(gateway):
         assert response.json()["error"]["code"] == "no_healthy_backend"
 
 
-def test_openai_sdk_sync_and_async_match_the_backend_directly(sims, gateway):
-    speculative, plain = sims
-    gw = gateway([speculative.url], [plain.url])
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_openai_sdk_sync_and_async_match_the_backend_directly(sim, gateway, engine):
+    """The same over stand-ins playing either engine: routing and the proxy path do not care which."""
+    plays = ("--engine", engine)
+    speculative, plain = sim("k25-eagle3", *SIM_SCALE, *plays), sim("k25-plain", *SIM_SCALE, *plays)
+    pools = {
+        mode: {"backends": [server.url], "engine": engine}
+        for mode, server in (("speculative", speculative), ("plain", plain))
+    }
+    gw = gateway([speculative.url], [plain.url], pools=pools)
     messages = [{"role": "user", "content": "Tell me about speculative decoding."}]
     through = openai.OpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0)
     direct = openai.OpenAI(base_url=speculative.url + "/v1", api_key="none", max_retries=0)

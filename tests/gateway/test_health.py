@@ -9,9 +9,10 @@ import httpx
 import pytest
 
 from crossover.gateway.config import HealthSettings, Settings
-from crossover.gateway.health import PASSIVE, PROBE, Breaker, HealthMonitor, load_from_loads, load_from_metrics
+from crossover.gateway.health import PASSIVE, PROBE, Breaker, HealthMonitor
 from crossover.gateway.pools import Backend, Pools
-from tests.gateway.gateway_helpers import LONG, MODEL, chat, wait_until
+from crossover.gateway.sglang import load_from_loads, load_from_metrics
+from tests.gateway.gateway_helpers import LONG, MODEL, SIM_SCALE, chat, wait_until
 
 SGLANG_METRICS = """\
 # HELP sglang:num_running_reqs The number of running requests.
@@ -37,11 +38,18 @@ def test_load_parsers():
         load_from_metrics("# nothing here\n")
 
 
-def test_scraped_load_sees_requests_that_bypass_this_gateway(sims, gateway):
-    speculative, plain = sims
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_scraped_load_sees_requests_that_bypass_this_gateway(sim, gateway, engine):
+    """Read where the engine reports it: SGLang's /v1/loads, vLLM's vllm:num_requests_* gauges."""
+    plays = ("--engine", engine)
+    speculative, plain = sim("k25-eagle3", *SIM_SCALE, *plays), sim("k25-plain", *SIM_SCALE, *plays)
     gw = gateway(
         [speculative.url],
         [plain.url],
+        pools={
+            "speculative": {"backends": [speculative.url], "engine": engine},
+            "plain": {"backends": [plain.url], "engine": engine},
+        },
         load_signal="scraped",
         threshold=2,
         hysteresis=0,

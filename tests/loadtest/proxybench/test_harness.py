@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 
 import pytest
 
+from crossover.loadtest.proxybench.cores import format_cpu_list
+from crossover.loadtest.proxybench.harness import knows_workers
 from crossover.loadtest.proxybench.report import check_bar
 
 SMOKE_TIMEOUT_S = 240.0
@@ -189,3 +192,90 @@ def test_full_run_meets_the_bar(tmp_path):
     bars = check_bar(result["rows"])
     failed = [f"{bar.line}: {bar.detail}" for bar in bars if bar.passed is not True]
     assert not failed, f"{failed}\n{done.stdout}"
+
+
+TWO_CORES = sorted(os.sched_getaffinity(0))[:2]
+needs_two_cores = pytest.mark.skipif(len(TWO_CORES) < 2, reason="pinning two roles apart needs two cores")
+TINY = ("--concurrency", "4", "--requests", str(REQUESTS), "--max-tokens", "4", "--rounds", "1", "--no-paced")
+
+
+@needs_two_cores
+@pytest.mark.parametrize("pinned", ["gateway", "load"])
+def test_each_role_runs_on_its_cores_as_the_kernel_reads_them_back(tmp_path, pinned):
+    backend, other = (str(core) for core in TWO_CORES)
+    _, result, markdown = run_bench(
+        tmp_path,
+        *("--targets", "direct,crossover", *TINY, "--backend-workers", "2", "--load-procs", "2"),
+        *("--cores-backend", backend, f"--cores-{pinned}", other),
+        timeout=SMOKE_TIMEOUT_S,
+    )
+    everywhere = format_cpu_list(frozenset(os.sched_getaffinity(0)))
+    for row in result["rows"]:
+        assert row["errors"] == 0 and row["sent"] == REQUESTS and row["processes"] == 2, row
+        # Every process of the target's tree (the backend's two workers too), read back from the kernel.
+        expected = {"direct": [backend], "crossover": [other if pinned == "gateway" else everywhere]}
+        assert row["cores"] == expected[row["target"]], row
+        # The two load generators each report their own affinity.
+        assert row["load_cores"] == [other if pinned == "load" else everywhere] * 2, row
+    assert result["targets"]["direct"].startswith(f"taskset -c {backend} ")
+    assert f"- direct: `taskset -c {backend} " in markdown
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (("--cores-backend", "0", "--cores-gateway", "0"), "--cores-backend 0 and --cores-gateway 0 share core(s) 0"),
+        (("--cores-load", "4096"), "--cores-load 4096: core(s) 4096 not on this host"),
+        (("--cores-gateway", "two"), "'two' is not a CPU list"),
+    ],
+)
+def test_core_sets_that_overlap_or_do_not_exist_are_refused_before_anything_starts(flags, said):
+    done = subprocess.run(
+        [sys.executable, "-m", "crossover.loadtest.proxybench", *flags, "--no-paced"],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_workers_run_where_the_build_has_them_and_are_left_out_saying_why_where_not(tmp_path):
+    # crossover-w1, the one-process floor, runs in turn with them.
+    _, result, markdown = run_bench(
+        tmp_path,
+        *("--targets", "direct,crossover,crossover-w1", *TINY, "--workers", "2"),
+        timeout=SMOKE_TIMEOUT_S,
+    )
+    assert "--workers" not in result["targets"]["crossover-w1"]
+    assert [r["errors"] for r in result["rows"] if r["target"] == "crossover-w1"] == [0, 0]
+    workers_lines = [bar for bar in result["bar"] if "with one process" in bar["line"]]
+    if knows_workers(sys.executable):
+        assert "--workers 2" in result["targets"]["crossover"] and not result["skipped"]
+        assert [r["errors"] for r in result["rows"] if r["target"] == "crossover"] == [0, 0]
+        assert [bar["passed"] is not None for bar in workers_lines] == [True, True]  # judged (timings: not here)
+    else:
+        assert {r["target"] for r in result["rows"]} == {"direct", "crossover-w1"}
+        assert "has no `serve --workers`" in result["skipped"]["crossover"]
+        assert "- crossover: left out: --workers 2:" in markdown
+        assert [bar["passed"] for bar in workers_lines] == [None, None]
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server (Debian package) is not installed")
+def test_crossover_with_redis_is_measured_against_crossover_or_left_out_saying_why(tmp_path):
+    done, result, _ = run_bench(
+        tmp_path, *("--targets", "direct,crossover,crossover-redis", *TINY), timeout=SMOKE_TIMEOUT_S
+    )
+    redis_lines = [bar for bar in result["bar"] if "with Redis" in bar["line"]]
+    if "crossover-redis" in result["skipped"]:
+        # A build without cluster support never connects: its figures would be crossover's under another name.
+        assert "did not connect to Redis" in result["skipped"]["crossover-redis"]
+        assert "SKIPPED  crossover-redis:" in done.stdout and not redis_lines
+    else:
+        assert {r["target"] for r in result["rows"]} == {"direct", "crossover", "crossover-redis"}
+        assert [bar["line"] for bar in redis_lines] == [
+            f"{kind} C=4: crossover's CPU per request with Redis <= 1.05x without" for kind in ("stream", "non-stream")
+        ]
+        # Not a peer: the peer lines still have no peer to compare with.
+        assert all(bar["passed"] is None for bar in result["bar"] if "every peer's" in bar["line"])

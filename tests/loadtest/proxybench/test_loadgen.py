@@ -7,10 +7,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from crossover.loadtest.proxybench.loadgen import LoadSpec, run_load
+from crossover.loadtest.proxybench.loadgen import LoadSpec, merge, run_load
 from crossover.servers.process import free_port
 from tests.loadtest.zero_server import running_zero
 
@@ -96,3 +97,28 @@ def test_cli_rejects_nonsense():
         timeout=BOUND_S,
     )
     assert done.returncode == 2 and "--concurrency" in done.stderr
+
+
+def test_generators_given_one_start_share_one_window_and_merge_into_one_report(zero_url):
+    # Two generators in this process, as two processes would run: one start on the shared monotonic clock.
+    start_at = time.monotonic() + 0.3
+    specs = [
+        LoadSpec(zero_url, 2, False, 4, duration=0.6, warmup=0.2, start_at=start_at, samples=True, cpu_pid=pid)
+        for pid in (os.getpid(), None)
+    ]
+
+    async def both() -> list[dict]:
+        return await asyncio.wait_for(asyncio.gather(*(run_load(spec) for spec in specs)), BOUND_S)
+
+    reports = asyncio.run(both())
+    assert all(len(r["latency_s"]) == len(r["ttfc_s"]) == r["completed"] > 0 for r in reports)
+    merged = merge(reports)
+    assert merged["window_s"] == 0.6 and merged["processes"] == 2 and merged["concurrency"] == 4
+    assert merged["completed"] == sum(r["completed"] for r in reports) and merged["errors"] == 0
+    assert merged["rps"] == round(reports[0]["rps"] + reports[1]["rps"], 1)
+    pooled = sorted(value for r in reports for value in r["latency_s"])
+    assert pooled[0] * 1000 <= merged["latency_p50_ms"] <= merged["latency_p99_ms"] <= pooled[-1] * 1000
+    # CPU from the one that measured it, over every generator's requests in the window.
+    assert merged["cpu_s"] == reports[0]["cpu_s"] and reports[1]["cpu_s"] is None
+    assert merged["cpu_ms_per_request"] == round(merged["cpu_s"] * 1000 / (merged["rps"] * 0.6), 4)
+    assert "latency_s" not in merged and len(merged["load_cores"]) == 2

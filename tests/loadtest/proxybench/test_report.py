@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from crossover.loadtest.proxybench.report import check_bar, combine, render_markdown, render_text
+from crossover.loadtest.proxybench.report import (
+    CROSSOVER_ONE,
+    CROSSOVER_REDIS,
+    check_bar,
+    combine,
+    render_markdown,
+    render_summary,
+    render_text,
+    summary_table,
+)
 
 
 def row(kind, c, target, rps=100.0, lat=1.0, ttfc=0.5, errors=0, ratio=1.0, cpu=0.2):
@@ -139,7 +148,7 @@ def test_renderings_carry_every_row_and_line():
     assert len(text.splitlines()) == 1 + len(rows) + 1 + len(bars)
     assert markdown.startswith("`python -m crossover.loadtest.proxybench`")
     assert "- smg: `smg launch --worker-urls http://127.0.0.1:1 --policy round_robin`" in markdown
-    assert markdown.count("\n| ") == 1 + len(rows) + 1 + len(bars)
+    assert markdown.count("\n| ") == len(summary_table(rows)) + 1 + len(rows) + 1 + len(bars)
     assert "| stream | 32 | crossover | 0.350 | - | 10 |" in markdown
     rows[0]["cpu_rounds"] = [0.2, None, 0.31, 0.25]  # a round whose CPU could not be read has no say in the range
     assert "| stream | 1 | direct | 0.200 | 0.200-0.310 | 100 |" in render_markdown(rows, bars, "-")
@@ -169,3 +178,52 @@ def test_a_run_without_the_paced_cell_names_no_concurrency_for_it():
         "paced: crossover passes >= 97% of direct's req/s",
         "paced: crossover's p50 time to first chunk <= direct's + 10 ms",
     ]
+
+
+def test_the_summary_is_issue_31s_table_with_crossover_over_the_best_peer():
+    rows = [
+        row("non-stream", 96, "direct", rps=40000, ratio=1.0, cpu=0.05),
+        row("non-stream", 96, "crossover", rps=20000, ratio=0.5, cpu=0.1),
+        row("non-stream", 96, "smg", rps=25000, ratio=0.625, cpu=0.2),
+        row("non-stream", 96, "vllm-router", rps=10000, ratio=0.25, cpu=0.4),
+        row("paced", 3072, "direct", ttfc=15.0, cpu=0.01),
+        row("paced", 3072, "crossover", ttfc=20.0, cpu=0.03),
+        row("paced", 3072, "smg", ttfc=10.0, cpu=0.06),
+        row("paced", 3072, "vllm-router", ttfc=40.0, cpu=None),
+    ]
+    for r in rows[4:]:
+        r["max_tokens"] = 64
+    assert summary_table(rows) == [
+        ["cell", "direct", "crossover", "smg", "vllm-router", "crossover / best peer"],
+        ["non-stream, C=96: req/s", "40000", "20000 (0.50x)", "25000 (0.62x)", "10000 (0.25x)", "0.80"],
+        ["paced 64 tokens, C=3072: req/s", "100", "100 (1.00x)", "100 (1.00x)", "100 (1.00x)", "1.00"],
+        ["paced 64 tokens, C=3072: TTFT p50 ms", "15.0", "20.0", "10.0", "40.0", "2.00"],
+        ["CPU ms per request, non-stream C=96", "0.050", "0.100", "0.200", "0.400", "0.50"],
+        ["CPU ms per request, paced C=3072", "0.010", "0.030", "0.060", "-", "0.50"],
+    ]
+    assert render_summary(rows).splitlines()[2] == (
+        "| non-stream, C=96: req/s | 40000 | 20000 (0.50x) | 25000 (0.62x) | 10000 (0.25x) | 0.80 |"
+    )
+
+
+def test_crossover_with_redis_is_judged_against_crossover_and_is_no_peer():
+    rows = [row(kind, 32, target) for kind in ("stream", "non-stream") for target in ("direct", "crossover")]
+    rows += [row("stream", 32, CROSSOVER_REDIS, cpu=0.208), row("non-stream", 32, CROSSOVER_REDIS, cpu=0.22)]
+    bars = {bar.line: bar for bar in check_bar(rows)}
+    within = bars["stream C=32: crossover's CPU per request with Redis <= 1.05x without"]
+    assert within.passed is True and within.detail == "0.208 / 0.200 ms = 1.040"
+    assert bars["non-stream C=32: crossover's CPU per request with Redis <= 1.05x without"].passed is False
+    # crossover-redis is not a peer: with no peer in the run, the peer lines are not measured.
+    assert bars["stream C=32: crossover's CPU per request <= every peer's"].passed is None
+    assert not any("with Redis" in line for line in (bar.line for bar in check_bar(rows[:4])))
+
+
+def test_crossover_with_workers_is_judged_against_one_process_and_is_no_peer():
+    rows = [row("non-stream", 256, "direct"), row("non-stream", 256, "crossover", rps=180.0)]
+    rows.append(row("non-stream", 256, CROSSOVER_ONE, rps=150.0))
+    bars = {bar.line: bar for bar in check_bar(rows)}
+    line = bars["non-stream C=256: crossover's req/s with its workers >= with one process"]
+    assert line.passed is True and line.detail.startswith("180 / 150 req/s = 1.200")
+    assert bars["non-stream C=256: crossover's CPU per request <= every peer's"].passed is None
+    rows[-1]["rps"] = 200.0
+    assert [bar.passed for bar in check_bar(rows) if "one process" in bar.line] == [False]

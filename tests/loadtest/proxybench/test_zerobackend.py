@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import httpx
 import pytest
 
+from crossover.loadtest.proxybench.cpu import tree_pids
+from crossover.servers.process import free_port, spawn, stop, wait_ready
 from tests.loadtest.zero_server import running_zero
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -61,3 +66,21 @@ def test_bad_requests_get_openai_style_errors(zero, content, status):
 def test_unknown_route_and_method(zero):
     assert httpx.get(zero[0] + "/nope", timeout=10).json()["code"] == 404
     assert httpx.delete(zero[0] + "/health", timeout=10).json()["code"] == 405
+
+
+def test_workers_serve_the_ports_from_several_processes_of_one_tree():
+    ports = [free_port(), free_port()]
+    argv = [sys.executable, "-m", "crossover.loadtest.proxybench.zerobackend", "--workers", "3"]
+    proc = spawn([*argv, *(f"--port={port}" for port in ports)], die_with_parent=False)
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    try:
+        wait_ready(urls[0] + "/health", proc, 30.0)
+        # The backend and its two workers: one process tree, as the benchmark measures it.
+        wait_until(lambda: len(tree_pids(proc.pid)) == 3, what="the two workers to start")
+        for url in urls:
+            assert all(chat(url, max_tokens=2).status_code == 200 for _ in range(20))
+        workers = tree_pids(proc.pid)[1:]
+    finally:
+        stop([proc])
+    # The workers die with the backend (they are in sessions of their own, not its process group).
+    wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in workers), what="the workers to exit")

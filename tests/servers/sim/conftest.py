@@ -22,12 +22,16 @@ def sim_app(serve):
         time_scale: float = FAST,
         startup_delay_s: float | None = 0.0,
         registry: CollectorRegistry | None = None,
+        engine: str = "sglang",
+        sleep_mode: bool = False,
         **overrides,
     ):
         settings = SimSettings(
             profile=with_overrides(load_profile(profile), **overrides),
             time_scale=time_scale,
             startup_delay_s=startup_delay_s,
+            engine=engine,
+            sleep_mode=sleep_mode,
         )
         app = create_app(settings, registry=registry)
         server = serve(app)
