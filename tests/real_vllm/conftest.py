@@ -4,7 +4,8 @@
   speculative one with a random-weight EAGLE-3 draft that accepts at a set mean length (synthetic acceptance,
   `engine_env.py`), each pinned to its own core - two engines on two shared cores unpinned, one starves.
   Ready once `/health` answers and a 1-token generation did; stopped (whole process groups) at the end.
-- `vllm_gateway`: the project's gateway (partitioned, real uvicorn in a thread) with one server per pool.
+- `vllm_gateway`: the project's gateway (partitioned, real uvicorn in a thread) with one server per pool, both
+  pools `engine = "vllm"` (load read from vLLM's /metrics gauges).
 
 Every test here runs on one xdist worker (`tests/conftest.py` schedules them as one unit), so the servers start
 once per run. The venv is `.venv-vllm` (tests/setup.sh builds it): without it these tests skip, and in CI
@@ -30,9 +31,10 @@ from crossover.servers.sglang_check import venv_python
 from tests.conftest import missing_environment
 from tests.gateway.conftest import gateway  # noqa: F401  (the gateway's own fixture, in front of the engines)
 from tests.real_vllm.engine_env import is_built
+from tests.servers.conftest import VLLM_VENV
 
 ROOT = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("CROSSOVER_VLLM_VENV", ROOT / ".venv-vllm"))
+VENV = VLLM_VENV  # CROSSOVER_VLLM_VENV, else .venv-vllm (the parser checks of tests/servers/ use it too)
 MODEL_NAME = "tiny-llama"
 # A start takes 50-90 s on 2 idle cores; several minutes beside other work. Generous, never a sleep.
 READY_TIMEOUT_S = 900
@@ -181,6 +183,7 @@ def vllm_gateway(gateway, real_vllm):  # noqa: F811  (the fixture imported above
         # A probe waits for an engine busy on its one core (the bench's C=64): not a failure worth ejecting.
         settings.setdefault("health", {"interval": 0.5, "timeout": 30.0})
         servers = real_vllm.servers
-        return gateway([servers["speculative"].url], [servers["plain"].url], **settings)
+        pools = {mode: {"backends": [servers[mode].url], "engine": "vllm"} for mode in MODES}
+        return gateway([], [], pools=pools, **settings)
 
     return start

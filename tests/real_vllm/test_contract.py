@@ -5,10 +5,9 @@ stream's text, usage, finish reason and `data: [DONE]`; vLLM's own errors passed
 client that leaves is aborted inside vLLM; the speculative server really speculates (its accepted-token
 counter grows) at the mean length it was set to.
 
-What the gateway reads of a vLLM server, checked here: `/health` (200, empty body) and `/v1/models` are
-vLLM's own and need nothing; SGLang's load endpoints (`/v1/loads`, `/get_load`) are 404 and `/metrics` has
-`vllm:` gauges, not `sglang:` ones, so no engine load is scraped and routing counts the gateway's own
-in-flight requests (what it does for any backend whose load it cannot read).
+Both pools are `engine = "vllm"`: the gateway probes vLLM's `/health`, learns the model from `/v1/models` and
+reads each server's load from the `vllm:num_requests_running` / `_waiting` gauges (gateway/vllm.py; with
+`load_signal` other than "local"), checked here while a stream is held.
 """
 
 from __future__ import annotations
@@ -17,13 +16,14 @@ import httpx
 import openai
 import pytest
 
+from crossover.gateway.vllm import RUNNING, SPEC_ACCEPTED
 from tests.gateway.gateway_helpers import sse_events, stream_text
 from tests.real_vllm.conftest import ACCEPTANCE_LENGTH, DRAFT_TOKENS
+from tests.waiting import wait_until
 
 TIMEOUT = httpx.Timeout(120.0, connect=5.0)
-RUNNING = "vllm:num_requests_running"
 GENERATED = "vllm:generation_tokens_total"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+ACCEPTED = f"{SPEC_ACCEPTED}_total"  # a counter's sample
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 MESSAGES = [{"role": "user", "content": "Count from one to ten."}]
 ALL_SPECULATIVE = 1000  # spillover threshold: every request goes to the speculative pool
@@ -36,7 +36,8 @@ def client(gateway_url: str) -> openai.OpenAI:
 
 @pytest.fixture
 def speculative_gateway(vllm_gateway):
-    return vllm_gateway(policy="spillover", threshold=ALL_SPECULATIVE)
+    # Load read from the engines too (load_signal "max"), so a test can see the gateway read vLLM's gauges.
+    return vllm_gateway(policy="spillover", threshold=ALL_SPECULATIVE, load_signal="max")
 
 
 @pytest.mark.parametrize("threshold", [ALL_SPECULATIVE, ALL_PLAIN], ids=["speculative", "plain"])
@@ -131,8 +132,12 @@ def test_a_client_that_leaves_mid_stream_is_aborted_in_vllm(speculative_gateway,
         assert next(chunks).startswith(b"data: ")
         assert response.headers["x-crossover-pool"] == "speculative"
         server.wait_for(RUNNING, 1)
+        # The gateway reads the same load from vLLM's gauges.
+        scraped = {"pool": "speculative", "backend": server.url}
+        wait_until(lambda: speculative_gateway.metric("crossover_backend_scraped_load", **scraped) == 1)
     # The client closed its connection: the gateway drops its backend stream and vLLM aborts the request, long
     # before the thousands of tokens it was asked for.
     server.wait_for(RUNNING, 0)
     assert server.metric(GENERATED) - generated < body["max_tokens"] / 2
+    wait_until(lambda: speculative_gateway.metric("crossover_backend_scraped_load", **scraped) == 0)
     speculative_gateway.settled()
