@@ -5,9 +5,9 @@
 
 The burners are `python -c 'while True: pass'`, started here and stopped here by pid, whatever pytest does.
 By default it runs what tests/timing.py finds - every test that starts a live stand-in or reads a wall clock -
-but not tests/real_sglang/: the real engine takes minutes to start, its waits are bounded in minutes
-(UP_TIMEOUT_S), and its tests share one engine started once, so they show nothing here that the main run's
-shared machine does not.
+but not tests/real_sglang/ or tests/real_vllm/: the real engines take minutes to start, their waits are bounded
+in minutes (UP_TIMEOUT_S, READY_TIMEOUT_S), and each folder's tests share engines started once, so they show
+nothing here that the main run's shared machine does not.
 """
 
 from __future__ import annotations
@@ -18,7 +18,17 @@ import sys
 
 # Two workers, as `pytest -n auto` runs on CI's two cores: most of these tests wait on something paced in wall
 # time, so two at once halve the run without easing the load (the burners still want both cores).
-DEFAULT = ["-n", "2", "-m", "timing and not slow", "--ignore", "tests/real_sglang", "tests"]
+DEFAULT = [
+    "-n",
+    "2",
+    "-m",
+    "timing and not slow",
+    "--ignore",
+    "tests/real_sglang",
+    "--ignore",
+    "tests/real_vllm",
+    "tests",
+]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,11 +114,11 @@ def serve():
         thread.join(30)
 
 
-# `pytest -n auto` hands out tests one by one (xdist's --dist load). The real-SGLang tests share one engine that
-# takes minutes to start (tests/real_sglang/conftest.py), so they go to one worker as one unit, in their order;
-# every other test is its own unit, handed out as before. (xdist's own --dist loadgroup cannot do it under
-# pytest 9.2: it renames items through `_nodeid`, which pytest no longer reads.)
-REAL_SGLANG_TESTS = "tests/real_sglang/"
+# `pytest -n auto` hands out tests one by one (xdist's --dist load). The real-engine tests share engines that
+# take minutes to start (tests/real_sglang/conftest.py, tests/real_vllm/conftest.py), so each folder goes to one
+# worker as one unit, in its order; every other test is its own unit, handed out as before. (xdist's own --dist
+# loadgroup cannot do it under pytest 9.2: it renames items through `_nodeid`, which pytest no longer reads.)
+REAL_ENGINE_TESTS = ("tests/real_sglang/", "tests/real_vllm/")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -127,11 +127,11 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class RealSGLangTogether(LoadScopeScheduling):
+    class RealEnginesTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return REAL_SGLANG_TESTS if nodeid.startswith(REAL_SGLANG_TESTS) else nodeid
+            return next((folder for folder in REAL_ENGINE_TESTS if nodeid.startswith(folder)), nodeid)
 
-    return RealSGLangTogether(config, log)
+    return RealEnginesTogether(config, log)
 
 
 def pytest_configure(config):

@@ -33,3 +33,4 @@ python -m pip install -e '.[test]'
 build crossover.servers.sglang_check .venv-sglang         # SGLang 0.5.23's own parser checks every profile's argv
 build tests.real_sglang.engine_env .venv-sglang-serve     # real SGLang 0.5.23 on CPU for tests/real_sglang/
 build tests.uvicorn_floor .venv-uvicorn-floor             # uvicorn at pyproject's floor: the client protocol's internals
+build tests.real_vllm.engine_env .venv-vllm                # real vLLM 0.32.0 on CPU (EAGLE-3) for tests/real_vllm/

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tests.gateway.test_client_http_uvicorn import FLOOR_VENV
 from tests.real_sglang.conftest import SERVE_VENV
+from tests.real_vllm.conftest import VENV as VLLM_VENV
 from tests.servers.conftest import SGLANG_VENV
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,4 +57,4 @@ def test_setup_installs_prometheus_with_promtool_systemd_analyze_and_redis():
 
 def test_setup_builds_every_venv_the_tests_look_for():
     built = {Path(directory).name for _, directory in setup_steps("build")}
-    assert built == {SGLANG_VENV.name, SERVE_VENV.name, FLOOR_VENV.name}
+    assert built == {SGLANG_VENV.name, SERVE_VENV.name, FLOOR_VENV.name, VLLM_VENV.name}

@@ -57,7 +57,8 @@ def crossover_cli(*argv: str, timeout: float = BENCH_TIMEOUT_S) -> subprocess.Co
     )
 
 
-def virtual_curve(profile: str, levels: list[int], output_len: int, input_len: int) -> dict[int, float]:
+def virtual_curve(profile: str, levels: list[int], output_len: int, input_len: int, *extra: str) -> dict[int, float]:
+    """`crossover sim curve` of `profile` (a name or a results.json; `extra`, e.g. `--target plain`)."""
     done = crossover_cli(
         "sim",
         "curve",
@@ -69,6 +70,7 @@ def virtual_curve(profile: str, levels: list[int], output_len: int, input_len: i
         str(output_len),
         "--input-len",
         str(input_len),
+        *extra,
         "--json",
         timeout=60,
     )

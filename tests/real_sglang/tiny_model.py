@@ -31,10 +31,10 @@ CORPUS = [
 ]
 
 
-def make(out: Path) -> Path:
-    import torch
+def make_tokenizer(out: Path, context_tokens: int = CONTEXT_TOKENS):
+    """The byte-level BPE tokenizer, saved in `out`; returned (its special ids go into the model's config)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE())
@@ -48,9 +48,16 @@ def make(out: Path) -> Path:
         tokenizer_object=tokenizer, pad_token="<|pad|>", bos_token="<|bos|>", eos_token="<|eos|>"
     )
     fast.chat_template = CHAT_TEMPLATE
-    fast.model_max_length = CONTEXT_TOKENS
+    fast.model_max_length = context_tokens
     fast.save_pretrained(out)
+    return fast
 
+
+def make(out: Path) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fast = make_tokenizer(out)
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=VOCAB_SIZE,

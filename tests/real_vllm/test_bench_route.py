@@ -1,0 +1,110 @@
+"""`crossover bench` over the real vLLM pair, the gateway routed with what it found, and a stand-in fitted to it.
+
+1. A sweep of the speculative (EAGLE-3, synthetic acceptance) and the plain server at one stream and at 64.
+   Measured here (4 sweeps on the shared 2 cores): speculative 1.4-1.7x ahead at C=1, plain 1.2-1.7x ahead at
+   C=64, the interpolated crossing anywhere from C=1.5 to 3.2. So the checks are on the ends, and only where
+   the bench's own interval tells the two apart: never plain clearly ahead at C=1, never speculative clearly
+   ahead at the top; a tie is the bench saying honestly that it cannot tell ("no clear crossover"), and its
+   status must say so.
+2. The gateway (partitioned, spillover at the bench's recommended threshold) measured in one sweep with both
+   servers direct: at every level its interval reaches the better server's lower bound (the bench cannot
+   tell it below the better fixed pool). Measured: at C=64 it beats both (it uses both servers), at C=1 it
+   runs 0.85-0.9x of the speculative server direct - the gateway's own CPU, on the cores the engines use.
+3. The real curve as a stand-in profile (`crossover sim curve --profile results.json --target NAME`, the
+   measured-profile replay of servers/sim/results.py): its virtual throughput at each measured level lies
+   within that level's interval, widened by FIT_ERROR - the replay's stated error.
+
+Throughput is only ever compared between targets of one sweep (interleaved by level, passes alternating), so
+the machine's speed cancels out; nothing here judges wall-clock speed against a number.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from crossover.gateway.modes import MODES, PLAIN, SPECULATIVE
+from tests.loadtest.test_bench import bench, virtual_curve
+
+GRID = [1, 64]
+# Long enough that the decode speed, where speculation differs, outweighs the first token (its prefill and the
+# draft's are ~40 ms slower speculative).
+OUTPUT_LEN = 128
+INPUT_LEN = 32
+# Each target and level measured for this long (in two passes): at C=1 a count of requests would be a handful,
+# whose interval the machine's noise widens into a tie.
+WINDOW_S = "15"
+BENCH_TIMEOUT_S = 900
+# The measured profile replays each level's mean TPOT and TTFT; what it cannot replay is their spread and the
+# window's edges (the bench counts tokens that arrived inside it). Measured here: within 5% at C=1 and 64.
+FIT_ERROR = 0.15
+
+
+def by_level(run: dict) -> dict[tuple[str, int], dict]:
+    return {(level["target"], level["concurrency"]): level for level in run["levels"]}
+
+
+@pytest.fixture(scope="module")
+def direct_run(real_vllm, tmp_path_factory):
+    targets = {mode: real_vllm.servers[mode].url for mode in MODES}
+    out = tmp_path_factory.mktemp("bench-direct")
+    return out, bench(
+        out, targets, GRID, OUTPUT_LEN, INPUT_LEN, "--duration-per-level", WINDOW_S, timeout=BENCH_TIMEOUT_S
+    )
+
+
+def test_bench_finds_speculative_ahead_at_one_stream_and_plain_at_the_top_or_says_it_cannot_tell(direct_run):
+    _, run = direct_run
+    levels = by_level(run)
+    for (target, c), level in levels.items():
+        assert level["failed"] == 0, (target, c, level["errors"])
+    section = run["crossover"]
+    verdicts = {row["concurrency"]: row["verdict"] for row in section["evidence"]}
+    low, top = GRID[0], GRID[-1]
+    assert verdicts[low] in (SPECULATIVE, "tie"), section["evidence"]
+    assert verdicts[top] in (PLAIN, "tie"), section["evidence"]
+    if verdicts[low] == SPECULATIVE and verdicts[top] == PLAIN:
+        assert section["status"] == "crossed" and low <= section["concurrency"] <= top
+        assert section["recommended_threshold"]["switch"] is not None
+    else:
+        assert section["status"] == "within_noise", section
+        assert section["reason"].startswith(f"no clear crossover between C={low} and C={top}")
+        assert section["recommended_threshold"]["switch"] is None
+
+
+def test_the_gateway_at_the_benchs_threshold_delivers_the_better_pools_throughput(
+    direct_run, real_vllm, vllm_gateway, tmp_path
+):
+    _, first = direct_run
+    threshold = first["crossover"]["recommended_threshold"]["spillover"]
+    assert threshold is not None, first["crossover"]
+    gateway = vllm_gateway(policy="spillover", threshold=threshold)
+    targets = {**{mode: real_vllm.servers[mode].url for mode in MODES}, "routed": f"{gateway.url}/v1"}
+    run = bench(
+        tmp_path, targets, GRID, OUTPUT_LEN, INPUT_LEN, "--duration-per-level", WINDOW_S, timeout=BENCH_TIMEOUT_S
+    )
+    levels = by_level(run)
+    for c in GRID:
+        routed = levels["routed", c]
+        assert routed["failed"] == 0, routed["errors"]
+        better = max((levels[mode, c] for mode in MODES), key=lambda level: level["output_throughput"])
+        floor = better["output_throughput_interval"][0]
+        reach = routed["output_throughput_interval"][1]
+        print(
+            f"C={c}: routed {routed['output_throughput']:.0f} (up to {reach:.0f}) tok/s, better pool "
+            f"{better['target']} {better['output_throughput']:.0f} (from {floor:.0f}); threshold {threshold}"
+        )
+        assert reach >= floor, (c, routed, better)
+
+
+@pytest.mark.parametrize("target", MODES)
+def test_a_stand_in_fitted_to_the_real_curve_reproduces_it(direct_run, target):
+    out, run = direct_run
+    virtual = virtual_curve(str(out / "results.json"), GRID, OUTPUT_LEN, INPUT_LEN, "--target", target)
+    for c in GRID:
+        level = by_level(run)[target, c]
+        low, high = level["output_throughput_interval"]
+        print(
+            f"{target} C={c}: measured {level['output_throughput']:.0f} [{low:.0f}, {high:.0f}], "
+            f"stand-in {virtual[c]:.0f} tok/s"
+        )
+        assert low * (1 - FIT_ERROR) <= virtual[c] <= high * (1 + FIT_ERROR), (target, c, level, virtual[c])
