@@ -89,6 +89,11 @@ class Breaker:
 
     def failed_passively(self, backend: Backend) -> None:
         backend.failures += 1
+        if backend.gate_read_outages is not None:
+            # In-engine: a backend that fails a request may be restarting, and comes back on its start-up gate -
+            # maybe before any probe sees it down, and the last of a pool is never ejected: hold it out until its
+            # gate is read again (gateway/in_engine.py reads it at once).
+            backend.outages += 1
         if (
             backend.healthy is not False
             and backend.failures >= self.settings.failure_threshold
@@ -113,7 +118,7 @@ class Breaker:
     def _eject(self, backend: Backend, source: str) -> None:
         backend.healthy = False
         backend.ejected_until = time.monotonic() + self.settings.eject_seconds
-        backend.ejections += 1
+        backend.outages += 1
         log.warning("ejected backend %s (%s) for %g s", backend.url, source, self.settings.eject_seconds)
         self.on_eject(backend, source)
 

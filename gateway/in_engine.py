@@ -111,7 +111,7 @@ class GateSync:
         self._client = client
         self._tasks: list[asyncio.Task] = []
         self._lock = asyncio.Lock()
-        self._rechecked: dict[str, int] = {}  # the ejection each backend's early read was for
+        self._rechecked: dict[str, int] = {}  # the outage each backend's early read was for
         self._slow: set[str] = set()  # timed out last time: a change does not wait on them again
         # PUT /admin/mode: a mode forced on every engine (plain: gate 0; speculative: no gate) until the next
         # threshold change, or while pinned until unpinned; None: the gate follows the threshold.
@@ -271,7 +271,8 @@ class GateSync:
 
     async def _keep(self, backend: Backend) -> None:
         while True:
-            # A backend the probes brought back from an ejection is held until its gate is read: read it at once.
+            # A backend back from an outage (ejected, or it failed a request) is held until its gate is read: read it
+            # at once.
             waited = 0.0
             while waited < self.interval_s and not self._returned(backend):
                 await asyncio.sleep(min(HELD_RECHECK_S, self.interval_s - waited))
@@ -279,27 +280,27 @@ class GateSync:
             await self._call(backend, self._sync(backend, force=False))
 
     def _returned(self, backend: Backend) -> bool:
-        """Back from an ejection, its gate not read since (once per ejection: a failing read waits for the rounds)."""
-        if backend.healthy is not True or backend.gate_read_ejections in (None, backend.ejections):
+        """Back from an outage, its gate not read since (once per outage: a failing read waits for the rounds)."""
+        if backend.healthy is not True or backend.gate_read_outages in (None, backend.outages):
             return False
-        if self._rechecked.get(backend.url) == backend.ejections:
+        if self._rechecked.get(backend.url) == backend.outages:
             return False
-        self._rechecked[backend.url] = backend.ejections
+        self._rechecked[backend.url] = backend.outages
         return True
 
     async def _sync(self, backend: Backend, *, force: bool) -> None:
         url = backend.url
-        if backend.healthy is False or backend.gate_read_ejections != backend.ejections:
+        if backend.healthy is False or backend.gate_read_outages != backend.outages:
             # It may come back restarted, on its start-up gate: unknown until read again.
             self.gates.pop(url, None)
             self._hold(backend)
         wanted = self.wanted
-        seen = backend.ejections  # an ejection during the read may be a restart after it
+        seen = backend.outages  # an outage during the read may be a restart after it
         try:
             gate = await read_gate(self._client, url, headers=self.headers, timeout=self.timeout_s)
             self._slow.discard(url)
             self._known(backend, gate)
-            backend.gate_read_ejections = seen  # its gate is known again (held by _known if it is none)
+            backend.gate_read_outages = seen  # its gate is known again (held by _known if it is none)
             if not self.coordination.leader:
                 # The replica holding the lease writes gates; this one reads them back (in_sync says whether).
                 self.errors.pop(url, None)

@@ -37,20 +37,18 @@ class Backend:
     models: tuple[str, ...] = ()
     # In-engine topology: held out until its speculation gate is the gateway's again (gateway/in_engine.py).
     gate_pending: bool = False
-    # Times the breaker ejected it (gateway/health.py).
-    ejections: int = 0
-    # In-engine: `ejections` as of the gate's last read-back. An ejection since then (a restart: it comes back on
-    # its start-up gate) holds it out until the gate is read again, whenever the probes bring it back. None: no
-    # gate to check (the other topologies).
-    gate_read_ejections: int | None = None
+    # Times it may have restarted: the breaker ejected it, or (in-engine) it failed a request (gateway/health.py).
+    outages: int = 0
+    # In-engine: `outages` as of the gate's last read-back. An outage since then (a restart: it comes back on its
+    # start-up gate) holds it out until the gate is read again, whenever the probes bring it back. None: no gate to
+    # check (the other topologies).
+    gate_read_outages: int | None = None
     # In flight on it through the other members of the cluster (gateway/coordination.py), as they last published.
     elsewhere: int = 0
 
     @property
     def usable(self) -> bool:
-        return (
-            self.healthy is not False and not self.gate_pending and self.gate_read_ejections in (None, self.ejections)
-        )
+        return self.healthy is not False and not self.gate_pending and self.gate_read_outages in (None, self.outages)
 
     def state(self, inflight: int) -> dict:
         now = time.monotonic()
