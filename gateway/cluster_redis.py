@@ -4,7 +4,8 @@
 
 Keys, under the cluster's name N (one name per GPU set):
     N:control            the control state (JSON, without its version)
-    N:control:version    its version, INCR'd by each write in the same script: a reader gets both at once (MGET)
+    N:control:version    its version, INCR'd by each write in the same script, which writes only over the version
+                         its writer read: a reader gets both at once (MGET)
     N:lease              "member token" of the lease holder, expiring (SET NX PX; extended only by its holder)
     N:fence              INCR'd at each acquisition: the fencing token, larger at every new holder
     N:members            the members that published counts
@@ -42,7 +43,9 @@ RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# Compare-and-set: written only over the version its writer read (a missing version reads 0: nothing stored).
 PUT_CONTROL = """
+if tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[2]) then return false end
 redis.call('SET', KEYS[1], ARGV[1])
 return redis.call('INCR', KEYS[2])
 """
@@ -85,9 +88,10 @@ class RedisStore:
             raise StoreUnavailable(f"redis: {self._control} holds no control state: {exc}") from None
         return control.model_copy(update={"version": int(version)})
 
-    async def put_control(self, control: Control) -> int:
+    async def put_control(self, control: Control, expected: int) -> int | None:
         payload = control.model_dump_json(exclude={"version"})
-        return int(await self._call(self._put_control(keys=[self._control, self._version], args=[payload])))
+        version = await self._call(self._put_control(keys=[self._control, self._version], args=[payload, expected]))
+        return None if version is None else int(version)
 
     async def acquire(self, member: str, ttl_s: float) -> int | None:
         token = await self._call(self._acquire(keys=[self._lease, self._fence], args=[member, _ms(ttl_s)]))

@@ -15,10 +15,13 @@ cluster.
 What is shared:
 - the control state (`Control`): the threshold, hysteresis and policy; in-engine's forced mode and pin; time-shared's
   mode, pin, phase and target as the leader publishes them, and a follower's PUT /admin/mode for the leader to run
-  (`ModeRequest`). One versioned value: a member that changed it locally writes it whole, the others apply it
-  whole (last writer wins); a member that joins adopts it, and a member that changed it while the store was
-  unreachable writes it when the store is back, so every member converges. Its `generation` counts the changes it
-  descends from: a store restored with an older state (by a member that missed the newest) is written over.
+  (`ModeRequest`), and the leader's answer to it (`ModeAnswer`). One versioned value, written only over the version
+  its writer read (`Store.put_control` compares): a member writes the fields it changed onto the stored state, and
+  if another member wrote first it re-reads and writes them onto that, so a leader publishing its phase and a
+  follower carrying a PUT never lose each other's change. A member that joins adopts it, and a member that changed
+  it while the store was unreachable writes its change when the store is back, so every member converges. Its
+  `generation` counts the changes it descends from: a store restored with an older state (by a member that missed
+  the newest) is written over.
 - the lease: one member at a time acts on the GPU set (the switch controller's decisions and mechanism calls, the
   in-engine gates); each new acquisition gets a larger fencing token (gateway/fence.py) that its calls carry.
 - the in-flight counts: each member publishes its per-backend counts (expiring, so a dead member's vanish) and
@@ -56,6 +59,8 @@ log = logging.getLogger("crossover.coordination")
 
 # Beside the backend URLs in a member's published counts: the control version it has applied.
 VERSION_KEY = "#version"
+# Writes of the control state refused in one round because other members wrote first (each one re-reads).
+WRITE_ATTEMPTS = 5
 
 
 class ModeRequest(BaseModel):
@@ -66,6 +71,17 @@ class ModeRequest(BaseModel):
     id: str
     mode: Mode | None = None
     pin: bool | None = None
+
+
+class ModeAnswer(BaseModel):
+    """What the leader made of a carried `ModeRequest` (`id`): the status its own PUT /admin/mode would have had
+    (202 switching, 200 nothing to switch, 409/429 refused), and why it refused."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    status: int
+    error: str | None = None
 
 
 class Control(BaseModel):
@@ -86,12 +102,25 @@ class Control(BaseModel):
     phase: str | None = None
     target: Mode | None = None
     mode_request: ModeRequest | None = None
+    mode_answer: ModeAnswer | None = None
+    # The operator switches the leader started: a follower that sees one applies the same rate limit from then.
+    operator_switches: int = 0
     generation: int = 0
     version: int = 0
 
     def same(self, other: Control | None) -> bool:
-        meta = {"version", "generation"}
-        return other is not None and self.model_dump(exclude=meta) == other.model_dump(exclude=meta)
+        return other is not None and not self.changes(other)
+
+    def changes(self, since: Control) -> dict:
+        """The fields of the state (not its version or generation) that differ from `since`, with their values here."""
+        return {
+            name: getattr(self, name)
+            for name in type(self).model_fields
+            if name not in META and getattr(self, name) != getattr(since, name)
+        }
+
+
+META = frozenset({"version", "generation"})
 
 
 class StoreUnavailable(Exception):
@@ -104,8 +133,9 @@ class Store(Protocol):
     async def get_control(self) -> Control | None:
         """The stored control state with its version; None if none was ever stored."""
 
-    async def put_control(self, control: Control) -> int:
-        """Store `control` (its version ignored); the new version, larger than any before."""
+    async def put_control(self, control: Control, expected: int) -> int | None:
+        """Store `control` (its version ignored) if the stored version is still `expected` (0: none stored): the new
+        version, larger than any before; None, storing nothing, if another member wrote since."""
 
     async def acquire(self, member: str, ttl_s: float) -> int | None:
         """Take the lease for `ttl_s` if nobody holds it: the new fencing token (larger than every earlier one)."""
@@ -305,30 +335,56 @@ class Cluster:
     async def _control(self) -> None:
         local, seen = self._local(), self.seen
         if seen is not None and not local.same(seen):
-            await self._write(local, seen.generation + 1)  # changed here since: ours is the newest word
+            await self._write(seen, local)  # changed here since: most often nobody else wrote meanwhile
             return
         stored = await self.store.get_control()
-        if stored is None:
-            # The first member (its configuration starts the cluster), or a store that lost its state (a Redis
-            # restarted empty): what this member knows is the newest it knows of.
-            await self._write(local, seen.generation if seen is not None else 0)
-            return
-        if seen is not None and stored.generation < seen.generation:
-            # Older than what this member knows: a member that missed a change restored a store that lost it.
-            await self._write(local, seen.generation)
+        if stored is None or self._older(stored):
+            await self._write(stored, local)
             return
         # A Redis that came back empty counts versions again: a version seen before may hold another state.
         if seen is None or stored.version != seen.version or not stored.same(seen):
             self.seen = stored
-            if not stored.same(local):
-                try:
-                    await self._apply(stored)
-                except Exception:  # one bad state must not end the membership (the next change applies)
-                    log.exception("applying the cluster's control state (version %d) failed", stored.version)
+            await self._take(stored, local)
 
-    async def _write(self, control: Control, generation: int) -> None:
-        control = control.model_copy(update={"generation": generation})
-        self.seen = control.model_copy(update={"version": await self.store.put_control(control)})
+    async def _write(self, stored: Control | None, local: Control) -> None:
+        """Write what changed here since `self.seen` onto `stored` (as last read) if nobody wrote since; else onto
+        what they wrote, read again. Gives up after WRITE_ATTEMPTS (the next round tries again)."""
+        seen = self.seen
+        changes = local.changes(seen) if seen is not None else {}
+        for _ in range(WRITE_ATTEMPTS):
+            if stored is None or self._older(stored):
+                # The first member (its configuration starts the cluster), a store that lost its state (a Redis
+                # restarted empty) or one restored older by a member that missed a change: what this member knows
+                # is the newest.
+                known = seen.generation if seen is not None else 0
+                control = local.model_copy(update={"generation": known + (1 if changes else 0)})
+            elif changes:
+                control = stored.model_copy(update={**changes, "generation": stored.generation + 1})
+            else:  # another member wrote first, and this one has nothing of its own to add: take theirs
+                self.seen = stored
+                await self._take(stored, local)
+                return
+            version = await self.store.put_control(control, stored.version if stored is not None else 0)
+            if version is not None:
+                self.seen = control.model_copy(update={"version": version})
+                await self._take(self.seen, local)
+                return
+            stored = await self.store.get_control()
+        log.warning("the cluster's control state changed under %d writes in a row: writing next round", WRITE_ATTEMPTS)
+
+    def _older(self, stored: Control) -> bool:
+        return self.seen is not None and stored.generation < self.seen.generation
+
+    async def _take(self, control: Control, local: Control) -> None:
+        """Apply what other members wrote (if anything), keeping what changed here since `local` was read: that is
+        not in the store yet (the next write carries it)."""
+        if control.same(local):
+            return
+        since = self._local().changes(local)
+        try:
+            await self._apply(control.model_copy(update=since))
+        except Exception:  # one bad state must not end the membership (the next change applies)
+            log.exception("applying the cluster's control state (version %d) failed", control.version)
 
     async def _counts(self) -> None:
         backends = self.pools.all()

@@ -5,8 +5,9 @@ one gateway with no service beside them.
     store = HostStore(worker)           # in the worker, after the fork: its lease's lock is its own
     Cluster(store, pools, lease_s=..., interval_s=...)
 
-- The control state is a file written whole (write-then-rename) under a lock, with its version; the version is also
-  in a cell of the shared memory, so a member's poll reads one number and opens the file only when it moved.
+- The control state is a file written whole (write-then-rename) under a lock, with its version, and only over the
+  version its writer read (compared under the lock); the version is also in a cell of the shared memory, so a
+  member's poll reads one number and opens the file only when it moved.
 - The lease is an exclusive `flock` on a file: the kernel drops it when its holder dies, however it dies, and a
   follower's next poll takes it. Each acquisition writes a token one larger than the last beside it (under the
   lock, so tokens only grow). A holder keeps the lease while it lives (a lock has no expiry: a stopped worker keeps
@@ -52,10 +53,12 @@ class HostStore:
                 raise StoreUnavailable(f"the host's control state cannot be read: {exc}") from exc
         return self._seen
 
-    async def put_control(self, control: Control) -> int:
+    async def put_control(self, control: Control, expected: int) -> int | None:
         try:
             with self._locked(CONTROL_LOCK, fcntl.LOCK_EX):
-                version = self.host.control_version() + 1
+                if self.host.control_version() != expected:
+                    return None  # another worker wrote since its writer read: it re-reads (gateway/coordination.py)
+                version = expected + 1
                 stored = control.model_copy(update={"version": version})
                 write_bytes_atomically(self.folder / CONTROL, stored.model_dump_json().encode())
                 self.host.set_control_version(version)

@@ -319,10 +319,24 @@ class SwitchController:
         True when a switch started; SwitchConflict while one runs, SwitchRateLimited if the last operator
         change was under `operator_interval` ago. A dead active server needs no release: one call recovers.
         """
-        if mode is not None and self.busy:
+        mode = self.check_request(mode)
+        if pin is not None:
+            self.pinned = pin
+            log.info("mode %s by the operator", "pinned" if pin else "unpinned")
+        if mode is None:
+            return False
+        self.operator_switched()
+        self.backoff.succeeded()  # the operator's call is the next attempt
+        self._begin(mode, reason)
+        return True
+
+    def check_request(self, mode: Mode | None) -> Mode | None:
+        """What PUT /admin/mode refuses, on this replica's view (a follower's: the phase its leader published): the
+        mode to switch to, None if it serves already; SwitchConflict or SwitchRateLimited as `request_switch`."""
+        if mode is not None and self.under_way:
             raise SwitchConflict(f"{self._under_way()}; try again when it has ended", param="mode")
         if self.phase is Phase.ACTIVE and self.mode == mode:
-            mode = None  # it serves already: nothing to switch (and nothing to rate-limit)
+            return None  # it serves already: nothing to switch (and nothing to rate-limit)
         now = self.clock()
         wait = self._last_operator + self.settings.operator_interval - now
         if mode is not None and wait > 0:
@@ -331,15 +345,18 @@ class SwitchController:
                 f"{self.settings.operator_interval:g} s",
                 retry_after_s=max(MIN_RETRY_AFTER_S, math.ceil(wait)),
             )
-        if pin is not None:
-            self.pinned = pin
-            log.info("mode %s by the operator", "pinned" if pin else "unpinned")
-        if mode is None:
-            return False
-        self._last_operator = now
-        self.backoff.succeeded()  # the operator's call is the next attempt
-        self._begin(mode, reason)
-        return True
+        return mode
+
+    @property
+    def under_way(self) -> bool:
+        """A switch, recovery or start-up is under way: run here, or (a follower) as the leader published it."""
+        if self.acting:
+            return self.busy
+        return self.phase not in (Phase.ACTIVE, Phase.UNAVAILABLE)
+
+    def operator_switched(self) -> None:
+        """An operator's switch started (here, or by the leader for this follower): the next waits its turn."""
+        self._last_operator = self.clock()
 
     def view(self) -> dict:
         decision = self.last_decision

@@ -34,14 +34,28 @@ def test_the_control_state_is_one_versioned_value(redis_server):
     async def body(store, other):
         assert await store.get_control() is None
         first = Control(threshold=8, hysteresis=2, policy="switch", forced_mode="plain", pinned=True)
-        v1 = await store.put_control(first)
+        v1 = await store.put_control(first, 0)
         read = await other.get_control()
         assert read.version == v1 and read.same(first)
-        v2 = await other.put_control(first.model_copy(update={"threshold": 9}))
+        v2 = await other.put_control(first.model_copy(update={"threshold": 9}), v1)
         assert v2 > v1
         assert (await store.get_control()).threshold == 9
 
     run(redis_server, "control", body)
+
+
+def test_a_write_over_a_version_another_member_replaced_stores_nothing(redis_server):
+    async def body(store, other):
+        first = Control(threshold=8, hysteresis=2, policy="switch")
+        assert await store.put_control(first, 3) is None  # nothing stored: only a writer that read nothing writes
+        v1 = await store.put_control(first, 0)
+        assert await other.put_control(first, 0) is None
+        v2 = await other.put_control(first.model_copy(update={"threshold": 9}), v1)
+        assert await store.put_control(first.model_copy(update={"threshold": 5}), v1) is None  # it read v1: stale
+        read = await store.get_control()
+        assert (read.threshold, read.version) == (9, v2)
+
+    run(redis_server, "compare", body)
 
 
 def test_one_holder_at_a_time_and_every_new_holder_a_larger_token(redis_server):

@@ -13,7 +13,9 @@ import redis
 from crossover.gateway import sglang
 from crossover.gateway.cluster_redis import RedisStore
 from crossover.gateway.config import Settings
-from crossover.gateway.coordination import Cluster, Control, Solo
+from crossover.gateway.coordination import Cluster, Control, ModeRequest, Solo, Store
+from crossover.gateway.host import Host, Worker
+from crossover.gateway.host_store import HostStore
 from crossover.gateway.pools import Pools
 from tests.gateway.cluster_helpers import TcpProxy, needs_redis
 from tests.gateway.gateway_helpers import chat, hold, wait_until
@@ -219,15 +221,15 @@ def test_in_engine_a_put_on_one_of_two_replicas_is_every_engines_gate_and_stays(
 
 
 class Member:
-    """A Cluster over a real Redis with a plain-data `local` state, synced by hand (`await member.sync()`)."""
+    """A Cluster over a real Redis (or `store`) with a plain-data `local` state, synced by hand (`await
+    member.sync()`)."""
 
-    def __init__(self, redis_url: str, name: str, threshold: int) -> None:
+    def __init__(self, redis_url: str, name: str, threshold: int, store: Store | None = None) -> None:
         pools = {"speculative": {"backends": ["http://127.0.0.1:9"]}, "plain": {"backends": ["http://127.0.0.1:10"]}}
         settings = Settings(pools=pools, threshold=threshold)
         self.local = Control(threshold=threshold, hysteresis=settings.hysteresis, policy=settings.policy)
-        self.cluster = Cluster(
-            RedisStore(redis_url, name, timeout_s=2.0), Pools.from_settings(settings), lease_s=5.0, interval_s=60.0
-        )
+        store = store or RedisStore(redis_url, name, timeout_s=2.0)
+        self.cluster = Cluster(store, Pools.from_settings(settings), lease_s=5.0, interval_s=60.0)
 
     async def apply(self, control: Control) -> None:
         self.local = control
@@ -250,7 +252,7 @@ def test_a_store_restored_by_a_member_that_missed_the_newest_change_is_set_right
             b.local = b.local.model_copy(update={"threshold": 7})  # changed on b while it was gone
             await b.sync()  # b writes its change first ...
             stale = a.cluster.seen  # ... and a, which read the empty store just before, restores what it knew
-            await a.cluster.store.put_control(stale)
+            await a.cluster.store.put_control(stale, b.cluster.seen.version)
             await b.sync()  # b sees the store went back and writes its change again
             await a.sync()
             await b.sync()
@@ -259,6 +261,146 @@ def test_a_store_restored_by_a_member_that_missed_the_newest_change_is_set_right
         finally:
             await a.cluster.stop()
             await b.cluster.stop()
+
+    asyncio.run(main())
+
+
+class Interleaved:
+    """A member's store that runs a step the test gives it (`before[call]`) once, just before that call reaches the
+    store: another member's write lands between this member's read and its write, on no clock at all."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.before: dict = {}
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    async def get_control(self):
+        await self._step("get_control")
+        return await self.store.get_control()
+
+    async def put_control(self, *args):
+        await self._step("put_control")
+        return await self.store.put_control(*args)
+
+    async def _step(self, call: str) -> None:
+        step = self.before.pop(call, None)
+        if step is not None:
+            await step()
+
+
+@pytest.fixture(params=["redis", "host"])
+def two_members(request, redis_server, tmp_path):
+    """A leader and a follower on one store of each kind: Redis, and the host store of two workers."""
+    name = request.node.name[:60]
+    host = Host(2, 1, tmp_path)
+
+    def member(slot: int) -> Member:
+        store = RedisStore(redis_server.url, name, timeout_s=2.0) if request.param == "redis" else None
+        store = Interleaved(store or HostStore(Worker(host, slot)))
+        return Member(redis_server.url, name, 20, store)
+
+    return member(0), member(1)
+
+
+async def started(members):
+    for member in members:
+        await member.start()
+    leader, follower = members
+    assert leader.cluster.leader and not follower.cluster.leader
+
+
+async def stopped(members):
+    for member in members:
+        await member.cluster.stop()
+
+
+def publishes(member: Member, phase: str) -> None:
+    member.local = member.local.model_copy(update={"mode": "speculative", "phase": phase, "target": "plain"})
+
+
+def carries(member: Member) -> ModeRequest:
+    request = ModeRequest(id="put-1", mode="plain")
+    member.local = member.local.model_copy(update={"mode_request": request})
+    return request
+
+
+def test_a_leader_publishing_between_a_followers_read_and_write_loses_nothing(two_members):
+    """The follower carries a PUT /admin/mode; the leader publishes its phase just before the follower's write
+    lands. Both are stored, and each member has the other's."""
+    leader, follower = two_members
+
+    async def main():
+        await started(two_members)
+        try:
+            publishes(leader, "draining")
+            follower.cluster.store.before["put_control"] = leader.sync
+            request = carries(follower)
+            await follower.sync()
+            stored = await follower.cluster.store.get_control()
+            assert (stored.phase, stored.mode_request) == ("draining", request)
+            await leader.sync()
+            assert leader.local.mode_request == request and follower.local.phase == "draining"
+        finally:
+            await stopped(two_members)
+
+    asyncio.run(main())
+
+
+def test_a_follower_carrying_a_put_between_the_leaders_read_and_write_loses_nothing(two_members):
+    """The leader publishes its phase; the follower's PUT lands just before the leader's write. Both are stored,
+    and the leader took the request in the same round."""
+    leader, follower = two_members
+
+    async def main():
+        await started(two_members)
+        try:
+            request = None
+
+            async def follower_carries():
+                nonlocal request
+                request = carries(follower)
+                await follower.sync()
+
+            leader.cluster.store.before["put_control"] = follower_carries
+            publishes(leader, "draining")
+            await leader.sync()
+            stored = await leader.cluster.store.get_control()
+            assert (stored.phase, stored.mode_request) == ("draining", request)
+            assert leader.local.mode_request == request
+            await follower.sync()
+            assert follower.local.phase == "draining" and follower.local.mode_request == request
+        finally:
+            await stopped(two_members)
+
+    asyncio.run(main())
+
+
+def test_a_put_taken_while_the_member_reads_what_the_leader_published_is_kept_and_written(two_members):
+    """The follower's background round reads the leader's new phase while a PUT on it carries a request: applying
+    what it read keeps the request, and its next round writes it."""
+    leader, follower = two_members
+
+    async def main():
+        await started(two_members)
+        try:
+            publishes(leader, "draining")
+            await leader.sync()
+            request = None
+
+            async def put_arrives():
+                nonlocal request
+                request = carries(follower)
+
+            follower.cluster.store.before["get_control"] = put_arrives
+            await follower.sync()
+            assert follower.local.phase == "draining" and follower.local.mode_request == request
+            await follower.sync()
+            await leader.sync()
+            assert leader.local.mode_request == request
+        finally:
+            await stopped(two_members)
 
     asyncio.run(main())
 

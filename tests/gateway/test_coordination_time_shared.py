@@ -13,8 +13,19 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
+from crossover.gateway.admission import Admission
 from crossover.gateway.coordination import Cluster
+from crossover.gateway.errors import SwitchConflict, SwitchRateLimited
+from crossover.gateway.health import Breaker
+from crossover.gateway.host import Host, Worker
+from crossover.gateway.host_store import HostStore
+from crossover.gateway.metrics import Metrics
+from crossover.gateway.pools import Pools
+from crossover.gateway.routing import Routing
+from crossover.gateway.switching import Phase, SwitchController
+from crossover.gateway.topology import TimeShared
 from tests.gateway.cluster_helpers import needs_redis
 from tests.gateway.gateway_helpers import LONG, chat
 from tests.gateway.test_switching import (
@@ -33,6 +44,7 @@ from tests.gateway.test_switching import (
     time_shared,  # noqa: F401 - a fixture
     until,
 )
+from tests.gateway.ticking import time_shared_settings
 from tests.waiting import wait_until
 
 pytestmark = needs_redis
@@ -259,3 +271,134 @@ def test_redis_stopped_no_switch_starts_and_serving_continues_redis_back_the_clu
     assert sum(switches(gw, "sleep")[("plain", "ok")] for gw in group) == 1
     wait_until(lambda: all(coordination(gw).connected for gw in group), what="every replica connected")
     assert all(gw.metric("crossover_cluster_connected") == 1 for gw in group)
+
+
+class HeldSwitch(SwitchController):
+    """A switch that drains until the test ends it (`done`), then serves its target: the run of a switch is not
+    under test here, only what a PUT /admin/mode meets while one runs."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.done = asyncio.Event()
+
+    def _begin(self, target, reason) -> None:
+        self.target = target
+        self._enter(Phase.DRAINING)
+        self._task = asyncio.create_task(self._held(target))
+
+    async def _held(self, target) -> None:
+        await self.done.wait()
+        self.mode, self.target = target, None
+        self._enter(Phase.ACTIVE)
+
+
+class Replica:
+    """A time-shared topology of one replica over the host store of two workers, on a clock the test owns; synced
+    by hand (`await replica.sync()`), no servers."""
+
+    def __init__(self, host: Host, slot: int, clock) -> None:
+        settings = time_shared_settings(operator_interval=60.0)
+        pools = Pools.from_settings(settings)
+        routing = Routing.from_settings(settings)
+        metrics = Metrics(CollectorRegistry(), pools, routing, Admission(10, 10, 1.0))
+        self.cluster = Cluster(HostStore(Worker(host, slot)), pools, lease_s=3600.0, interval_s=3600.0, clock=clock)
+        self.controller = HeldSwitch(
+            settings,
+            pools,
+            routing,
+            metrics,
+            Breaker(pools, settings.health),
+            httpx.AsyncClient(),  # never opened
+            coordination=self.cluster,
+            clock=clock,
+        )
+        self.topology = TimeShared(pools, routing, metrics, self.cluster, self.controller)
+
+    async def start(self) -> None:
+        await self.cluster.start(self.topology.control, self.topology.apply_control)
+        if self.cluster.leader:  # the start-up adoption is not under test: the leader serves speculative
+            self.controller.acting, self.controller.phase = True, Phase.ACTIVE
+
+    async def sync(self) -> None:
+        await self.cluster._sync()
+
+    async def put_mode(self, mode: str) -> tuple[dict, int]:
+        """PUT /admin/mode as the admin API runs it."""
+        view, status = await self.topology.set_mode(mode, None)
+        await self.topology.share()
+        return view, status
+
+    def mode_request(self) -> dict | None:
+        return self.topology.state_view({"inflight": 0, "queued": 0})["mode_request"]
+
+
+@contextlib.asynccontextmanager
+async def leader_and_follower(tmp_path) -> AsyncIterator[tuple[Replica, Replica, list[float]]]:
+    now = [0.0]
+    host = Host(2, 1, tmp_path)
+    leader, follower = Replica(host, 0, lambda: now[0]), Replica(host, 1, lambda: now[0])
+    try:
+        await leader.start()
+        await follower.start()
+        await leader.sync()
+        await follower.sync()
+        assert follower.controller.phase == "active" and not follower.cluster.leader
+        yield leader, follower, now
+    finally:
+        for replica in (follower, leader):
+            await replica.controller.stop()
+            await replica.cluster.stop()
+
+
+def test_a_follower_refuses_a_put_mode_mid_switch_and_too_soon_as_the_leader_does(tmp_path):
+    async def scenario() -> None:
+        async with leader_and_follower(tmp_path) as (leader, follower, now):
+            assert (await leader.put_mode("plain"))[1] == 202  # an operator's switch, on the leader
+            await follower.sync()
+            assert follower.controller.phase == "draining"
+            with pytest.raises(SwitchConflict) as conflict:
+                await follower.put_mode("speculative")
+            assert conflict.value.status == 409 and "switching to plain" in str(conflict.value)
+            leader.controller.done.set()
+            await leader.controller._task
+            await leader.sync()
+            await follower.sync()
+            assert (follower.controller.phase, follower.controller.mode) == ("active", "plain")
+            now[0] = 1.0
+            with pytest.raises(SwitchRateLimited) as limited:  # one operator change per 60 s, on every replica
+                await follower.put_mode("speculative")
+            assert limited.value.status == 429 and int(limited.value.headers["retry-after"]) == 59
+            now[0] = 61.0
+            view, status = await follower.put_mode("speculative")
+            assert status == 202 and view["mode_request"]["mode"] == "speculative"
+            assert follower.mode_request()["answer"] is None  # carried, not yet run
+            await leader.sync()
+            assert leader.controller.target == "speculative"
+            await leader.sync()
+            await follower.sync()
+            assert follower.mode_request()["answer"] == {"status": 202, "error": None}
+
+    asyncio.run(scenario())
+
+
+def test_a_put_mode_that_reaches_the_leader_mid_switch_is_refused_where_every_replica_sees_it(tmp_path):
+    """The follower found no switch under way and answered 202; the leader started one before the request reached
+    it. The leader does not run it later (the switch that won may be what was asked): /admin/state on every
+    replica says it was refused, and why."""
+
+    async def scenario() -> None:
+        async with leader_and_follower(tmp_path) as (leader, follower, _):
+            view, status = await follower.put_mode("plain")
+            assert status == 202
+            request = view["mode_request"]["id"]
+            assert (await leader.put_mode("plain"))[1] == 202  # it read no request before its own switch began
+            await leader.sync()  # takes the request: refused (409), published on its next round
+            await leader.sync()
+            await follower.sync()
+            for replica in (leader, follower):
+                answer = replica.mode_request()
+                assert answer["id"] == request and answer["answer"]["status"] == 409
+                assert "switching to plain" in answer["answer"]["error"]
+            assert leader.controller.switches == 0 and leader.controller.target == "plain"
+
+    asyncio.run(scenario())

@@ -22,10 +22,24 @@ def test_the_control_state_is_one_value_whose_version_grows(tmp_path):
         one, other = stores(tmp_path)
         assert await other.get_control() is None
         first = Control(threshold=8, hysteresis=2, policy="spillover")
-        assert await one.put_control(first) == 1
+        assert await one.put_control(first, 0) == 1
         seen = await other.get_control()
         assert seen is not None and seen.same(first) and seen.version == 1
-        assert await other.put_control(first.model_copy(update={"threshold": 9})) == 2
+        assert await other.put_control(first.model_copy(update={"threshold": 9}), 1) == 2
+        seen = await one.get_control()
+        assert (seen.threshold, seen.version) == (9, 2)
+
+    asyncio.run(scenario())
+
+
+def test_a_write_over_a_version_another_worker_replaced_stores_nothing(tmp_path):
+    async def scenario() -> None:
+        one, other = stores(tmp_path)
+        first = Control(threshold=8, hysteresis=2, policy="spillover")
+        assert await one.put_control(first, 3) is None  # nothing stored: only a writer that read nothing writes
+        assert await one.put_control(first, 0) == 1
+        assert await other.put_control(first.model_copy(update={"threshold": 9}), 1) == 2
+        assert await one.put_control(first.model_copy(update={"threshold": 5}), 1) is None  # it read 1: stale
         seen = await one.get_control()
         assert (seen.threshold, seen.version) == (9, 2)
 
