@@ -1,8 +1,9 @@
-"""The fence against a paused leader, with real processes: two `crossover serve` replicas on one real redis-server
-time-share a GPU set by restart through a real agent over stand-ins. The leader is SIGSTOPped with its stop of
-the serving server already sent (held in front of the agent), the other replica takes the lease and moves the GPU
-set, and the old leader's call, let through once it has acted, is refused by the agent's fence: the server the new
-leader serves from stays up. Every wait is on an event (a state read back), never on a sleep."""
+"""The fence against a paused leader, with real processes: two `crossover serve` replicas on one real redis-server.
+Time-shared by restart through a real agent over stand-ins: the leader is SIGSTOPped with its stop of the serving
+server already sent (held in front of the agent), the other replica takes the lease and moves the GPU set, and the
+old leader's call, let through once it has acted, is refused by the agent's fence: the server the new leader serves
+from stays up. In-engine over a gated stand-in, alike with a gate write. Every wait is on an event (a state read
+back), never on a sleep."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ from starlette.routing import Route
 
 from crossover.gateway.fence import FENCE_HEADER
 from tests.gateway.cluster_helpers import needs_redis
+from tests.gateway.test_in_engine import engine_gate, faulty  # noqa: F401 - a fixture
 from tests.gateway.test_switching import TOKEN, admin_state, put_mode, wait_phase
 from tests.gateway.test_switching_restart import AGENT_TOKEN, AgentBox, agent_box  # noqa: F401 - a fixture
 from tests.waiting import wait_until
 
 pytestmark = needs_redis
 AGENT_AUTH = {"authorization": f"Bearer {AGENT_TOKEN}"}
+ADMIN = {"authorization": f"Bearer {TOKEN}"}
 # Between two reads of the agent's view of the GPU set while the test runs.
 WATCH_POLL_S = 0.05
 
@@ -201,3 +204,116 @@ def test_a_leader_sigstopped_with_its_stop_sent_then_resumed_past_its_lease_is_r
     assert taking.metrics()[("crossover_cluster_fenced_total", ())] == 0
     # Resumed, it found its lease gone by its own clock (or its call refused, whichever it read first) and stood back.
     assert "no longer acting on the GPU set" in stale.log() or "stepping down" in stale.log(), stale.log()
+
+
+def in_engine_config(backend: str, cluster: dict) -> str:
+    return f"""
+topology = "in-engine"
+admin_token = "{TOKEN}"
+threshold = 4
+[pools.speculative]
+backends = ["{backend}"]
+[health]
+interval = 0.2
+timeout = 600.0
+[cluster]
+redis_url = "{cluster["redis_url"]}"
+name = "{cluster["name"]}"
+sync_interval = 0.1
+lease = 1.0
+"""
+
+
+def put_threshold(gw, threshold: int, timeout: float = 10) -> httpx.Response:
+    return httpx.put(
+        gw.url + "/admin/threshold", json={"threshold": threshold}, headers=ADMIN, timeout=timeout, trust_env=False
+    )
+
+
+def engine_fence(url: str) -> dict:
+    """The stand-in gate's fence: the highest token accepted and how many calls it refused."""
+    return httpx.get(url + "/speculative/adaptive", timeout=10, trust_env=False).json()["fence"]
+
+
+class GateWatch(AgentWatch):
+    """Reads one engine's gate over and over, until stopped: (zero_steps_above_bs, generation) each time."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.seen: list[tuple[int | None, int]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            with contextlib.suppress(httpx.HTTPError):
+                gate = engine_gate(self.url)
+                self.seen.append((gate["zero_steps_above_bs"], gate["generation"]))
+            self._done.wait(WATCH_POLL_S)
+
+
+def test_in_engine_a_leader_sigstopped_with_its_gate_write_sent_then_resumed_is_refused_by_the_engines_fence(
+    faulty,  # noqa: F811
+    gateway_process,
+    redis_server,
+    request,
+):
+    ((engine, faults, front),) = faulty(1)
+    cluster = {"redis_url": redis_server.url, "name": request.node.name[:60]}
+    stale = gateway_process(in_engine_config(front, cluster))  # started first: it takes the lease
+    wait_until(lambda: role(stale) == "leader", what="the first replica leading")
+    wait_until(lambda: engine_gate(engine.url)["zero_steps_above_bs"] == 4, what="the leader's gate on the engine")
+    taking = gateway_process(in_engine_config(engine.url, cluster))
+    assert role(taking) == "follower"
+    stale_token = admin_state(stale)["cluster"]["fence"]
+    startup_writes = len(faults.write_fences)
+    paused, putting = False, None
+    with GateWatch(engine.url) as watch:
+        try:
+            faults.hang_writes.set()
+            # The PUT writes every gate before it answers: it waits, as its write does, in the background.
+            answers: list[httpx.Response] = []
+            putting = threading.Thread(target=lambda: answers.append(put_threshold(stale, 12, timeout=120)))
+            putting.start()
+            wait_until(lambda: faults.held_writes, what="the leader's gate write sent, and held")
+            os.kill(stale.proc.pid, signal.SIGSTOP)
+            paused = True
+            wait_until(lambda: role(taking) == "leader", what="the other replica taking the lease")
+            taking_token = admin_state(taking)["cluster"]["fence"]
+            assert taking_token > stale_token
+            # The new leader writes a gate of its own under its token (whether the 12 reached the cluster's state
+            # before the pause or not).
+            assert put_threshold(taking, 20).status_code == 200
+            wait_until(lambda: engine_gate(engine.url)["zero_steps_above_bs"] == 20, what="the new leader's next gate")
+            generation = engine_gate(engine.url)["generation"]
+            faults.release.set()  # the old leader's write of 12 reaches the engine now
+            sent = lambda: len(faults.write_fences) - startup_writes  # noqa: E731 - the old leader's since its PUT
+            wait_until(lambda: engine_fence(engine.url)["refused"] == sent(), what="the engine refusing every one")
+            writes = len(faults.write_fences)
+            os.kill(stale.proc.pid, signal.SIGCONT)
+            paused = False
+            wait_until(lambda: role(stale) == "follower", what="the old leader stepping down")
+            wait_until(lambda: len(watch.seen) >= 2, what="the gate read after the old leader resumed")
+        finally:
+            faults.release.set()
+            if paused:
+                os.kill(stale.proc.pid, signal.SIGCONT)
+            if putting is not None:
+                putting.join(120)
+
+    # Its PUT's own write was among them: the PUT says the threshold is not on that engine's gate, and why.
+    assert answers[0].status_code == 502 and "fenced" in answers[0].text, answers[0].text
+    gate = httpx.get(engine.url + "/speculative/adaptive", timeout=10, trust_env=False).json()
+    assert gate["state"]["zero_steps_above_bs"] == 20 and gate["state"]["generation"] == generation
+    # Every write the old leader sent (its start-up gate, then the held ones) carried its token; those sent before
+    # the pause were refused (its PUT's, and its gate round's if one had begun); resumed, it sent no other.
+    assert gate["fence"] == {"highest": taking_token, "refused": sent()}, gate["fence"]
+    assert set(faults.write_fences) == {str(stale_token)} and len(faults.write_fences) == writes
+    # Once the new leader's 20 was on the gate, nothing moved it: the old leader's 12 was never applied.
+    after = watch.seen[next(i for i, (value, _) in enumerate(watch.seen) if value == 20) :]
+    assert {value for value, _ in after} == {20}, watch.seen
+    view = admin_state(stale)["cluster"]
+    assert view["role"] == "follower" and view["fence"] is None
+    assert stale.metrics()[("crossover_cluster_leader", ())] == 0
+    assert admin_state(taking)["cluster"]["fence"] == taking_token and role(taking) == "leader"
+    assert taking.metrics()[("crossover_cluster_fenced_total", ())] == 0
