@@ -14,6 +14,7 @@ import signal
 import threading
 
 import httpx
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -136,12 +137,28 @@ def agent_metric(box: AgentBox, sample: str) -> float:
     return values[0] if values else 0.0
 
 
+@pytest.mark.parametrize(
+    "new_leader_acts",
+    [
+        pytest.param(True, id="after-the-new-leader-moved-the-gpu-set"),
+        pytest.param(
+            False,
+            id="after-the-new-leader-only-adopted",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="a new leader raises no fence until its first call on the GPU set: one that only adopted what "
+                "serves leaves the old leader's token the highest the agent has seen, so its late stop is run",
+            ),
+        ),
+    ],
+)
 def test_a_leader_sigstopped_with_its_stop_sent_then_resumed_past_its_lease_is_refused_by_the_agents_fence(
     agent_box,  # noqa: F811
     gateway_process,
     serve,
     redis_server,
     request,
+    new_leader_acts,
 ):
     box = agent_box()
     front = HeldAgentCalls(box.agent_url)
@@ -167,9 +184,10 @@ def test_a_leader_sigstopped_with_its_stop_sent_then_resumed_past_its_lease_is_r
             taking_token = admin_state(taking)["cluster"]["fence"]
             assert taking_token > stale_token
             # It adopts what serves (the held stop never reached the agent), then moves the GPU set itself - to plain
-            # and back - so the agent has accepted its token and speculative serves again, from the new leader.
+            # and back - so the agent has accepted its token and speculative serves again, from the new leader (or,
+            # the known gap, only adopts).
             wait_phase(taking, "active", "speculative")
-            for mode in ("plain", "speculative"):
+            for mode in ("plain", "speculative") if new_leader_acts else ():
                 assert put_mode(taking, mode).status_code == 202
                 assert wait_phase(taking, "active", mode)["last_switch"]["outcome"] == "ok"
             assert box.status("speculative")["state"] == "ready" and box.status("plain")["state"] == "stopped"
