@@ -6,7 +6,8 @@ cluster.
     await coordination.share()               # after a local change (a PUT): written for every member now
     coordination.leader                      # may this process act on the GPU set (it holds an unexpired lease)
     coordination.connected                   # is the shared state reachable (no switch starts while it is not)
-    coordination.fence()                     # the token its mutating calls carry (None: no cluster)
+    coordination.fence()                     # the lease's token if this process holds it now (None: no cluster)
+    coordination.token()                     # what a mutating call carries: fence(), or LeaseLost in a cluster
     coordination.step_down(why)              # a resource refused our token (409 `fenced`): stop acting now
     coordination.caught_up()                 # have all the others applied what this one wrote, and said so
     coordination.view()                      # for /admin/state and crossover_cluster_*
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from crossover.gateway.config import Settings
+from crossover.gateway.fence import LeaseLost
 from crossover.gateway.modes import Mode
 from crossover.gateway.pools import Pools
 
@@ -178,6 +180,9 @@ class Solo:
     def fence(self) -> int | None:
         return None
 
+    def token(self) -> int | None:
+        return None
+
     def step_down(self, why: str) -> None:
         pass
 
@@ -237,6 +242,14 @@ class Cluster:
 
     def fence(self) -> int | None:
         return self._token if self.leader else None
+
+    def token(self) -> int:
+        """The token a mutating call on the GPU set carries now; LeaseLost once this member's lease may have run
+        out: a call without a token would pass every fence, so it is not sent at all."""
+        token = self.fence()
+        if token is None:
+            raise LeaseLost(f"{self.member} does not hold the GPU set's lease (any more): the call is not sent")
+        return token
 
     def step_down(self, why: str) -> None:
         if self._token is None:

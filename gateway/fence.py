@@ -4,7 +4,8 @@ Every mutating call on a GPU set (the agent's start, stop, release and resume; t
 `X-Crossover-Fence: N`, the token of the lease its sender holds. The resource remembers the highest token it has
 accepted and refuses a lower one with 409 `fenced`: a replica paused past its lease, then resumed, cannot undo
 what the replica that took the lease over has done. A call without the header is a gateway without a cluster, and
-is accepted as before.
+is accepted as before - so a replica of a cluster never sends one: once its lease may have run out it sends
+nothing (`LeaseLost`, from `Cluster.token()`), even in the middle of a switch.
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ def parse_fence(value: str | None) -> int | None:
 class Fenced(Exception):
     """A resource refused a call with 409 `fenced`: it has accepted a newer token, so another replica holds the lease
     on the GPU set now. Whoever sent the call steps down; retrying with the same token can never succeed."""
+
+
+class LeaseLost(Fenced):
+    """A replica of a cluster that no longer holds the lease (by its own clock) was about to act on the GPU set: the
+    call is not sent. Without a token it would pass as a gateway without a cluster's, which every fence lets
+    through - a replica paused between two calls of a switch would stop or release what the new leader serves."""
 
 
 def refusal(token: int, highest: int) -> str:

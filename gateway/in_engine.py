@@ -333,7 +333,7 @@ class GateSync:
             headers=self.headers,
             timeout=self.timeout_s,
             expected_generation=expected,
-            fence=self.coordination.fence(),
+            fence=self.coordination.token(),
         )
 
     def _known(self, backend: Backend, gate: Gate, *, written: bool = False) -> None:

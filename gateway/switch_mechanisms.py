@@ -33,7 +33,8 @@ Kinds:
 
 The fence: `fence()` is the token of the lease this gateway holds on the GPU set now (None: no cluster), read
 afresh for every call and carried by each one that moves the GPU set (gateway/fence.py). The agent refuses a
-token lower than one it accepted: that refusal raises `Fenced`, and whoever drives the switch steps down.
+token lower than one it accepted: that refusal raises `Fenced`, and whoever drives the switch steps down. A
+replica whose lease ran out (`fence()` raises LeaseLost) sends nothing: `Fenced` too, the call never made.
 
 Every call is bounded by a named timeout; every failure raises `SwitchFailed` naming the step.
 """
@@ -87,6 +88,15 @@ class Fenced(SwitchFailed, FenceRefusal):
 def no_fence() -> int | None:
     """A gateway without a cluster: its calls carry no token."""
     return None
+
+
+def carried(fence: Callable[[], int | None], step: str) -> dict[str, str]:
+    """The fence header of a call that moves the GPU set; Fenced (the call is not sent) if `fence` says this replica
+    no longer holds the lease."""
+    try:
+        return fence_headers(fence())
+    except FenceRefusal as exc:
+        raise Fenced(step, str(exc)) from None
 
 
 class ModeState(StrEnum):
@@ -180,7 +190,7 @@ class AgentClient:
     async def call(self, method: str, path: str, step: str, timeout: float | None = None) -> ServerStatus:
         url = self.settings.agent_url + path
         timeout = timeout or self.settings.control_timeout
-        headers = self.headers if method == "GET" else {**self.headers, **fence_headers(self.fence())}
+        headers = self.headers if method == "GET" else {**self.headers, **carried(self.fence, step)}
         try:
             async with asyncio.timeout(timeout):
                 response = await self.client.request(method, url, headers=headers, timeout=timeout)
@@ -251,7 +261,7 @@ class SleepMechanism(Mechanism):
             return  # this engine has no such call: the one before it did its work
         target = self.targets[mode]
         # SGLang knows no fence; the header costs nothing and says who sent the call in its access log.
-        headers = {**target.control, **fence_headers(self.fence())}
+        headers = {**target.control, **carried(self.fence, call.name)}
         try:
             await engines.control(self.client, target.url, call, headers=headers, timeout=self.settings.control_timeout)
         except engines.EngineError as exc:

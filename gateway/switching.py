@@ -218,7 +218,7 @@ class SwitchController:
             on_drop=lambda reason: metrics.switch_dropped.labels(reason).inc(),
         )
         self._mechanism = make_mechanism(
-            self.settings, self.targets, client, self.inflight, fence=self.coordination.fence
+            self.settings, self.targets, client, self.inflight, fence=self.coordination.token
         )
         self._timer: asyncio.Task | None = None
         self._task: asyncio.Task | None = None

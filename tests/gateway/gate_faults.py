@@ -5,6 +5,7 @@ it saw: the credentials per path, the gate calls, and the requests its engine se
     faults = GateFaults(stand_in.url); backend = serve(faults.app())
     faults.refuse.add(12)        # a gate of 12 (dry run or not) -> 400 `rejected`, as the patch refuses a gate
     faults.hang.set()            # every gate call waits until faults.release is set (the test's teardown sets it)
+    faults.hang_writes.set()     # ... every gate write (not a dry run), already sent by its caller, alike
     faults.malformed = 3         # the next 3 gate reads answer {"success": true, "state": "idle"}
     faults.queue_full = True     # chat completions answer SGLang's queue-full (HTTP 503), as a full server does
 """
@@ -32,6 +33,8 @@ class GateFaults:
         self.upstream = upstream
         self.refuse: set[int | None] = set()
         self.hang = threading.Event()
+        self.hang_writes = threading.Event()
+        self.held_writes = 0  # gate writes that waited for faults.release
         self.release = threading.Event()
         self.malformed = 0
         self.malformed_sent = 0
@@ -57,7 +60,9 @@ class GateFaults:
             self.gate_calls["dry_run" if body.get("dry_run") else request.method] += 1
             if request.method == "POST" and not body.get("dry_run"):
                 self.write_fences.append(request.headers.get(FENCE_HEADER))
-            while self.hang.is_set() and not self.release.is_set():
+            held_write = self.hang_writes.is_set() and request.method == "POST" and not body.get("dry_run")
+            self.held_writes += held_write and not self.release.is_set()
+            while (self.hang.is_set() or held_write) and not self.release.is_set():
                 await asyncio.sleep(0.05)
             if request.method == "GET" and self.malformed > 0:
                 self.malformed -= 1

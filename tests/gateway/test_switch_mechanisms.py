@@ -12,9 +12,13 @@ import httpx
 import pytest
 
 from crossover.gateway import fence
-from crossover.gateway.config import SwitchingSettings
+from crossover.gateway.cluster_redis import RedisStore
+from crossover.gateway.config import Settings, SwitchingSettings
+from crossover.gateway.coordination import Cluster, Control
 from crossover.gateway.modes import MODES
+from crossover.gateway.pools import Pools
 from crossover.gateway.switch_mechanisms import Fenced, Mechanism, SwitchFailed, Target, make_mechanism
+from tests.gateway.cluster_helpers import needs_redis
 from tests.gateway.test_switching_restart import AGENT_TOKEN, AgentBox, agent_box  # noqa: F401 - a fixture
 
 Scenario = Callable[[Mechanism, Mechanism], Awaitable[None]]
@@ -107,3 +111,51 @@ def test_sleep_through_the_agent_a_stale_leaders_release_is_refused(agent_box): 
     run_two_leaders(box, "sleep", scenario)
     assert agent_metric(box, 'crossover_agent_fenced_total{operation="release"} 1.0')
     assert agent_metric(box, 'crossover_agent_fenced_total{operation="resume"} 1.0')
+
+
+@needs_redis
+def test_a_replica_whose_lease_ran_out_between_two_calls_sends_no_call_without_its_token(
+    agent_box,  # noqa: F811 - the fixture imported above
+    redis_server,
+    request,
+):
+    # A replica paused between its look at the serving server and its stop, resumed past its lease before anyone
+    # else acted (so no fence has risen yet): were the stop sent with no token, as a gateway without a cluster's
+    # is, the agent would run it and stop what the replica that took the lease over serves from.
+    box = agent_box()
+    settings = Settings(pools={mode: {"backends": [box.urls[mode]]} for mode in MODES})
+    now = [0.0]
+    cluster = Cluster(
+        RedisStore(redis_server.url, request.node.name[:60], timeout_s=2.0),
+        Pools.from_settings(settings),
+        lease_s=5.0,
+        interval_s=60.0,
+        clock=lambda: now[0],
+    )
+    local = Control(threshold=settings.threshold, hysteresis=settings.hysteresis, policy=settings.policy)
+    switching = SwitchingSettings(
+        mechanism="restart",
+        agent_url=box.agent_url,
+        agent_token=AGENT_TOKEN,
+        agent_servers={mode: mode for mode in MODES},
+    )
+
+    async def run() -> None:
+        await cluster.start(lambda: local, lambda _control: asyncio.sleep(0))
+        try:
+            assert cluster.leader
+            async with httpx.AsyncClient(trust_env=False) as client:
+                targets = {mode: Target(box.urls[mode]) for mode in MODES}
+                mechanism = make_mechanism(switching, targets, client, lambda _mode: 0, fence=cluster.token)
+                now[0] += cluster.lease_s  # its lease ran out by its own clock (the store has not said so yet)
+                with pytest.raises(Fenced) as caught:
+                    await mechanism.hand_over("speculative", "plain")
+                assert caught.value.step == "stop" and "the call is not sent" in caught.value.message
+        finally:
+            await cluster.stop()
+
+    asyncio.run(run())
+    assert ready_modes(box) == ["speculative"], "nothing moved"
+    metrics = httpx.get(box.agent_url + "/metrics", timeout=10).text
+    assert 'crossover_agent_operations_total{operation="stop",outcome="ok"} 0.0' in metrics  # never sent
+    assert 'crossover_agent_fenced_total{operation="stop"} 0.0' in metrics

@@ -86,21 +86,32 @@ class AgentBox:
     urls: dict[str, str]
     agent: subprocess.Popen | None = None
 
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir.parent / f"agent-{self.agent_port}.log"
+
+    def log(self) -> str:
+        """What the agent wrote (its operation log: warnings and up) over all of its starts."""
+        return self.log_path.read_text(errors="replace")
+
     def start_agent(self) -> None:
-        self.agent = spawn(
-            crossover_argv(
-                "servers",
-                "agent",
-                str(self.profile),
-                "--port",
-                str(self.agent_port),
-                "--state-dir",
-                str(self.state_dir),
-                "--token",
-                AGENT_TOKEN,
-            ),
-            die_with_parent=False,
-        )
+        with self.log_path.open("ab") as log:
+            self.agent = spawn(
+                crossover_argv(
+                    "servers",
+                    "agent",
+                    str(self.profile),
+                    "--port",
+                    str(self.agent_port),
+                    "--state-dir",
+                    str(self.state_dir),
+                    "--token",
+                    AGENT_TOKEN,
+                ),
+                die_with_parent=False,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         wait_ready(self.agent_url + "/health", self.agent, READY_S)
 
     def kill_agent(self) -> None:
