@@ -134,6 +134,8 @@ def create_app(
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     async def metrics(request: Request) -> Response:
+        if worker is not None:
+            await worker.gather()  # the other workers' numbers as of now
         return Response(generate_latest(exposed), media_type=CONTENT_TYPE_LATEST)
 
     live = Live()

@@ -9,10 +9,14 @@ by its worker alone (no lock: one writer per cell, aligned stores), summed on re
 worker's row before its replacement starts. Routing, /admin/state and /metrics read the sum, so every worker sees
 the host's load as one gateway would; a lease costs one store more than in a single process.
 
-Metrics: every `PUBLISH_S` each worker writes its counters and histograms (and the gauges that add up) to a file of
-its own in the host's folder (tmpfs where there is one); a scrape answers its own live numbers plus the others'
-last published ones plus those of workers that died (retired, so a counter never goes back). Whichever worker
-answers, a scrape is the host's sum, the other workers' part at most `PUBLISH_S` old.
+Metrics: each worker writes its counters and histograms (and the gauges that add up) to a file of its own in the
+host's folder (tmpfs where there is one) when a scrape asks (a host cell the scraping worker counts up; the others
+look at it every `ASKED_POLL_S` and answer in a cell of their row), and at least every `PUBLISH_S` (what a dead
+worker last published is what it keeps). A scrape asks, waits up to `ANSWER_WAIT_S` for every serving worker's
+answer, then answers its own live numbers plus the others' published ones plus those of workers that died
+(retired, so a counter never goes back). Whichever worker answers, a scrape is the host's sum as of the scrape (a
+worker that cannot answer, stopped: as it last published). Publishing costs a collect and a file: on demand, a busy
+host does not pay it four times a second for scrapes nobody makes.
 """
 
 from __future__ import annotations
@@ -33,17 +37,24 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.samples import Sample
 
 from crossover.gateway.admission import Admission
+from crossover.gateway.config import SPECULATIVE
 from crossover.gateway.pools import Backend, Lease, Pools
 
 # A row's first cells, before one per backend: the worker's pid once it serves (0 before), its admitted and queued
-# requests (published with its metrics).
-PID, ACTIVE, QUEUED = range(3)
-HEADER_CELLS = 3
+# requests (every `ASKED_POLL_S`), the scrape it last published for (the host's ASKED count it answered).
+PID, ACTIVE, QUEUED, ANSWERED = range(4)
+HEADER_CELLS = 4
+# The host's own row: the control state's version (gateway/host_store.py), the scrapes asked for.
+CONTROL_VERSION, ASKED = range(2)
 CELL = 8  # bytes: an int64, "q"
 CELLS_PER_LINE = 64 // CELL
 
-# How often a worker publishes its metrics for the others' scrapes: the most a scrape's other-worker part lags.
-PUBLISH_S = 0.25
+# How often a worker looks whether a scrape asked for its metrics (and updates its admitted and queued cells).
+ASKED_POLL_S = 0.05
+# How long a scrape waits for the other workers' answers (one stopped or dying never answers: its last file counts).
+ANSWER_WAIT_S = 1.0
+# A worker publishes at least this often, asked or not: what a worker that dies loses of its counts.
+PUBLISH_S = 1.0
 # Gauges that are a sum over workers (each worker's queue); the in-flight gauges read the shared table instead, and
 # the rest (threshold, health as each worker's probes see it) are one value, whichever worker answers.
 # crossover_cluster_leader: 1 on the host whose worker holds the lease.
@@ -79,14 +90,35 @@ class Host:
     def row(self, slot: int) -> memoryview:
         return self.cells[slot * self.width : (slot + 1) * self.width]
 
-    def total(self, column: int) -> int:
-        return sum(self.cells[column : self._control : self.width])
+    def column(self, column: int) -> memoryview:
+        """`column` of every worker's row: a live view, whose sum is the host's count."""
+        return self.cells[column : self._control : self.width]
 
     def control_version(self) -> int:
-        return self.cells[self._control]
+        return self.cells[self._control + CONTROL_VERSION]
 
     def set_control_version(self, version: int) -> None:
-        self.cells[self._control] = version
+        self.cells[self._control + CONTROL_VERSION] = version
+
+    def asked(self) -> int:
+        """Scrapes asked for so far: a worker that answered fewer has not published since the last one began."""
+        return self.cells[self._control + ASKED]
+
+    def ask(self) -> int:
+        """A scrape begins: the count every serving worker must answer. Two workers asking at once may both write
+        the same count (no lock); any answer to it still follows both asks, since each read the count before it."""
+        asked = self.cells[self._control + ASKED] + 1
+        self.cells[self._control + ASKED] = asked
+        return asked
+
+    def waiting_for(self, asked: int, slot: int) -> bool:
+        """Whether a serving worker other than `slot` has not answered scrape `asked` yet."""
+        cells, width = self.cells, self.width
+        return any(
+            cells[other * width + PID] and cells[other * width + ANSWERED] < asked
+            for other in range(self.workers)
+            if other != slot
+        )
 
     def pid(self, slot: int) -> int:
         """The worker's pid once it serves, else 0."""
@@ -136,9 +168,26 @@ class Worker:
         write_atomically(self.host.published(self.slot), summable(registry.collect()))
 
     async def publish_every(self, registry: CollectorRegistry, admission: Admission) -> None:
+        """Publish when a scrape asks, and at least every PUBLISH_S."""
+        loop, row, host = asyncio.get_running_loop(), self.row, self.host
+        published_at = float("-inf")
         while True:
-            self.publish(registry, admission)
-            await asyncio.sleep(PUBLISH_S)
+            asked = host.asked()
+            if asked != row[ANSWERED] or loop.time() - published_at >= PUBLISH_S:
+                self.publish(registry, admission)
+                row[ANSWERED] = asked  # after the file is in place: an answer means the file is this fresh
+                published_at = loop.time()
+            else:
+                row[ACTIVE], row[QUEUED] = admission.active, admission.queued
+            await asyncio.sleep(ASKED_POLL_S)
+
+    async def gather(self) -> None:
+        """Before a scrape: every other serving worker publishes (up to ANSWER_WAIT_S)."""
+        asked = self.host.ask()
+        self.row[ANSWERED] = asked  # its own numbers are live in this scrape: no file to write for it
+        deadline = asyncio.get_running_loop().time() + ANSWER_WAIT_S
+        while self.host.waiting_for(asked, self.slot) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(ASKED_POLL_S / 5)
 
     def others(self) -> dict[int | str, Samples]:
         """What the other workers last published, and the retired numbers."""
@@ -223,18 +272,27 @@ class HostPools(Pools):
 
     worker: Worker | None = None
     _columns: dict[Backend, int] = field(default_factory=dict, repr=False)
+    # Each backend's column over the workers' rows: a live view of the shared table, made once, so a read is one
+    # `sum` (no slice, no call per backend), asked only for the backends of the pool a decision reads.
+    _counts: dict[Backend, memoryview] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         assert self.worker is not None, "HostPools.from_settings(settings, worker=...)"
         self._columns = {backend: HEADER_CELLS + index for index, backend in enumerate(self.all())}
+        self._counts = {backend: self.worker.host.column(column) for backend, column in self._columns.items()}
 
     def lease(self, backend: Backend) -> HostLease:
         return HostLease(backend, self.worker.row, self._columns[backend])
 
     def count(self, backend: Backend) -> int:
-        return self.worker.host.total(self._columns[backend])
+        return sum(self._counts[backend])
 
     def pool_load(self, name: str) -> int:
+        if self.load_signal == "local":  # the default, asked once per request: as Pools does, over the host's table
+            counts, load = self._counts, 0
+            for backend in self.speculative if name == SPECULATIVE else self.plain:
+                load += sum(counts[backend]) + backend.elsewhere
+            return load
         return sum([self.backend_load(backend) for backend in self.pool(name)])
 
 
@@ -244,12 +302,15 @@ class HostLease(Lease):
     __slots__ = ("column", "row")
 
     def __init__(self, backend: Backend, row: memoryview, column: int) -> None:
-        super().__init__(backend)
+        # Lease.__init__ inlined: one lease per request.
+        inflight = backend.inflight = backend.inflight + 1
+        self.backend: Backend | None = backend
         self.row, self.column = row, column
-        row[column] = backend.inflight
+        row[column] = inflight
 
     def release(self) -> None:
         backend = self.backend
         if backend is not None:
-            super().release()
-            self.row[self.column] = backend.inflight
+            inflight = backend.inflight = backend.inflight - 1
+            self.backend = None
+            self.row[self.column] = inflight
