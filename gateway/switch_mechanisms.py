@@ -190,7 +190,9 @@ class AgentClient:
     async def call(self, method: str, path: str, step: str, timeout: float | None = None) -> ServerStatus:
         url = self.settings.agent_url + path
         timeout = timeout or self.settings.control_timeout
-        headers = self.headers if method == "GET" else {**self.headers, **carried(self.fence, step)}
+        # Status reads carry the token too: the agent raises its fence on them, so a new leader that only adopts
+        # what serves shuts an old leader's late call out (servers/agent.py).
+        headers = {**self.headers, **carried(self.fence, step)}
         try:
             async with asyncio.timeout(timeout):
                 response = await self.client.request(method, url, headers=headers, timeout=timeout)

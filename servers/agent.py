@@ -25,10 +25,11 @@ leaves does not cancel it. Both are idempotent: a release of a released server a
 memory change nothing (SGLang 0.5.23 dies on a resume of memory it holds). Servers outlive the agent: a new agent
 reads the state dir and reports them, it never starts a duplicate.
 
-Every POST may carry the lease's fencing token (`X-Crossover-Fence: N`, gateway/fence.py): the agent remembers
-the highest token each GPU set accepted (servers/agent_fence.py, in the state dir, so a restart does not forget
-it) and refuses a lower one with 409 `fenced` before anything else is looked at - counted in
-crossover_agent_fenced_total and logged. A POST without the header is a gateway without a cluster, accepted.
+Every POST (and a lease holder's GET of one server) may carry the lease's fencing token (`X-Crossover-Fence: N`,
+gateway/fence.py): the agent remembers the highest token each GPU set accepted (servers/agent_fence.py, in the
+state dir, so a restart does not forget it) and refuses a lower one with 409 `fenced` before anything else is
+looked at - counted in crossover_agent_fenced_total and logged. A call without the header is a gateway without a
+cluster, accepted.
 """
 
 from __future__ import annotations
@@ -211,8 +212,11 @@ class Agent:
                     return f"{other.name!r} holds GPUs {_gpus(other)}: {leave} it first"
         return None
 
-    def fence(self, name: str, operation: Operation, token: int | None) -> str | None:
-        """None if a call carrying `token` may act on `name`'s GPU set (the fence is raised to it), else why not."""
+    def fence(self, name: str, operation: str, token: int | None) -> str | None:
+        """None if a call carrying `token` may act on `name`'s GPU set (the fence is raised to it), else why not.
+        `operation`: an Operation, or "status" for a lease holder's read."""
+        if token is None:
+            return None  # a gateway without a cluster: nothing to check or raise
         refused = self.fences.admit(name, token)
         if refused is not None:
             self.metrics.fenced.labels(operation).inc()
@@ -347,22 +351,33 @@ def create_app(settings: AgentSettings, *, registry: CollectorRegistry | None = 
         return ServerList(servers=list(statuses)).model_dump()
 
     @protected.get("/servers/{name}")
-    async def get_server(name: str):
+    async def get_server(name: str, request: Request):
         if name not in {s.name for s in settings.profile.servers}:
             return unknown(name)
+        # A lease holder's status read carries its token too: a new leader that only adopts what serves (it moves
+        # nothing) still raises the fence at once, so an old leader's call sent before it and held in the network
+        # is refused when it lands instead of stopping the server the new leader serves from.
+        if (refused := fenced(name, "status", request)) is not None:
+            return refused
         return (await agent.status(name)).model_dump()
 
-    async def operate(name: str, operation: Operation, request: Request):
-        if name not in {s.name for s in settings.profile.servers}:
-            return unknown(name)
+    def fenced(name: str, operation: str, request: Request) -> JSONResponse | None:
+        """The refusal of a call whose fencing token is malformed or stale; None: it may go on (fence raised)."""
         try:
             token = parse_fence(request.headers.get(FENCE_HEADER))
         except ValueError as exc:
             return error_response(400, str(exc), "invalid_request_error", "invalid_fence", FENCE_HEADER)
-        # The fence first: a stale lease holder learns that it is one, whatever else is going on.
         refused = agent.fence(name, operation, token)
         if refused is not None:
             return error_response(409, f"cannot {operation} {name!r}: {refused}", "conflict_error", FENCED)
+        return None
+
+    async def operate(name: str, operation: Operation, request: Request):
+        if name not in {s.name for s in settings.profile.servers}:
+            return unknown(name)
+        # The fence first: a stale lease holder learns that it is one, whatever else is going on.
+        if (refused := fenced(name, operation, request)) is not None:
+            return refused
         reason = agent.conflict(name, operation)
         if reason is not None:
             metrics.operations.labels(operation, "conflict").inc()

@@ -80,3 +80,17 @@ def test_a_stale_token_moves_nothing_on_the_agent_is_counted_and_survives_a_rest
     assert agent.wait_state("speculative", "stopped", "failed")["state"] == "stopped"
     assert client.post("/servers/plain/start").status_code == 202
     assert agent.wait_state("plain", "ready", "failed")["state"] == "ready"
+
+
+def test_a_lease_holders_status_read_raises_the_fence_and_a_stale_one_is_refused(standin_profile, start_agent):
+    # A new leader that only adopts what serves moves nothing: its status read alone must shut the old one out.
+    agent = start_agent(standin_profile("standin-time-shared"))
+    client = agent.client()
+    assert client.get("/servers/plain", headers=fence_headers(7)).status_code == 200
+    for method, path in (("POST", "/servers/plain/start"), ("GET", "/servers/speculative")):
+        refused = client.request(method, path, headers=fence_headers(6))
+        assert (refused.status_code, refused.json()["error"]["code"]) == (409, FENCED), (path, refused.text)
+    assert client.get("/servers/plain").status_code == 200, "a read without a token is a gateway without a cluster"
+    assert client.get("/servers/plain", headers={FENCE_HEADER: "x"}).status_code == 400
+    assert client.get("/servers/plain").json()["state"] == "stopped", "nothing moved"
+    assert 'crossover_agent_fenced_total{operation="status"} 1.0' in client.get("/metrics").text
