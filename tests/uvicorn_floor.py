@@ -20,6 +20,7 @@ import tomllib
 from pathlib import Path
 
 from crossover.servers.sglang_check import venv_python
+from tests.venv_build import build_command
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MARKER = ".crossover-uvicorn-floor"
@@ -62,15 +63,7 @@ def build(venv: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = argv if argv is not None else sys.argv[1:]
-    if len(args) != 2 or args[0] != "build":
-        print("usage: python -m tests.uvicorn_floor build VENV_DIR", file=sys.stderr)
-        return 2
-    venv = Path(args[1])
-    took = build(venv)
-    state = f"built in {took:.0f} s" if took else "already built"
-    print(f"uvicorn {floor()} (the floor) venv {state}: {venv_python(venv)}")
-    return 0
+    return build_command("tests.uvicorn_floor", f"uvicorn {floor()} (the floor)", build, argv)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from crossover.servers.sglang_check import site_packages, venv_python
+from tests.venv_build import build_command
 
 VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0+cpu"
@@ -68,15 +69,7 @@ def build(venv: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = argv if argv is not None else sys.argv[1:]
-    if len(args) != 2 or args[0] != "build":
-        print("usage: python -m tests.real_vllm.engine_env build VENV_DIR", file=sys.stderr)
-        return 2
-    venv = Path(args[1])
-    took = build(venv)
-    state = f"built in {took:.0f} s" if took else "already built"
-    print(f"vLLM {VLLM_VERSION} CPU venv {state}: {venv_python(venv)}")
-    return 0
+    return build_command("tests.real_vllm.engine_env", f"vLLM {VLLM_VERSION} CPU", build, argv)
 
 
 if __name__ == "__main__":
