@@ -10,9 +10,11 @@ ran while it was fast.
 
 **Resolution.** No sweep on a shared machine resolves arbitrarily small differences, however steady each
 level looks: the stand-in is deterministic (its batch means may agree to 0.1%), and against real servers
-`crossover bench` and SGLang's own `bench_serving` agreed only within 3.5% on the same pair. So two targets
-at one level are told apart only when they differ by more than their combined interval *and* by more than
-DEFAULT_RESOLUTION of the larger one; otherwise the level is a tie ("within noise").
+`crossover bench` and SGLang's own `bench_serving` agreed only within 3.5% on the same pair, and beside two CPU
+burners on 2 cores a pair of stand-ins 0.4% apart once read 2.1% apart with both passes agreeing (a load
+generator's late resends, which no interval of one run sees). So two targets at one level are told apart only
+when they differ by more than their combined interval *and* by more than DEFAULT_RESOLUTION of the larger one;
+otherwise the level is a tie ("within noise").
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ _T_975 = {
     **{28: 2.048, 29: 2.045},
 }
 # Relative difference below which two throughputs at one level are not told apart.
-DEFAULT_RESOLUTION = 0.02
+DEFAULT_RESOLUTION = 0.03
 
 Verdict = Literal["speculative", "plain", "tie"]
 

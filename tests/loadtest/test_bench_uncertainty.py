@@ -6,8 +6,8 @@
 - `--apply` against a switch-policy gateway writes the switch recommendation (not the spillover one).
 
 The stand-ins run at time scale 1 with steps of milliseconds to tens of milliseconds, so a busy machine costs
-them little; what it does cost (late resends from a slow load generator) hits both targets alike, and the
-differences that decide these checks are either under 1% (a tie, whatever the noise adds: the resolution is 2%)
+them little; what it does cost (late resends from a slow load generator) hits both targets about alike, and the
+differences that decide these checks are either under 1% (a tie, whatever the noise adds: the resolution is 3%)
 or over 50%.
 """
 

@@ -9,7 +9,7 @@ import pytest
 from crossover.loadtest.crossover import analyse, find_crossover, interpolate, spillover_threshold, switch_threshold
 from tests.loadtest.levels import make_level
 
-SPEC = {1: 96.0, 2: 180.0, 5: 300.0, 10: 330.0, 30: 340.0}
+SPEC = {1: 96.0, 2: 184.0, 5: 300.0, 10: 330.0, 30: 340.0}
 PLAIN = {1: 92.0, 2: 176.0, 5: 400.0, 10: 600.0, 30: 900.0}
 
 
@@ -17,8 +17,8 @@ def test_crossover_is_interpolated_in_log_concurrency_between_the_bracketing_lev
     found = find_crossover(SPEC, PLAIN)
     assert found.status == "crossed"
     assert found.bracket == (2, 5)
-    # d(2) = -4, d(5) = +100: the zero sits 4/104 of the way from log 2 to log 5.
-    expected = math.exp(math.log(2) + 4 / 104 * (math.log(5) - math.log(2)))
+    # d(2) = -8, d(5) = +100: the zero sits 8/108 of the way from log 2 to log 5.
+    expected = math.exp(math.log(2) + 8 / 108 * (math.log(5) - math.log(2)))
     assert found.concurrency == pytest.approx(expected)
     assert [row.concurrency for row in found.evidence] == [1, 2, 5, 10, 30]
     assert found.evidence[2].plain_over_speculative == pytest.approx(400 / 300)
