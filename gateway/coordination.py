@@ -52,7 +52,7 @@ from pydantic import BaseModel, ConfigDict
 from crossover.gateway.config import Settings
 from crossover.gateway.fence import LeaseLost
 from crossover.gateway.modes import Mode
-from crossover.gateway.pools import Pools
+from crossover.gateway.pools import Backend, Pools
 
 if TYPE_CHECKING:
     from crossover.gateway.host import Worker
@@ -401,7 +401,7 @@ class Cluster:
 
     async def _counts(self) -> None:
         backends = self.pools.all()
-        counts = {backend.url: self.pools.count(backend) for backend in backends}
+        counts = {count_key(backend): self.pools.count(backend) for backend in backends}
         counts[VERSION_KEY] = self.seen.version if self.seen is not None else 0
         await self.store.publish(self.counted_as, counts, self.inflight_ttl_s)
         members = await self.store.inflight()
@@ -413,7 +413,13 @@ class Cluster:
                 elsewhere.update(published)
         self.heard = heard
         for backend in backends:
-            backend.elsewhere = elsewhere[backend.url]
+            backend.elsewhere = elsewhere[count_key(backend)]
+
+
+def count_key(backend: Backend) -> str:
+    """A backend's published count, by pool and URL: one server may sit in both pools (config.py), each pool
+    counting its own requests."""
+    return f"{backend.pool} {backend.url}"
 
 
 Coordination = Solo | Cluster

@@ -32,16 +32,19 @@ SPREAD_ROUNDS = 2
 
 @pytest.fixture
 def replicas(gateway, sims, redis_server, request):
-    """`replicas(n, name=..., redis_url=...)`: n partitioned gateways on one cluster, the first started first."""
+    """`replicas(n, name=..., redis_url=...)`: n partitioned gateways on one cluster, the first started first;
+    `one_server`: the speculative stand-in in both pools."""
     speculative, plain = sims
 
-    def start(n: int = 3, *, redis_url: str | None = None, urls: list[str] | None = None, **cluster):
+    def start(
+        n: int = 3, *, redis_url: str | None = None, urls: list[str] | None = None, one_server: bool = False, **cluster
+    ):
         cluster = {"redis_url": redis_server.url, "name": request.node.name[:60], "sync_interval": 0.1, **cluster}
         urls = urls or [redis_url or redis_server.url] * n
         return [
             gateway(
                 [speculative.url],
-                [plain.url],
+                [speculative.url if one_server else plain.url],
                 admin_token=TOKEN,
                 threshold=32,
                 hysteresis=4,
@@ -110,6 +113,23 @@ def test_every_replica_counts_the_others_requests_in_its_load(replicas):
         await asyncio.to_thread(
             wait_until, lambda: other.state.pools.pool_load("speculative") == 0, what="the load gone with them"
         )
+
+    asyncio.run(main())
+
+
+def test_one_server_in_both_pools_is_counted_per_pool_across_replicas(replicas):
+    # Allowed (config.py: a single-GPU trial): the counts a replica publishes are its pools', not its URLs'.
+    one, other = replicas(2, one_server=True)
+
+    async def main():
+        async with httpx.AsyncClient(timeout=60, trust_env=False) as client, hold(client, one.url, 3) as pools:
+            assert pools == ["speculative"] * 3
+            await asyncio.to_thread(
+                wait_until,
+                lambda: other.state.pools.pool_load("speculative") == 3,
+                what="the other replica's 3 requests in this one's speculative load",
+            )
+            assert other.state.pools.pool_load("plain") == 0
 
     asyncio.run(main())
 
