@@ -134,13 +134,15 @@ class Host:
             return {}  # not published yet (a worker starting), or gone
 
     def retire(self, slot: int) -> None:
-        """A worker died: its row counts nothing any more, and what it last published joins the retired numbers
-        (its replacement starts from zero)."""
+        """A worker died: its row counts nothing any more, and the counters and histograms it last published join
+        the retired numbers (its replacement starts from zero)."""
         row = self.row(slot)
         for cell in range(self.width):
             row[cell] = 0
         retired = self.read(RETIRED)
         for name, samples in self.read(slot).items():
+            if name in SUMMED_GAUGES:
+                continue  # a gauge is now: a dead worker queues nothing and leads nothing
             into = retired.setdefault(name, {})
             for key, value in samples.items():
                 into[key] = into.get(key, 0.0) + value
