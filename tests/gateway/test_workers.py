@@ -12,13 +12,16 @@ import json
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from crossover.gateway.workers import share
+from crossover.gateway.admission import Admission
+from crossover.gateway.host import HEARTBEAT, PID, Host, Worker, heartbeat_ms
+from crossover.gateway.workers import share, silent
 from tests.gateway.cluster_helpers import RedisServer, needs_redis
 from tests.gateway.gateway_helpers import MODEL, SIM_SCALE, chat, sse_events, wait_until
 
@@ -27,6 +30,8 @@ TRIES = 200  # connections opened, at most, to find a worker (the kernel spreads
 # A client on one worker keeps its one connection however long it idles (httpx would drop it after 5 s, and the
 # next request could land on the other worker).
 ONE_CONNECTION = httpx.Limits(max_connections=1, keepalive_expiry=None)
+# The least a worker may be silent (config.MIN_WORKER_TIMEOUT_S is 1): a test waits for the kill, never times it.
+WORKER_TIMEOUT_S = 2.0
 
 
 class HeldBackend:
@@ -107,16 +112,26 @@ def event(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
-@pytest.fixture
-def two_workers(serve, gateway_process):
+def held_workers(serve, gateway_process, settings: str = ""):
     backend = HeldBackend()
     server = serve(backend)
     gw = gateway_process(
-        f'workers = {WORKERS}\nadmin_token = "t"\nthreshold = 32\n'
+        f'workers = {WORKERS}\nadmin_token = "t"\nthreshold = 32\n{settings}'
         f'[pools.speculative]\nbackends = ["{server.url}"]\n[pools.plain]\nbackends = ["{server.url}"]\n'
     )
     yield gw, backend
     backend.open.set()
+
+
+@pytest.fixture
+def two_workers(serve, gateway_process):
+    yield from held_workers(serve, gateway_process)
+
+
+@pytest.fixture
+def watched_workers(serve, gateway_process):
+    """Two workers, each killed and replaced once its loop is silent for WORKER_TIMEOUT_S."""
+    yield from held_workers(serve, gateway_process, f"worker_timeout = {WORKER_TIMEOUT_S}\n")
 
 
 ADMIN = {"authorization": "Bearer t"}
@@ -239,21 +254,31 @@ def worker_pid(url: str, worker: int) -> int:
         return client.get("/admin/state", headers=ADMIN).json()["worker"]["pid"]
 
 
+async def worker_0_with_streams(gw, backend: HeldBackend, per_worker: int) -> tuple[int, dict[int, list]]:
+    """Worker 0's pid, and `per_worker` streams on each worker held by the backend (held_streams)."""
+    pid = worker_pid(gw.url, 0)
+    backend.open.clear()
+    return pid, await held_streams(gw.url, per_worker)
+
+
+async def replaced(gw, backend: HeldBackend, streams: dict[int, list], dead: int) -> None:
+    """Worker 0 (pid `dead`) died during `streams` (held_streams): once the backend lets them end, worker 1's end
+    whole and worker 0's are cut, and a replacement serves in slot 0."""
+    backend.open.set()
+    survivors = await asyncio.gather(*(finished(*held) for held in streams[1]))
+    assert survivors == [True] * len(streams[1])
+    cut = await asyncio.gather(*(finished(*held) for held in streams[0]))
+    assert cut == [False] * len(streams[0])
+    await wait_for(lambda: worker_pid(gw.url, 0) != dead, "a replacement in slot 0")
+
+
 def test_a_worker_killed_under_load_leaves_the_others_streams_whole_and_is_replaced(two_workers):
     async def scenario() -> None:
         gw, backend = two_workers
-        killed = worker_pid(gw.url, 0)
-        backend.open.clear()
-        streams = await held_streams(gw.url, 3)
+        killed, streams = await worker_0_with_streams(gw, backend, 3)
         os.kill(killed, signal.SIGKILL)
         await wait_for(lambda: b"was killed by SIGKILL" in gw.log().encode(), "the supervisor to see the death")
-        backend.open.set()
-        survivors = await asyncio.gather(*(finished(*held) for held in streams[1]))
-        assert survivors == [True] * 3
-        cut = await asyncio.gather(*(finished(*held) for held in streams[0]))
-        assert cut == [False] * 3
-
-        await wait_for(lambda: worker_pid(gw.url, 0) != killed, "a replacement in slot 0")
+        await replaced(gw, backend, streams, killed)
         with contextlib.closing(on_worker(gw.url, 0)) as client:
             assert client.post("/v1/chat/completions", json=chat()).status_code == 200
             # The dead worker's streams no longer count; what it had served before still does.
@@ -460,3 +485,97 @@ def test_sigint_stops_every_worker_and_exits_130(serve, gateway_process):
     assert gw.proc.wait(30) == 130
     for pid in pids:  # gone, not orphaned
         wait_until(lambda pid=pid: not os.path.exists(f"/proc/{pid}"), what=f"worker {pid} to end")
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """`pid` stopped (SIGSTOP) as a hung worker is; let go after, so a failed test leaves no stopped process."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_a_stopped_worker_is_killed_and_replaced_while_the_other_serves_on(watched_workers):
+    async def scenario() -> None:
+        gw, backend = watched_workers
+        hung, streams = await worker_0_with_streams(gw, backend, 2)
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=10), trust_env=False, timeout=60) as client:
+            with stopped(hung):
+                # New connections meanwhile: those the kernel gives the stopped worker's socket wait in its backlog,
+                # for the replacement.
+                sent = [
+                    asyncio.create_task(client.post(gw.url + "/v1/chat/completions", json=chat())) for _ in range(10)
+                ]
+                await wait_for(lambda: f"worker 0 (pid {hung}) silent for" in gw.log(), "the supervisor to kill it")
+                await wait_for(lambda: "was killed by SIGKILL" in gw.log(), "the supervisor to see the death")
+            await replaced(gw, backend, streams, hung)
+            assert [response.status_code for response in await asyncio.gather(*sent)] == [200] * 10
+        for worker, client in each_worker(gw.url).items():
+            with contextlib.closing(client):
+                assert client.post("/v1/chat/completions", json=chat()).status_code == 200, worker
+                assert total(scrape(client), "crossover_workers_killed_total") == 1, worker
+
+    asyncio.run(scenario())
+
+
+def test_a_stopped_leader_is_killed_and_another_worker_takes_the_lease(watched_workers):
+    gw, _ = watched_workers
+    workers = each_worker(gw.url)
+    try:
+
+        def cluster(worker: int) -> dict:
+            return workers[worker].get("/admin/state", headers=ADMIN).json()["cluster"]
+
+        wait_until(lambda: sorted(cluster(w)["role"] for w in workers) == ["follower", "leader"], what="a leader")
+        leader = next(w for w in workers if cluster(w)["role"] == "leader")
+        token = cluster(leader)["fence"]
+
+        def led_again() -> bool:  # on a new connection each time: the follower or the leader's replacement
+            seen = httpx.get(gw.url + "/admin/state", headers=ADMIN, timeout=60, trust_env=False).json()["cluster"]
+            return seen["role"] == "leader" and seen["fence"] > token
+
+        # The stopped leader holds its flock for as long as it lives: only its death lets another worker lead.
+        with stopped(worker_pid(gw.url, leader)):
+            wait_until(led_again, 60, "another worker to lead")
+        follower = workers[1 - leader]
+        wait_until(lambda: total(scrape(follower), "crossover_cluster_leader") == 1, what="one leader on the host")
+        assert total(scrape(follower), "crossover_workers_killed_total") == 1
+    finally:
+        for client in workers.values():
+            client.close()
+
+
+def test_only_a_worker_that_serves_and_has_beaten_is_judged_silent(tmp_path):
+    host = Host(3, 2, tmp_path)
+    pids = {101: 0, 102: 1, 103: 2}
+    now, timeout_ms = heartbeat_ms(), WORKER_TIMEOUT_S * 1000
+    host.row(1)[PID] = 102  # serves, but its loop has not beaten yet; slot 0 has not even served
+    assert silent(host, pids, now + 10**9, timeout_ms) == []
+
+    host.row(1)[HEARTBEAT] = now
+    host.row(2)[PID], host.row(2)[HEARTBEAT] = 103, now
+    assert silent(host, pids, now + int(timeout_ms), timeout_ms) == []
+    late = now + int(timeout_ms) + 1
+    assert silent(host, pids, late, timeout_ms) == [(102, 1, late - now), (103, 2, late - now)]
+    # A replacement starting in slot 2 (its predecessor's row zeroed when it was reaped) is not judged on it.
+    host.retire(2)
+    assert silent(host, {**pids, 104: 2}, late, timeout_ms) == [(102, 1, late - now)]
+
+
+def test_the_heartbeat_comes_from_the_workers_event_loop(tmp_path):
+    worker = Worker(Host(1, 2, tmp_path), 0)
+
+    async def scenario() -> None:
+        worker.serving()
+        beating = asyncio.create_task(worker.publish_every(CollectorRegistry(), Admission(8, 8, 1.0)))
+        assert worker.host.silent_ms(0, heartbeat_ms()) is None  # serving, not beaten yet: not judged
+        await asyncio.sleep(0)  # the loop turns once
+        assert 0 <= worker.host.silent_ms(0, heartbeat_ms()) < WORKER_TIMEOUT_S * 1000
+        beating.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beating
+
+    asyncio.run(scenario())
