@@ -531,6 +531,22 @@ def test_a_stopped_worker_is_killed_and_replaced_while_the_other_serves_on(watch
     asyncio.run(scenario())
 
 
+def test_while_draining_a_silent_worker_is_killed_and_a_draining_one_is_not(watched_workers):
+    async def scenario() -> None:
+        gw, backend = watched_workers
+        hung, streams = await worker_0_with_streams(gw, backend, 1)
+        with stopped(hung):
+            gw.proc.send_signal(signal.SIGTERM)  # worker 0 will never drain; worker 1 drains its held stream
+            await wait_for(lambda: f"worker 0 (pid {hung}) silent for" in gw.log(), "the supervisor to kill it")
+        # Worker 1 drained for as long (a drain's loop still beats): never judged silent.
+        assert "worker 1 (pid" not in gw.log()
+        backend.open.set()
+        assert [await finished(*held) for held in streams[1] + streams[0]] == [True, False]
+        assert await asyncio.to_thread(gw.proc.wait, 30) == 0
+
+    asyncio.run(scenario())
+
+
 def test_only_a_worker_that_serves_and_has_beaten_is_judged_silent(tmp_path):
     host = Host(3, 2, tmp_path)
     pids = {101: 0, 102: 1, 103: 2}
