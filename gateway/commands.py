@@ -7,8 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from crossover.gateway.cli import listen_error, port
-from crossover.gateway.config import MAX_WORKERS
+from crossover.gateway.cli import listen_error, port, positive_float
+from crossover.gateway.config import MAX_WORKERS, MIN_WORKER_TIMEOUT_S
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,6 +26,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=workers,
         help="processes serving the port as one gateway (default: the settings' workers; one per core to use)",
     )
+    serve.add_argument(
+        "--worker-timeout",
+        type=worker_timeout,
+        help="seconds a worker may be silent (its event loop hung or stopped) before it is killed and replaced "
+        "(default: the settings' worker_timeout, 30)",
+    )
     serve.set_defaults(run=run_serve)
 
 
@@ -34,6 +40,13 @@ def workers(text: str) -> int:
     if not 1 <= count <= MAX_WORKERS:
         raise argparse.ArgumentTypeError(f"must be 1 to {MAX_WORKERS}, got {count}")
     return count
+
+
+def worker_timeout(text: str) -> float:
+    seconds = positive_float(text)
+    if seconds < MIN_WORKER_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_WORKER_TIMEOUT_S:g} s, got {text}")
+    return seconds
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -45,6 +58,8 @@ def run_serve(args: argparse.Namespace) -> int:
         settings = load_settings(args.config)
         if args.workers is not None:
             settings = settings.model_copy(update={"workers": args.workers})
+        if args.worker_timeout is not None:
+            settings = settings.model_copy(update={"worker_timeout": args.worker_timeout})
         host = args.host or settings.host
         port = settings.port if args.port is None else args.port
         if settings.workers > 1:

@@ -49,6 +49,10 @@ DEFAULT_HYSTERESIS = 4
 MAX_THRESHOLD = 1_000_000
 # `crossover serve --workers N`: processes serving one port as one gateway.
 MAX_WORKERS = 256
+# A worker whose event loop has not turned for this long is killed and replaced (gunicorn's --timeout). The floor:
+# a loop beats every 50 ms, and a busy one can miss a few hundred ms of beats; less would kill healthy workers.
+DEFAULT_WORKER_TIMEOUT_S = 30.0
+MIN_WORKER_TIMEOUT_S = 1.0
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 # Until a stream's first event: a request queued in the engine waits here too.
@@ -375,6 +379,8 @@ class Settings(BaseSettings):
     state_file: Path | None = None
     # Processes serving the one port (`crossover serve --workers N`), acting as one gateway.
     workers: int = Field(1, ge=1, le=MAX_WORKERS)
+    # Seconds a worker's event loop may stay silent before the supervisor kills and replaces it (workers > 1).
+    worker_timeout: float = Field(DEFAULT_WORKER_TIMEOUT_S, ge=MIN_WORKER_TIMEOUT_S, allow_inf_nan=False)
 
     pools: PoolsSettings
     timeouts: TimeoutSettings = TimeoutSettings()

@@ -9,6 +9,10 @@ by its worker alone (no lock: one writer per cell, aligned stores), summed on re
 worker's row before its replacement starts. Routing, /admin/state and /metrics read the sum, so every worker sees
 the host's load as one gateway would; a lease costs one store more than in a single process.
 
+Liveness: the loop that answers scrapes (every `ASKED_POLL_S`, on the worker's event loop) also writes a heartbeat
+in the worker's row; the supervisor kills a worker whose heartbeat is older than `worker_timeout` and counts it in a
+host cell (`crossover_workers_killed_total`).
+
 Metrics: each worker writes its counters and histograms (and the gauges that add up) to a file of its own in the
 host's folder (tmpfs where there is one) when a scrape asks (a host cell the scraping worker counts up; the others
 look at it every `ASKED_POLL_S` and answer in a cell of their row), and at least every `PUBLISH_S` (what a dead
@@ -28,6 +32,7 @@ import mmap
 import os
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,11 +46,13 @@ from crossover.gateway.config import SPECULATIVE
 from crossover.gateway.pools import Backend, Lease, Pools
 
 # A row's first cells, before one per backend: the worker's pid once it serves (0 before), its admitted and queued
-# requests (every `ASKED_POLL_S`), the scrape it last published for (the host's ASKED count it answered).
-PID, ACTIVE, QUEUED, ANSWERED = range(4)
-HEADER_CELLS = 4
-# The host's own row: the control state's version (gateway/host_store.py), the scrapes asked for.
-CONTROL_VERSION, ASKED = range(2)
+# requests (every `ASKED_POLL_S`), the scrape it last published for (the host's ASKED count it answered), and its
+# heartbeat: CLOCK_MONOTONIC in ms (one clock for every process of the host), written by the same loop (0 before).
+PID, ACTIVE, QUEUED, ANSWERED, HEARTBEAT = range(5)
+HEADER_CELLS = 5
+# The host's own row: the control state's version (gateway/host_store.py), the scrapes asked for, the workers the
+# supervisor killed for silence (it is their one writer).
+CONTROL_VERSION, ASKED, KILLED = range(3)
 CELL = 8  # bytes: an int64, "q"
 CELLS_PER_LINE = 64 // CELL
 
@@ -124,6 +131,21 @@ class Host:
         """The worker's pid once it serves, else 0."""
         return self.cells[slot * self.width + PID]
 
+    def silent_ms(self, slot: int, now_ms: int) -> int | None:
+        """How long worker `slot` has not beaten (`now_ms`: `heartbeat_ms()`), or None while there is nothing to
+        judge: it does not serve yet, or its loop has not beaten once (a slow start is not a hang)."""
+        beat = self.cells[slot * self.width + HEARTBEAT]
+        if not self.pid(slot) or not beat:
+            return None
+        return now_ms - beat
+
+    def killed(self) -> int:
+        """Workers the supervisor killed for silence (gateway/workers.py)."""
+        return self.cells[self._control + KILLED]
+
+    def count_killed(self) -> None:
+        self.cells[self._control + KILLED] += 1
+
     def published(self, slot: int | str) -> Path:
         return self.folder / f"worker-{slot}.json"
 
@@ -134,13 +156,15 @@ class Host:
             return {}  # not published yet (a worker starting), or gone
 
     def retire(self, slot: int) -> None:
-        """A worker died: its row counts nothing any more, and what it last published joins the retired numbers
-        (its replacement starts from zero)."""
+        """A worker died: its row counts nothing any more, and the counters and histograms it last published join
+        the retired numbers (its replacement starts from zero)."""
         row = self.row(slot)
         for cell in range(self.width):
             row[cell] = 0
         retired = self.read(RETIRED)
         for name, samples in self.read(slot).items():
+            if name in SUMMED_GAUGES:
+                continue  # a gauge is now: a dead worker queues nothing and leads nothing
             into = retired.setdefault(name, {})
             for key, value in samples.items():
                 into[key] = into.get(key, 0.0) + value
@@ -172,6 +196,9 @@ class Worker:
         loop, row, host = asyncio.get_running_loop(), self.row, self.host
         published_at = float("-inf")
         while True:
+            # From the event loop, not a thread: a loop that stops turning stops the heartbeat, and the supervisor
+            # replaces the worker (gateway/workers.py).
+            row[HEARTBEAT] = heartbeat_ms()
             asked = host.asked()
             if asked != row[ANSWERED] or loop.time() - published_at >= PUBLISH_S:
                 self.publish(registry, admission)
@@ -201,6 +228,11 @@ class Worker:
         active = admission.active + sum(cells[slot * width + ACTIVE] for slot in others)
         queued = admission.queued + sum(cells[slot * width + QUEUED] for slot in others)
         return active, queued
+
+
+def heartbeat_ms() -> int:
+    """Now on CLOCK_MONOTONIC, which every process of the host reads alike (a heartbeat's unit)."""
+    return time.monotonic_ns() // 1_000_000
 
 
 def summable(families: Iterator[Metric]) -> Samples:
@@ -264,6 +296,12 @@ class HostRegistry:
             if slot != RETIRED:
                 split.add_metric([str(slot)], sum(samples.get("crossover_requests", {}).values()))
         yield split
+        yield CounterMetricFamily(
+            "crossover_workers_killed",
+            "Workers the supervisor killed (SIGKILL) and replaced because their event loop was silent for longer "
+            "than worker_timeout.",
+            value=self.worker.host.killed(),
+        )
 
 
 @dataclass

@@ -11,7 +11,7 @@ one gateway with no service beside them.
 - The lease is an exclusive `flock` on a file: the kernel drops it when its holder dies, however it dies, and a
   follower's next poll takes it. Each acquisition writes a token one larger than the last beside it (under the
   lock, so tokens only grow). A holder keeps the lease while it lives (a lock has no expiry: a stopped worker keeps
-  it until it runs again or dies, and no other worker acts meanwhile).
+  it until it runs again or dies - the supervisor kills one silent for `worker_timeout`, gateway/workers.py).
 - In-flight counts need nothing here: the shared table is exact and every worker reads it (`HostPools`), so the
   host publishes none and sees nobody else's (with `[cluster] redis_url` the workers are Redis members instead).
 """

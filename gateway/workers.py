@@ -8,11 +8,15 @@ socket: the kernel spreads new connections evenly over the sockets (a hash of th
 socket shared by all would let whichever worker wakes first take a whole burst of keep-alive connections. The
 supervisor keeps every socket open, so while a worker is replaced, the connections the kernel gives its socket wait
 in the backlog for the replacement instead of being refused. It serves nothing and runs no event loop: it waits for
-signals (blocked, and read with sigwaitinfo, so nothing runs in a handler).
+signals (blocked, and read with sigtimedwait, so nothing runs in a handler).
 - A worker that dies is replaced in its slot, its row of in-flight counts zeroed and its metrics retired first; the
   other workers' connections and streams are theirs and go on. A worker that dies before it ever served is a
   start-up problem a replacement would repeat: if no worker has served yet, the gateway stops (exit 1); later, the
   replacement is retried with a growing delay while the others serve.
+- A worker that hangs (stopped, stuck in a blocking call, a loop that never yields) does not die: each worker's event
+  loop writes a heartbeat in its row (gateway/host.py), and the supervisor, awake at least every `WATCH_S` while
+  workers run, SIGKILLs one that has served and been silent for longer than `worker_timeout` (as gunicorn's
+  --timeout does); it is then replaced as above. Its lease, an flock, dies with it, so another worker takes it up.
 - SIGTERM or SIGINT goes to every worker (each drains as one process does, gateway/server.py; a second SIGINT
   forces their exit, as it does there); the supervisor exits 0 (130 after SIGINT) once all are gone.
 
@@ -42,7 +46,7 @@ import traceback
 from pathlib import Path
 
 from crossover.gateway.config import Settings
-from crossover.gateway.host import Host, Worker
+from crossover.gateway.host import Host, Worker, heartbeat_ms
 from crossover.gateway.pools import Pools
 from crossover.gateway.server import BACKLOG, log_config, make_server
 
@@ -54,6 +58,8 @@ _PR_SET_PDEATHSIG = 1
 RETRY_S = 0.5
 RETRY_CAP_S = 30.0
 START_FAILED = 1
+# The supervisor judges the workers' heartbeats at least this often (a quarter of worker_timeout if that is less).
+WATCH_S = 1.0
 
 
 def share(total: int, workers: int, slot: int) -> int:
@@ -115,6 +121,9 @@ class Supervisor:
         self.served = False  # some worker has served
         self.stopping: int | None = None  # the signal that stops the gateway
         self.status = 0
+        self.timeout_ms = settings.worker_timeout * 1000
+        self.watch_s = min(WATCH_S, settings.worker_timeout / 4)
+        self.killed: set[int] = set()  # pids killed for silence, not reaped yet
 
     def run(self) -> int:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
@@ -132,11 +141,12 @@ class Supervisor:
         return self.status
 
     def wait(self, mask) -> None:
+        # Awake at least every watch_s while workers run, to judge their heartbeats; and when a retry is due.
+        timeout = self.watch_s if self.pids else None
         if self.retry_at and self.stopping is None:
-            due = min(self.retry_at.values())
-            info = signal.sigtimedwait(SIGNALS, max(0.0, due - time.monotonic()))
-        else:
-            info = signal.sigwaitinfo(SIGNALS)
+            due = max(0.0, min(self.retry_at.values()) - time.monotonic())
+            timeout = due if timeout is None else min(timeout, due)
+        info = signal.sigwaitinfo(SIGNALS) if timeout is None else signal.sigtimedwait(SIGNALS, timeout)
         if info is None:
             for slot, when in list(self.retry_at.items()):
                 if when <= time.monotonic():
@@ -146,6 +156,24 @@ class Supervisor:
             self.reap(mask)
         else:
             self.stop(info.si_signo)
+        self.watch()
+
+    def watch(self) -> None:
+        """Kill the workers silent for longer than worker_timeout (draining ones too: a drain's loop still beats);
+        reap() then replaces them as any worker that died after serving."""
+        for pid, slot, silent_ms in silent(self.shared, self.pids, heartbeat_ms(), self.timeout_ms):
+            if pid in self.killed:
+                continue  # dying: its SIGCHLD is on its way
+            log.warning(
+                "worker %d (pid %d) silent for %.1f s (worker_timeout %g s): killing it",
+                slot,
+                pid,
+                silent_ms / 1000,
+                self.settings.worker_timeout,
+            )
+            os.kill(pid, signal.SIGKILL)
+            self.killed.add(pid)
+            self.shared.count_killed()
 
     def stop(self, signo: int) -> None:
         if self.stopping is None:
@@ -168,6 +196,7 @@ class Supervisor:
             if pid == 0:
                 return
             slot = self.pids.pop(pid)
+            self.killed.discard(pid)
             had_served = self.shared.pid(slot) == pid
             self.served = self.served or had_served or any(self.shared.pid(s) for s in range(self.shared.workers))
             self.shared.retire(slot)
@@ -220,6 +249,16 @@ class Supervisor:
         if not server.started:
             return START_FAILED
         return 130 if server.interrupted else 0
+
+
+def silent(host: Host, pids: dict[int, int], now_ms: int, timeout_ms: float) -> list[tuple[int, int, int]]:
+    """(pid, slot, ms silent) of each worker in `pids` (pid -> slot) whose heartbeat is older than `timeout_ms`.
+    Only a worker that serves (its pid in its row: not a replacement starting) and has beaten once is judged."""
+    judged = []
+    for pid, slot in pids.items():
+        if host.pid(slot) == pid and (silent_ms := host.silent_ms(slot, now_ms)) is not None and silent_ms > timeout_ms:
+            judged.append((pid, slot, silent_ms))
+    return judged
 
 
 def describe(status: int) -> str:

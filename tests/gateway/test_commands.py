@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from crossover.gateway.cli import build_parser
 from tests.gateway.gateway_helpers import chat
@@ -61,6 +62,11 @@ def test_command_line_shapes():
     parser = build_parser()
     serve = parser.parse_args(["serve", "--config", "c.toml", "--port", "9000"])
     assert serve.port == 9000 and str(serve.config) == "c.toml" and callable(serve.run)
+    workers = parser.parse_args(["serve", "--workers", "4", "--worker-timeout", "2.5"])
+    assert (workers.workers, workers.worker_timeout) == (4, 2.5)
+    for refused in ("0.5", "0", "inf", "x"):  # a timeout below a busy loop's beat would kill healthy workers
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "--worker-timeout", refused])
     demo = parser.parse_args(["demo", "--policy", "switch", "--threshold", "8", "--time-scale", "5"])
     assert (demo.port, demo.policy, demo.threshold, demo.time_scale, demo.admin_token) == (8000, "switch", 8, 5.0, None)
 

@@ -60,6 +60,7 @@ def test_environment_overrides_the_file_with_nesting(tmp_path, monkeypatch):
         ("[timeouts]\nconnect = 0\n" + POOLS, "timeouts.connect", "greater than 0"),
         ("[limits]\nmax_inflight = 'many'\n" + POOLS, "limits.max_inflight", "valid integer"),
         ("[health]\ninterval = -1\n" + POOLS, "health.interval", "greater than 0"),
+        ("worker_timeout = 0.5\n" + POOLS, "worker_timeout", "greater than or equal to 1"),
         ("thresold = 3\n" + POOLS, "thresold", "unknown key (misspelt, or in the wrong section?)"),
         ("", "pools", "Field required"),
         (

@@ -12,13 +12,16 @@ import json
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from crossover.gateway.workers import share
+from crossover.gateway.admission import Admission
+from crossover.gateway.host import HEARTBEAT, PID, Host, Worker, heartbeat_ms
+from crossover.gateway.workers import share, silent
 from tests.gateway.cluster_helpers import RedisServer, needs_redis
 from tests.gateway.gateway_helpers import MODEL, SIM_SCALE, chat, sse_events, wait_until
 
@@ -27,6 +30,9 @@ TRIES = 200  # connections opened, at most, to find a worker (the kernel spreads
 # A client on one worker keeps its one connection however long it idles (httpx would drop it after 5 s, and the
 # next request could land on the other worker).
 ONE_CONNECTION = httpx.Limits(max_connections=1, keepalive_expiry=None)
+# A worker may be silent this long (config.MIN_WORKER_TIMEOUT_S is 1): a test waits for the kill, never times it;
+# long enough that a healthy worker starved on a busy machine is not killed by mistake.
+WORKER_TIMEOUT_S = 5.0
 
 
 class HeldBackend:
@@ -107,16 +113,26 @@ def event(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
-@pytest.fixture
-def two_workers(serve, gateway_process):
+def held_workers(serve, gateway_process, settings: str = ""):
     backend = HeldBackend()
     server = serve(backend)
     gw = gateway_process(
-        f'workers = {WORKERS}\nadmin_token = "t"\nthreshold = 32\n'
+        f'workers = {WORKERS}\nadmin_token = "t"\nthreshold = 32\n{settings}'
         f'[pools.speculative]\nbackends = ["{server.url}"]\n[pools.plain]\nbackends = ["{server.url}"]\n'
     )
     yield gw, backend
     backend.open.set()
+
+
+@pytest.fixture
+def two_workers(serve, gateway_process):
+    yield from held_workers(serve, gateway_process)
+
+
+@pytest.fixture
+def watched_workers(serve, gateway_process):
+    """Two workers, each killed and replaced once its loop is silent for WORKER_TIMEOUT_S."""
+    yield from held_workers(serve, gateway_process, f"worker_timeout = {WORKER_TIMEOUT_S}\n")
 
 
 ADMIN = {"authorization": "Bearer t"}
@@ -239,21 +255,31 @@ def worker_pid(url: str, worker: int) -> int:
         return client.get("/admin/state", headers=ADMIN).json()["worker"]["pid"]
 
 
+async def worker_0_with_streams(gw, backend: HeldBackend, per_worker: int) -> tuple[int, dict[int, list]]:
+    """Worker 0's pid, and `per_worker` streams on each worker held by the backend (held_streams)."""
+    pid = worker_pid(gw.url, 0)
+    backend.open.clear()
+    return pid, await held_streams(gw.url, per_worker)
+
+
+async def replaced(gw, backend: HeldBackend, streams: dict[int, list], dead: int) -> None:
+    """Worker 0 (pid `dead`) died during `streams` (held_streams): once the backend lets them end, worker 1's end
+    whole and worker 0's are cut, and a replacement serves in slot 0."""
+    backend.open.set()
+    survivors = await asyncio.gather(*(finished(*held) for held in streams[1]))
+    assert survivors == [True] * len(streams[1])
+    cut = await asyncio.gather(*(finished(*held) for held in streams[0]))
+    assert cut == [False] * len(streams[0])
+    await wait_for(lambda: worker_pid(gw.url, 0) != dead, "a replacement in slot 0")
+
+
 def test_a_worker_killed_under_load_leaves_the_others_streams_whole_and_is_replaced(two_workers):
     async def scenario() -> None:
         gw, backend = two_workers
-        killed = worker_pid(gw.url, 0)
-        backend.open.clear()
-        streams = await held_streams(gw.url, 3)
+        killed, streams = await worker_0_with_streams(gw, backend, 3)
         os.kill(killed, signal.SIGKILL)
         await wait_for(lambda: b"was killed by SIGKILL" in gw.log().encode(), "the supervisor to see the death")
-        backend.open.set()
-        survivors = await asyncio.gather(*(finished(*held) for held in streams[1]))
-        assert survivors == [True] * 3
-        cut = await asyncio.gather(*(finished(*held) for held in streams[0]))
-        assert cut == [False] * 3
-
-        await wait_for(lambda: worker_pid(gw.url, 0) != killed, "a replacement in slot 0")
+        await replaced(gw, backend, streams, killed)
         with contextlib.closing(on_worker(gw.url, 0)) as client:
             assert client.post("/v1/chat/completions", json=chat()).status_code == 200
             # The dead worker's streams no longer count; what it had served before still does.
@@ -401,13 +427,16 @@ def test_with_redis_the_hosts_counts_are_published_once_and_not_counted_twice(se
         redis.stop()
 
 
-def test_time_shared_one_worker_leads_and_an_operator_switch_on_a_follower_is_one_switch(sim, gateway_process):
+@pytest.mark.parametrize("leader_ends", ["killed", "hung"])
+def test_time_shared_one_worker_leads_and_an_operator_switch_on_a_follower_is_one_switch(
+    sim, gateway_process, leader_ends
+):
     speculative, plain = sim("k25-eagle3", *SIM_SCALE), sim("k25-plain", *SIM_SCALE)
     httpx.post(plain.url + "/release_memory_occupation", json={}, timeout=30, trust_env=False).raise_for_status()
     gw = gateway_process(
-        f'workers = {WORKERS}\nadmin_token = "t"\ntopology = "time-shared"\npolicy = "switch"\nthreshold = 6\n'
-        'hysteresis = 3\n[switching]\nmechanism = "sleep"\ndwell = 3600.0\ninterval = 0.05\nwindow = 0.5\n'
-        "operator_interval = 0.0\n"
+        f'workers = {WORKERS}\nworker_timeout = {WORKER_TIMEOUT_S}\nadmin_token = "t"\ntopology = "time-shared"\n'
+        'policy = "switch"\nthreshold = 6\nhysteresis = 3\n[switching]\nmechanism = "sleep"\ndwell = 3600.0\n'
+        "interval = 0.05\nwindow = 0.5\noperator_interval = 0.0\n"
         f'[pools.speculative]\nbackends = ["{speculative.url}"]\n[pools.plain]\nbackends = ["{plain.url}"]\n'
     )
     workers = each_worker(gw.url)
@@ -433,17 +462,24 @@ def test_time_shared_one_worker_leads_and_an_operator_switch_on_a_follower_is_on
         assert switches == 1  # the leader's, once: the follower ran none
         assert workers[follower].post("/v1/chat/completions", json=chat()).headers["x-crossover-pool"] == "plain"
 
-        # The leader killed: the kernel drops its lock, and the follower or the leader's replacement takes the lease,
-        # with a larger token, on the mode the GPU set is in.
+        # The leader killed, or hung (stopped: it would hold its lock for as long as it is) until the supervisor kills
+        # it for its silence: the kernel drops its lock, and the follower or the leader's replacement takes the
+        # lease, with a larger token, on the mode the GPU set is in.
         leader = 1 - follower
-        token = state(leader)["cluster"]["fence"]
-        os.kill(state(leader)["worker"]["pid"], signal.SIGKILL)
+        token, pid = state(leader)["cluster"]["fence"], state(leader)["worker"]["pid"]
 
-        def led_again() -> bool:  # asked on a new connection each time: whichever worker the kernel picks
-            seen = httpx.get(gw.url + "/admin/state", headers=ADMIN, timeout=10, trust_env=False).json()
+        def led_again() -> bool:  # asked on a new connection each time: whichever worker the kernel picks (one that
+            # lands on the hung worker's socket waits in its backlog for the replacement)
+            seen = httpx.get(gw.url + "/admin/state", headers=ADMIN, timeout=60, trust_env=False).json()
             return seen["cluster"]["role"] == "leader" and seen["cluster"]["fence"] > token and seen["mode"] == "plain"
 
-        wait_until(led_again, what="a new leader")
+        if leader_ends == "killed":
+            os.kill(pid, signal.SIGKILL)
+        with stopped(pid) if leader_ends == "hung" else contextlib.nullcontext():
+            wait_until(led_again, 60, "a new leader")
+        assert total(scrape(workers[follower]), "crossover_workers_killed_total") == int(leader_ends == "hung")
+        # One leader on the host: the dead one's gauge is not kept.
+        wait_until(lambda: total(scrape(workers[follower]), "crossover_cluster_leader") == 1, what="one leader")
     finally:
         for client in workers.values():
             client.close()
@@ -460,3 +496,86 @@ def test_sigint_stops_every_worker_and_exits_130(serve, gateway_process):
     assert gw.proc.wait(30) == 130
     for pid in pids:  # gone, not orphaned
         wait_until(lambda pid=pid: not os.path.exists(f"/proc/{pid}"), what=f"worker {pid} to end")
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """`pid` stopped (SIGSTOP) as a hung worker is; let go after, so a failed test leaves no stopped process."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_a_stopped_worker_is_killed_and_replaced_while_the_other_serves_on(watched_workers):
+    async def scenario() -> None:
+        gw, backend = watched_workers
+        hung, streams = await worker_0_with_streams(gw, backend, 2)
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=10), trust_env=False, timeout=60) as client:
+            with stopped(hung):
+                # New connections meanwhile: those the kernel gives the stopped worker's socket wait in its backlog,
+                # for the replacement.
+                sent = [
+                    asyncio.create_task(client.post(gw.url + "/v1/chat/completions", json=chat())) for _ in range(10)
+                ]
+                await wait_for(lambda: f"worker 0 (pid {hung}) silent for" in gw.log(), "the supervisor to kill it")
+                await wait_for(lambda: "was killed by SIGKILL" in gw.log(), "the supervisor to see the death")
+            await replaced(gw, backend, streams, hung)
+            assert [response.status_code for response in await asyncio.gather(*sent)] == [200] * 10
+        for worker, client in each_worker(gw.url).items():
+            with contextlib.closing(client):
+                assert client.post("/v1/chat/completions", json=chat()).status_code == 200, worker
+                assert total(scrape(client), "crossover_workers_killed_total") == 1, worker
+
+    asyncio.run(scenario())
+
+
+def test_while_draining_a_silent_worker_is_killed_and_a_draining_one_is_not(watched_workers):
+    async def scenario() -> None:
+        gw, backend = watched_workers
+        hung, streams = await worker_0_with_streams(gw, backend, 1)
+        with stopped(hung):
+            gw.proc.send_signal(signal.SIGTERM)  # worker 0 will never drain; worker 1 drains its held stream
+            await wait_for(lambda: f"worker 0 (pid {hung}) silent for" in gw.log(), "the supervisor to kill it")
+        # Worker 1 drained for as long (a drain's loop still beats): never judged silent.
+        assert "worker 1 (pid" not in gw.log()
+        backend.open.set()
+        assert [await finished(*held) for held in streams[1] + streams[0]] == [True, False]
+        assert await asyncio.to_thread(gw.proc.wait, 30) == 0
+
+    asyncio.run(scenario())
+
+
+def test_only_a_worker_that_serves_and_has_beaten_is_judged_silent(tmp_path):
+    host = Host(3, 2, tmp_path)
+    pids = {101: 0, 102: 1, 103: 2}
+    now, timeout_ms = heartbeat_ms(), WORKER_TIMEOUT_S * 1000
+    host.row(1)[PID] = 102  # serves, but its loop has not beaten yet; slot 0 has not even served
+    assert silent(host, pids, now + 10**9, timeout_ms) == []
+
+    host.row(1)[HEARTBEAT] = now
+    host.row(2)[PID], host.row(2)[HEARTBEAT] = 103, now
+    assert silent(host, pids, now + int(timeout_ms), timeout_ms) == []
+    late = now + int(timeout_ms) + 1
+    assert silent(host, pids, late, timeout_ms) == [(102, 1, late - now), (103, 2, late - now)]
+    # A replacement starting in slot 2 (its predecessor's row zeroed when it was reaped) is not judged on it.
+    host.retire(2)
+    assert silent(host, {**pids, 104: 2}, late, timeout_ms) == [(102, 1, late - now)]
+
+
+def test_the_heartbeat_comes_from_the_workers_event_loop(tmp_path):
+    worker = Worker(Host(1, 2, tmp_path), 0)
+
+    async def scenario() -> None:
+        worker.serving()
+        beating = asyncio.create_task(worker.publish_every(CollectorRegistry(), Admission(8, 8, 1.0)))
+        assert worker.host.silent_ms(0, heartbeat_ms()) is None  # serving, not beaten yet: not judged
+        await asyncio.sleep(0)  # the loop turns once
+        assert 0 <= worker.host.silent_ms(0, heartbeat_ms()) < WORKER_TIMEOUT_S * 1000
+        beating.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beating
+
+    asyncio.run(scenario())
