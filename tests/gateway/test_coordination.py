@@ -98,28 +98,11 @@ def test_a_replica_that_joins_serves_the_cluster_state_not_its_configuration(rep
     assert late.state.routing.threshold == 5  # from its first sync, before it served
 
 
-def test_every_replica_counts_the_others_requests_in_its_load(replicas):
-    one, other = replicas(2)
-
-    async def main():
-        async with httpx.AsyncClient(timeout=60, trust_env=False) as client, hold(client, one.url, 3) as pools:
-            assert pools == ["speculative"] * 3
-            await asyncio.to_thread(
-                wait_until,
-                lambda: other.state.pools.pool_load("speculative") == 3,
-                what="the other replica's 3 requests in this one's load",
-            )
-            assert other.state.pools.inflight("speculative") == 0  # its own count is its own
-        await asyncio.to_thread(
-            wait_until, lambda: other.state.pools.pool_load("speculative") == 0, what="the load gone with them"
-        )
-
-    asyncio.run(main())
-
-
-def test_one_server_in_both_pools_is_counted_per_pool_across_replicas(replicas):
-    # Allowed (config.py: a single-GPU trial): the counts a replica publishes are its pools', not its URLs'.
-    one, other = replicas(2, one_server=True)
+@pytest.mark.parametrize("one_server", [False, True], ids=["two-servers", "one-server-in-both-pools"])
+def test_every_replica_counts_the_others_requests_in_its_load_per_pool(replicas, one_server):
+    # One server in both pools is allowed (config.py: a single-GPU trial): the counts a replica publishes are its
+    # pools', not its URLs'.
+    one, other = replicas(2, one_server=one_server)
 
     async def main():
         async with httpx.AsyncClient(timeout=60, trust_env=False) as client, hold(client, one.url, 3) as pools:
@@ -129,7 +112,11 @@ def test_one_server_in_both_pools_is_counted_per_pool_across_replicas(replicas):
                 lambda: other.state.pools.pool_load("speculative") == 3,
                 what="the other replica's 3 requests in this one's speculative load",
             )
+            assert other.state.pools.inflight("speculative") == 0  # its own count is its own
             assert other.state.pools.pool_load("plain") == 0
+        await asyncio.to_thread(
+            wait_until, lambda: other.state.pools.pool_load("speculative") == 0, what="the load gone with them"
+        )
 
     asyncio.run(main())
 
