@@ -13,7 +13,8 @@ request would join fewer than T others", i.e. a batch of at most T: so the gate 
 
 With replicas, only the one holding the lease writes the gates, under its fencing token; the others dry-run a
 change they take (so a gate the engines refuse is still refused where it was asked for), then read the gates back:
-two replicas never overwrite each other's gate.
+two replicas never overwrite each other's gate. A change the dry run accepted is shared with the cluster before any
+gate is written, so the last change to come is the one every gate ends on, even past a leader paused mid-write.
 
 A forced mode (`PUT /admin/mode {"mode": ...}`) holds until the next threshold change; a pinned one until it is
 unpinned (`{"pin": false}`, which hands the gate back to the threshold). A change of hysteresis alone moves no
@@ -43,7 +44,7 @@ from typing import TypeVar
 import httpx
 
 from crossover.gateway.config import PLAIN
-from crossover.gateway.coordination import Coordination, Solo
+from crossover.gateway.coordination import Coordination, Solo, StoreUnavailable
 from crossover.gateway.fence import Fenced
 from crossover.gateway.headers import bearer
 from crossover.gateway.pools import Backend, Pools
@@ -144,7 +145,7 @@ class GateSync:
         if pin:
             self.pinned = True
         try:
-            return await self.apply_threshold()
+            return await self.apply_threshold(operator=True)
         except GateRefused:
             self.forced, self.pinned = before
             raise
@@ -177,14 +178,16 @@ class GateSync:
         if not self.pinned:
             self.forced = None
         try:
-            return await self.apply_threshold()
+            return await self.apply_threshold(operator=True)
         except GateRefused:
             self.forced, self.pinned = before
             self.routing.update(threshold=self.live_threshold)
             raise
 
-    async def apply_threshold(self) -> list[str]:
-        """Dry-run the wanted gate everywhere, then set it and read it back: the backends that failed, why."""
+    async def apply_threshold(self, *, operator: bool = False) -> list[str]:
+        """Dry-run the wanted gate everywhere, then set it and read it back: the backends that failed, why. An
+        operator's change (a PUT here, not one followed from the cluster) is the cluster's before any gate is
+        written (`_publish`)."""
         async with self._lock:
             wanted = self._candidate()
             answering = [b for b in self.pools.speculative if b.url not in self._slow]
@@ -195,10 +198,21 @@ class GateSync:
                 logger.warning("%s; the previous gate stays live", message)
                 raise GateRefused(message)
             self.wanted, self.live_threshold = wanted, self.routing.threshold
+            if operator:
+                await self._publish()
             await asyncio.gather(
                 *(self._sync(b, force=True) for b in self.pools.speculative if b.url not in self._slow)
             )
         return [f"{url}: {error}" for url, error in self.errors.items()]
+
+    async def _publish(self) -> None:
+        """Share a change the engines accepted in the dry run before the leader writes it, so the cluster orders
+        changes by when they came: a leader paused while its write was in flight, then resumed, has its write
+        refused by the engines' fence and must not publish its change after a newer one made meanwhile (the
+        cluster's sync would carry it over, and the new leader write it). A store that does not answer now is
+        the PUT's to report, after the writes (`Topology.share`)."""
+        with contextlib.suppress(StoreUnavailable):
+            await self.coordination.share()
 
     async def _dry_run(self, backend: Backend, wanted: int | None) -> str | None:
         """The engine's reason if it refuses `wanted`; None if it takes it or cannot say now (the rounds retry)."""

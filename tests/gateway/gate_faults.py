@@ -6,6 +6,7 @@ it saw: the credentials per path, the gate calls, and the requests its engine se
     faults.refuse.add(12)        # a gate of 12 (dry run or not) -> 400 `rejected`, as the patch refuses a gate
     faults.hang.set()            # every gate call waits until faults.release is set (the test's teardown sets it)
     faults.hang_writes.set()     # ... every gate write (not a dry run), already sent by its caller, alike
+    faults.on_held = look        # look() runs as each held write arrives (what was true when it was sent)
     faults.malformed = 3         # the next 3 gate reads answer {"success": true, "state": "idle"}
     faults.queue_full = True     # chat completions answer SGLang's queue-full (HTTP 503), as a full server does
 """
@@ -16,6 +17,7 @@ import asyncio
 import json
 import threading
 from collections import Counter, defaultdict
+from collections.abc import Callable
 
 import httpx
 from starlette.applications import Starlette
@@ -35,6 +37,7 @@ class GateFaults:
         self.hang = threading.Event()
         self.hang_writes = threading.Event()
         self.held_writes = 0  # gate writes that waited for faults.release
+        self.on_held: Callable[[], None] | None = None
         self.release = threading.Event()
         self.malformed = 0
         self.malformed_sent = 0
@@ -61,7 +64,10 @@ class GateFaults:
             if request.method == "POST" and not body.get("dry_run"):
                 self.write_fences.append(request.headers.get(FENCE_HEADER))
             held_write = self.hang_writes.is_set() and request.method == "POST" and not body.get("dry_run")
-            self.held_writes += held_write and not self.release.is_set()
+            if held_write and not self.release.is_set():
+                if self.on_held is not None:
+                    self.on_held()
+                self.held_writes += 1
             while (self.hang.is_set() or held_write) and not self.release.is_set():
                 await asyncio.sleep(0.05)
             if request.method == "GET" and self.malformed > 0:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import threading
 
 import httpx
 import pytest
+import redis
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -241,6 +243,16 @@ def put_threshold(gw, threshold: int, timeout: float = 10) -> httpx.Response:
     )
 
 
+def threshold(gw) -> int:
+    return httpx.get(gw.url + "/admin/threshold", headers=ADMIN, timeout=10, trust_env=False).json()["threshold"]
+
+
+def cluster_control(redis_url: str, name: str) -> dict:
+    """The cluster's control state as stored in Redis (gateway/cluster_redis.py's `NAME:control`)."""
+    with redis.Redis.from_url(redis_url) as direct:
+        return json.loads(direct.get(f"{name}:control"))
+
+
 def engine_fence(url: str) -> dict:
     """The stand-in gate's fence: the highest token accepted and how many calls it refused."""
     return httpx.get(url + "/speculative/adaptive", timeout=10, trust_env=False).json()["fence"]
@@ -282,18 +294,23 @@ def test_in_engine_a_leader_sigstopped_with_its_gate_write_sent_then_resumed_is_
     with GateWatch(engine.url) as watch:
         try:
             faults.hang_writes.set()
+            stored: list[int] = []  # the cluster's threshold as each held write arrived
+            faults.on_held = lambda: stored.append(cluster_control(redis_server.url, cluster["name"])["threshold"])
             # The PUT writes every gate before it answers: it waits, as its write does, in the background.
             answers: list[httpx.Response] = []
             putting = threading.Thread(target=lambda: answers.append(put_threshold(stale, 12, timeout=120)))
             putting.start()
             wait_until(lambda: faults.held_writes, what="the leader's gate write sent, and held")
+            # The change the dry run accepted was the cluster's before its gate write was sent, not whenever the
+            # next sync came: else the old leader, resumed, publishes its 12 over the 20 below, for the new leader
+            # to write.
+            assert stored[0] == 12, stored
             os.kill(stale.proc.pid, signal.SIGSTOP)
             paused = True
             wait_until(lambda: role(taking) == "leader", what="the other replica taking the lease")
             taking_token = admin_state(taking)["cluster"]["fence"]
             assert taking_token > stale_token
-            # The new leader writes a gate of its own under its token (whether the 12 reached the cluster's state
-            # before the pause or not).
+            # The new leader writes a gate of its own under its token.
             assert put_threshold(taking, 20).status_code == 200
             wait_until(lambda: engine_gate(engine.url)["zero_steps_above_bs"] == 20, what="the new leader's next gate")
             generation = engine_gate(engine.url)["generation"]
@@ -304,7 +321,9 @@ def test_in_engine_a_leader_sigstopped_with_its_gate_write_sent_then_resumed_is_
             os.kill(stale.proc.pid, signal.SIGCONT)
             paused = False
             wait_until(lambda: role(stale) == "follower", what="the old leader stepping down")
-            wait_until(lambda: len(watch.seen) >= 2, what="the gate read after the old leader resumed")
+            wait_until(lambda: threshold(stale) == 20, what="the old leader taking the cluster's newer threshold")
+            read = len(watch.seen)
+            wait_until(lambda: len(watch.seen) >= read + 2, what="the gate read after the old leader took it")
         finally:
             faults.release.set()
             if paused:
