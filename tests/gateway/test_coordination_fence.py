@@ -243,10 +243,6 @@ def put_threshold(gw, threshold: int, timeout: float = 10) -> httpx.Response:
     )
 
 
-def threshold(gw) -> int:
-    return httpx.get(gw.url + "/admin/threshold", headers=ADMIN, timeout=10, trust_env=False).json()["threshold"]
-
-
 def cluster_control(redis_url: str, name: str) -> dict:
     """The cluster's control state as stored in Redis (gateway/cluster_redis.py's `NAME:control`)."""
     with redis.Redis.from_url(redis_url) as direct:
@@ -321,7 +317,10 @@ def test_in_engine_a_leader_sigstopped_with_its_gate_write_sent_then_resumed_is_
             os.kill(stale.proc.pid, signal.SIGCONT)
             paused = False
             wait_until(lambda: role(stale) == "follower", what="the old leader stepping down")
-            wait_until(lambda: threshold(stale) == 20, what="the old leader taking the cluster's newer threshold")
+            wait_until(
+                lambda: admin_state(stale)["threshold"] == 20,
+                what="the old leader taking the cluster's newer threshold",
+            )
             read = len(watch.seen)
             wait_until(lambda: len(watch.seen) >= read + 2, what="the gate read after the old leader took it")
         finally:
