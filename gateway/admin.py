@@ -19,9 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from crossover.gateway.auth import authorize_admin
 from crossover.gateway.config import MAX_THRESHOLD, POOL_NAMES, Mode, Policy, ThresholdError
 from crossover.gateway.errors import BodyTooLarge, InvalidRequest, RequestTimeout, StateNotSaved
+from crossover.gateway.request import authorize_admin
 from crossover.gateway.state import GatewayState
 
 MAX_ADMIN_BODY_BYTES = 64 * 1024
@@ -101,8 +101,8 @@ def threshold_view(state: GatewayState) -> dict:
 
 
 def admin_routes(state: GatewayState) -> list[Route]:
-    """What the threshold, a mode and a pin mean is the topology's (gateway/topology.py); what it cannot honour it
-    refuses with a 409."""
+    """What the threshold, a mode and a pin mean is the topology's (gateway/topology/factory.py); what it cannot honour
+    it refuses with a 409."""
     token = state.settings.admin_token
     topology = state.topology
 

@@ -22,23 +22,24 @@ from starlette.routing import Route
 
 from crossover.gateway.admin import admin_routes
 from crossover.gateway.admission import Admission
-from crossover.gateway.auth import authorize_client, client_keys
-from crossover.gateway.client_http import ClientLink
+from crossover.gateway.backends import HealthMonitor, Pools
+from crossover.gateway.cluster import HostPools, HostRegistry, Worker
 from crossover.gateway.config import Settings
-from crossover.gateway.direct import DirectExchange
 from crossover.gateway.errors import EXCEPTION_HANDLERS, ModelNotFound
-from crossover.gateway.failover import Failover
-from crossover.gateway.headers import RequestIdMiddleware
-from crossover.gateway.health import HealthMonitor
-from crossover.gateway.host import HostPools, HostRegistry, Worker
 from crossover.gateway.metrics import Metrics
-from crossover.gateway.pools import Pools
-from crossover.gateway.proxy import Live, ProxyEndpoint
-from crossover.gateway.routing import Routing
+from crossover.gateway.request import (
+    CHAT,
+    COMPLETIONS,
+    Failover,
+    InlineExchange,
+    Live,
+    ProxyEndpoint,
+    authorize_client,
+    client_keys,
+)
 from crossover.gateway.state import GatewayState
-from crossover.gateway.topology import make_topology
-from crossover.gateway.transport import make_client, make_transport, proxy_sender
-from crossover.gateway.validation import CHAT, COMPLETIONS
+from crossover.gateway.topology import Routing, make_topology
+from crossover.gateway.wire import ClientLink, RequestIdMiddleware, make_client, make_transport, proxy_sender
 
 
 def build_state(
@@ -49,7 +50,7 @@ def build_state(
 ) -> GatewayState:
     """Every object the gateway runs on, each built whole: nothing is wired in afterwards (the lifespan only starts
     and stops them). Nothing here touches an event loop: connections open on the serving one. A worker of several
-    counts in flight on its host's table (gateway/host.py)."""
+    counts in flight on its host's table (gateway/cluster/host.py)."""
     pools = Pools.from_settings(settings) if worker is None else HostPools.from_settings(settings, worker=worker)
     routing = Routing.from_settings(settings)
     limits = settings.limits
@@ -182,9 +183,9 @@ class GatewayApp:
 
     def direct(self, scope, body: bytes, link: ClientLink) -> bool:
         """Our server offers each small POST once its body is in: a generation request the direct lane can
-        serve now is taken (gateway/direct.py)."""
+        serve now is taken (gateway/request/inline.py)."""
         endpoint = self.proxies.get(scope["path"])
-        return endpoint is not None and DirectExchange.offer(endpoint, scope, body, link)
+        return endpoint is not None and InlineExchange.offer(endpoint, scope, body, link)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

@@ -17,11 +17,10 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from crossover.gateway.agent_contract import TOKEN_ENV
-from crossover.gateway.engines import DEFAULT_ENGINE, EngineName, adapter
+from crossover.gateway.engines import DEFAULT_ENGINE, TOKEN_ENV, EngineName, adapter
 from crossover.gateway.modes import MODES as POOL_NAMES
 from crossover.gateway.modes import PLAIN, SPECULATIVE, Mode
-from crossover.gateway.switch_policy import (
+from crossover.gateway.policies import (
     DEFAULT_ADVANTAGE,
     DEFAULT_MIN_DWELL_S,
     DEFAULT_PRIOR_PHASE_S,
@@ -31,13 +30,13 @@ from crossover.gateway.switch_policy import (
     Switcher,
     ThresholdRates,
 )
+from crossover.gateway.policies import PolicyName as Policy
 
 # Re-exported: the rest of the gateway reads the words from here or from modes.py, never types them again.
 __all__ = ["PLAIN", "POOL_NAMES", "SPECULATIVE", "Mode"]
 
-Policy = Literal["switch", "spillover"]
 LoadSignal = Literal["local", "scraped", "max"]
-Topology = Literal["partitioned", "time-shared", "in-engine"]
+TopologyName = Literal["partitioned", "time-shared", "in-engine"]
 Mechanism = Literal["restart", "sleep", "manual"]
 
 DEFAULT_HOST = "127.0.0.1"
@@ -95,7 +94,7 @@ DEFAULT_EJECT_S = 30.0
 DEFAULT_MAX_EJECTION_PERCENT = 50
 DEFAULT_LOAD_INTERVAL_S = 1.0
 
-DEFAULT_TOPOLOGY: Topology = "partitioned"
+DEFAULT_TOPOLOGY: TopologyName = "partitioned"
 # Time-shared switching ([switching]). Restart figures are the reference model's (Kimi-K2.5: minutes to load).
 DEFAULT_MECHANISM: Mechanism = "sleep"
 DEFAULT_INITIAL_MODE: Mode = "speculative"
@@ -151,7 +150,7 @@ def check_token(token: str, what: str, *, empty_ok: bool) -> str:
 
 class PoolSettings(_Section):
     backends: list[str] = Field(min_length=1)
-    # What its servers run (gateway/engines.py): where load is read, how a time-shared server sleeps and wakes.
+    # What its servers run (gateway/engines/adapters.py): where load is read, how a time-shared server sleeps and wakes.
     engine: EngineName = DEFAULT_ENGINE
     # The pool's SGLang --api-key: sent on every call the gateway makes to these backends, in place of the client's.
     api_key: str = ""
@@ -371,7 +370,7 @@ class Settings(BaseSettings):
     threshold: int = Field(DEFAULT_THRESHOLD, ge=0, le=MAX_THRESHOLD)
     hysteresis: int = Field(DEFAULT_HYSTERESIS, ge=0, le=MAX_THRESHOLD)
     load_signal: LoadSignal = "local"
-    topology: Topology = DEFAULT_TOPOLOGY
+    topology: TopologyName = DEFAULT_TOPOLOGY
     admin_token: str = ""
     # Keys clients must present (`Authorization: Bearer KEY`, as the OpenAI SDK sends api_key); empty: open.
     api_keys: list[str] = []

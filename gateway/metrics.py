@@ -7,8 +7,8 @@ the live state at scrape time, so they can never drift from it.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from crossover.gateway.admission import Admission
+from crossover.gateway.backends import Pools
 from crossover.gateway.config import POOL_NAMES
 from crossover.gateway.errors import (  # noqa: F401  (the outcomes: re-exported with the other label values)
     BACKEND_ERROR,
@@ -31,12 +32,6 @@ from crossover.gateway.errors import (  # noqa: F401  (the outcomes: re-exported
     UNAUTHORIZED,
     UNAVAILABLE,
 )
-from crossover.gateway.pools import Pools
-from crossover.gateway.routing import Routing
-
-if TYPE_CHECKING:
-    from crossover.gateway.coordination import Coordination
-    from crossover.gateway.in_engine import GateSync
 
 # LLM requests: first tokens from tens of ms (idle) to minutes (deep queues); whole requests up to the total timeout.
 TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -60,8 +55,16 @@ FAILOVER_REASONS = (CONNECT_ERROR, BACKEND_UNAVAILABLE, BACKEND_BUSY, QUEUE_FULL
 SWITCH_BUCKETS_S = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 900, 1800)
 
 
+class RoutingView(Protocol):
+    """What the scrape reads of the live routing state (gateway/topology/routing.py's `Routing`)."""
+
+    threshold: int
+    hysteresis: int
+    state_file_problem: str | None
+
+
 class Metrics:
-    def __init__(self, registry: CollectorRegistry, pools: Pools, routing: Routing, admission: Admission) -> None:
+    def __init__(self, registry: CollectorRegistry, pools: Pools, routing: RoutingView, admission: Admission) -> None:
         self.registry = registry
         # The five families every request updates are kept as plain numbers (`Tally`, `Spread`), read at scrape.
         self.requests = Tally(
@@ -216,7 +219,7 @@ class Spread(Collector):
 
 
 class _StateCollector(Collector):
-    def __init__(self, pools: Pools, routing: Routing, admission: Admission) -> None:
+    def __init__(self, pools: Pools, routing: RoutingView, admission: Admission) -> None:
         self.pools = pools
         self.routing = routing
         self.admission = admission
@@ -261,98 +264,3 @@ class _StateCollector(Collector):
         yield healthy
         yield backend_inflight
         yield scraped
-
-
-class SwitchCollector(Collector):
-    """A time-shared GPU set's live state from `source()` -> (the mode that serves or None, requests held); with no
-    source (the other topologies) no mode and an empty queue. Registered by the topology (gateway/topology.py)."""
-
-    def __init__(self, source: Callable[[], tuple[str | None, int]] | None = None) -> None:
-        self.source = source
-
-    def collect(self) -> Iterator[Metric]:
-        source = self.source
-        mode, queued = source() if source is not None else (None, 0)
-        active = GaugeMetricFamily(
-            "crossover_active_mode", "1 for the mode a time-shared GPU set serves, else 0.", labels=["mode"]
-        )
-        if source is not None:
-            for name in POOL_NAMES:
-                active.add_metric([name], 1.0 if name == mode else 0.0)
-        yield active
-        yield GaugeMetricFamily(
-            "crossover_switch_queued_requests", "Requests held while the GPU set switches modes.", value=queued
-        )
-
-
-class ClusterCollector(Collector):
-    """This replica's place in its cluster (gateway/coordination.py) at scrape time; without a cluster, connected and
-    leader, as a gateway alone is."""
-
-    def __init__(self, coordination: Coordination) -> None:
-        self.coordination = coordination
-
-    def collect(self) -> Iterator[Metric]:
-        coordination = self.coordination
-        yield GaugeMetricFamily(
-            "crossover_cluster_connected",
-            "1 while the cluster's shared state is reachable (else: serving on the last state seen, no switch starts).",
-            value=1 if coordination.connected else 0,
-        )
-        yield GaugeMetricFamily(
-            "crossover_cluster_leader",
-            "1 while this replica holds the lease that lets it act on the GPU set.",
-            value=1 if coordination.leader else 0,
-        )
-        yield CounterMetricFamily(
-            "crossover_cluster_fenced",
-            "Times this replica stepped down because a resource refused its fencing token.",
-            value=coordination.fenced,
-        )
-
-
-class GateCollector(Collector):
-    """An in-engine pool's gates at scrape time (gateway/in_engine.py): each backend's as read back, -1 for none
-    (never read back, or no gate), and whether it is the live one."""
-
-    def __init__(self, sync: GateSync) -> None:
-        self.sync = sync
-
-    def collect(self) -> Iterator[Metric]:
-        gate = GaugeMetricFamily(
-            "crossover_backend_speculation_gate",
-            "Each backend's zero-step gate as read back (batches above it run no draft steps; -1 none).",
-            labels=["backend"],
-        )
-        synced = GaugeMetricFamily(
-            "crossover_backend_gate_in_sync", "1 if the backend's gate is the live threshold.", labels=["backend"]
-        )
-        held = GaugeMetricFamily(
-            "crossover_backend_gate_held_out",
-            "1 while the backend is out of rotation for its gate (none while one is wanted, or unknown).",
-            labels=["backend"],
-        )
-        moved = CounterMetricFamily(
-            "crossover_backend_gate_moved",
-            "Gates moved by someone other than the gateway (then restored).",
-            labels=["backend"],
-        )
-        errors = CounterMetricFamily(
-            "crossover_gate_sync_errors",
-            "Gate calls that failed, by kind (unreachable, malformed, refused, unauthorized, fenced, failed).",
-            labels=["backend", "kind"],
-        )
-        for backend in self.sync.pools.speculative:
-            read = self.sync.gates.get(backend.url)
-            value = read.zero_steps_above_bs if read and read.zero_steps_above_bs is not None else -1
-            gate.add_metric([backend.url], value)
-            synced.add_metric([backend.url], 1 if self.sync.in_sync(backend) else 0)
-            held.add_metric([backend.url], 1 if backend.gate_pending else 0)
-            moved.add_metric([backend.url], self.sync.moved[backend.url])
-        for (url, kind), count in sorted(self.sync.error_counts.items()):
-            errors.add_metric([url, kind], count)
-        yield gate
-        yield synced
-        yield held
-        yield moved
-        yield errors

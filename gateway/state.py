@@ -1,5 +1,5 @@
 """Everything one gateway instance holds at run time, built once by `create_app`: what the admin API and
-the app's own endpoints read. The request path takes only the parts it uses (gateway/proxy.py)."""
+the app's own endpoints read. The request path takes only the parts it uses (gateway/request/proxy.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,12 @@ from dataclasses import dataclass, field
 import httpx
 
 from crossover.gateway.admission import Admission
+from crossover.gateway.backends import Breaker, HealthMonitor, Pools
+from crossover.gateway.cluster import Worker
 from crossover.gateway.config import Settings
-from crossover.gateway.failover import Failover
-from crossover.gateway.health import Breaker, HealthMonitor
-from crossover.gateway.host import Worker
 from crossover.gateway.metrics import Metrics
-from crossover.gateway.pools import Pools
-from crossover.gateway.routing import Routing
-from crossover.gateway.topology import Topology
+from crossover.gateway.request import Failover
+from crossover.gateway.topology import Routing, Topology
 
 
 @dataclass
@@ -37,7 +35,7 @@ class GatewayState:
     started_at: float = field(default_factory=time.time)
     # Set at SIGTERM: /health answers 503 so load balancers stop sending before connections close.
     draining: bool = False
-    # One of `crossover serve --workers N` (gateway/host.py); None: the gateway is this process.
+    # One of `crossover serve --workers N` (gateway/cluster/host.py); None: the gateway is this process.
     worker: Worker | None = None
 
     def snapshot(self) -> dict:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from crossover.gateway.policies import PolicyName
+
 DEFAULT_ADMIN_TIMEOUT_S = 10.0
 
 
@@ -28,7 +30,7 @@ class ApplyError(Exception):
 
 @dataclass(frozen=True)
 class Applied:
-    policy: str
+    policy: PolicyName
     old_threshold: int
     new_threshold: int
     old_hysteresis: int | None
@@ -44,7 +46,7 @@ def _check(response: httpx.Response, what: str) -> dict:
         raise ApplyError(f"{what}: answer is not JSON: {response.text[:300]}") from None
 
 
-def policy_of(state: dict, recommended: dict[str, int | None]) -> str:
+def policy_of(state: dict, recommended: dict[str, int | None]) -> PolicyName:
     """Which recommendation fits the gateway whose /admin/state is `state`; ApplyError if it cannot be told."""
     policy = "switch" if state.get("topology") == "time-shared" else state.get("policy")
     offered = ", ".join(f"{name} = {value}" for name, value in sorted(recommended.items()))

@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from crossover.gateway.policies import PolicyName
+from crossover.loadtest.uncertainty import Verdict
 
 SCHEMA_VERSION = 1
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -244,7 +247,7 @@ class Evidence(_Model):
         description="tok/s: plain - speculative must exceed this (either way) to tell them apart here "
         "(combined 95% intervals, at least the resolution); null for exact curves.",
     )
-    verdict: Literal["speculative", "plain", "tie"] | None = Field(
+    verdict: Verdict | None = Field(
         None, description="Which target is clearly ahead at this level; tie: within the margin."
     )
     speculative_failed: int = 0
@@ -264,6 +267,10 @@ class RecommendedThreshold(_Model):
         description="For the spillover policy: the speculative pool's in-flight cap with the best worst-case "
         "efficiency over the measured levels.",
     )
+
+
+# One field for each of the gateway's policies, named as the policy (apply.py looks a gateway's policy up by name).
+assert set(RecommendedThreshold.model_fields) == set(get_args(PolicyName)), "a policy without its threshold"
 
 
 class Crossover(_Model):

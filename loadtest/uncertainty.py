@@ -23,6 +23,8 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
+from crossover.gateway.modes import Mode
+
 # Sub-windows per level for the batch-means interval: enough for a usable sd, few enough that each holds
 # several requests' worth of tokens at the default window.
 BATCHES = 5
@@ -36,7 +38,8 @@ _T_975 = {
 # Relative difference below which two throughputs at one level are not told apart.
 DEFAULT_RESOLUTION = 0.03
 
-Verdict = Literal["speculative", "plain", "tie"]
+# Which mode's target is clearly ahead at a level, or neither.
+Verdict = Literal[Mode, "tie"]
 
 
 def batch_means_interval(batch_throughputs: Sequence[float]) -> tuple[float, float] | None:

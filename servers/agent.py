@@ -15,7 +15,7 @@ perform restart switches (stop one configuration, start the other) on this box.
 ServerStatus is the agent contract's (crossover/gateway/agent_contract.py, with its JSON Schema). Everything
 but /health and /metrics needs `Authorization: Bearer <token>` (401 otherwise): the check sits on the routes
 themselves, so no URL a client can shape (its Host header, a `?` or `#` in it) decides whether it runs. The
-request head is bounded in size and time as the gateway's is (gateway/client_http.py). The token comes from a
+request head is bounded in size and time as the gateway's is (gateway/wire/client_http.py). The token comes from a
 file or the environment (argv shows in `ps`), is never empty or blank, and is never passed on to the servers
 the agent starts. One operation at a time per GPU set: a second one on overlapping GPUs gets 409, and so does a
 start while another server holds the GPUs (stop it first: that is what a restart switch is). Operations run
@@ -26,7 +26,7 @@ memory change nothing (SGLang 0.5.23 dies on a resume of memory it holds). Serve
 reads the state dir and reports them, it never starts a duplicate.
 
 Every POST (and a lease holder's GET of one server) may carry the lease's fencing token (`X-Crossover-Fence: N`,
-gateway/fence.py): the agent remembers the highest token each GPU set accepted (servers/agent_fence.py, in the
+gateway/engines/fence.py): the agent remembers the highest token each GPU set accepted (servers/agent_fence.py, in the
 state dir, so a restart does not forget it) and refuses a lower one with 409 `fenced` before anything else is
 looked at - counted in crossover_agent_fenced_total and logged. A call without the header is a gateway without a
 cluster, accepted.
@@ -47,16 +47,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import BaseModel, ConfigDict, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from crossover.gateway.agent_contract import (
+from crossover.gateway.engines import (
+    FENCE_HEADER,
+    FENCED,
     OPERATIONS,
     SERVER_STATES,
     Operation,
     ServerList,
     ServerState,
     ServerStatus,
+    parse_fence,
 )
-from crossover.gateway.client_http import client_protocol
-from crossover.gateway.fence import FENCE_HEADER, FENCED, parse_fence
+from crossover.gateway.wire import client_protocol
 from crossover.servers.agent_fence import AgentFences
 from crossover.servers.profile import Profile, Server
 from crossover.servers.supervisor import Supervisor

@@ -1,4 +1,4 @@
-"""The agent's side of the fencing token (gateway/fence.py): the highest token each GPU accepted, on disk.
+"""The agent's side of the fencing token (gateway/engines/fence.py): the highest token each GPU accepted, on disk.
 
     fences = AgentFences(profile, state_dir)
     refused = fences.admit("plain", 7)   # None: accepted (and remembered); else the refusal's message
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from crossover.gateway.fence import refusal
+from crossover.gateway.engines import refusal
 from crossover.servers.profile import Profile, Server
 
 FENCE_FILE = "fence.json"

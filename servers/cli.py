@@ -25,8 +25,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from crossover.gateway.agent_contract import TOKEN_ENV
 from crossover.gateway.cli import listen_error, port
+from crossover.gateway.engines import TOKEN_ENV, EngineName
+from crossover.servers.profile import ENGINE_TITLES
 
 SERVERS_COMMAND_GROUP = "crossover.servers_commands"
 FOREGROUND_CHECK_S = 1.0  # --foreground: how often it looks for servers that exited
@@ -148,7 +149,8 @@ def _plan(args: argparse.Namespace) -> int:
     else:
         print(f"profile {profile.name}: {profile.description}")
         engines = sorted({server.plays for server in profile.servers})
-        releases = {"sglang": f"SGLang {profile.sglang_version}", "vllm": "vLLM"}
+        # A profile pins SGLang's release (its flag names); vLLM's it leaves to the venv.
+        releases = {**ENGINE_TITLES, "sglang": f"{ENGINE_TITLES['sglang']} {profile.sglang_version}"}
         print(f"topology {profile.topology}, {', '.join(releases[e] for e in engines)}", end="")
         if profile.time_shared is not None:
             ts = profile.time_shared
@@ -189,17 +191,18 @@ def _report_patch(python: str, profile) -> int:
 def _check_with_sglang(python: str, profile, commands) -> int:
     from crossover.servers.sglang_check import SGLangCheckError, parse_errors
 
-    return _check_with("sglang", "SGLang", parse_errors, SGLangCheckError, python, profile, commands)
+    return _check_with("sglang", parse_errors, SGLangCheckError, python, profile, commands)
 
 
 def _check_with_vllm(python: str, profile, commands) -> int:
     from crossover.servers.vllm_check import VLLMCheckError, parse_errors
 
-    return _check_with("vllm", "vLLM", parse_errors, VLLMCheckError, python, profile, commands)
+    return _check_with("vllm", parse_errors, VLLMCheckError, python, profile, commands)
 
 
-def _check_with(engine: str, title: str, parse_errors, failure: type[Exception], python: str, profile, commands) -> int:
+def _check_with(engine: EngineName, parse_errors, failure: type[Exception], python: str, profile, commands) -> int:
     """Each `engine` server's argv through that engine's own parser, in `python`; 1 if any is refused."""
+    title = ENGINE_TITLES[engine]
     checked = [c for c in commands if profile.server(c.name).engine == engine]
     try:
         errors = parse_errors(python, [c.server_args for c in checked])

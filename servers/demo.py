@@ -34,13 +34,17 @@ import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import get_args
 
-from crossover.gateway.agent_contract import TOKEN_ENV
 from crossover.gateway.cli import listen_error, non_negative_int, port, positive_float
-from crossover.gateway.engines import ENGINE_NAMES, EngineName, adapter
+from crossover.gateway.config import TopologyName
+from crossover.gateway.engines import DEFAULT_ENGINE, ENGINE_NAMES, TOKEN_ENV, EngineName, adapter
+from crossover.gateway.policies import POLICIES, PolicyName
+from crossover.servers.profile import ENGINE_TITLES, ServerMechanism
 
 HOST = "127.0.0.1"
-ENGINE_TITLES = {"sglang": "SGLang", "vllm": "vLLM"}
+# The gateway's topologies but in-engine (the demo's stand-ins are two pools' servers, not one gated engine).
+TOPOLOGIES: tuple[TopologyName, ...] = tuple(t for t in get_args(TopologyName) if t != "in-engine")
 MODEL = "moonshotai/Kimi-K2.5"  # the stand-in profiles' served name, and k25-eagle3's / k25-plain's
 PROFILES = {"speculative": "k25-eagle3", "plain": "k25-plain"}
 TIME_SHARED_PROFILE = "standin-time-shared"
@@ -70,26 +74,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--port", type=port, default=8000, help="gateway port (default: 8000)")
     demo.add_argument(
         "--topology",
-        choices=["partitioned", "time-shared"],
+        choices=list(TOPOLOGIES),
         default="partitioned",
         help="partitioned: both pools serve at once; time-shared: one at a time (default: partitioned)",
     )
     demo.add_argument(
         "--mechanism",
-        choices=["sleep", "restart"],
+        choices=list(get_args(ServerMechanism)),
         default="sleep",
         help="time-shared: how a switch happens - sleep/wake, or restart through a local agent (default: sleep)",
     )
     demo.add_argument(
         "--engine",
         choices=list(ENGINE_NAMES),
-        default="sglang",
+        default=DEFAULT_ENGINE,
         help="whose HTTP surface the stand-ins play, and the pools' engine (default: sglang)",
     )
     demo.add_argument("--admin-token", help="admin API token (default: a random one, printed)")
     demo.add_argument(
         "--policy",
-        choices=["switch", "spillover"],
+        choices=list(POLICIES),
         default="spillover",
         help="partitioned routing policy (default: spillover; time-shared always switches)",
     )
@@ -125,13 +129,13 @@ def _crossover(*argv: str) -> list[str]:
     return [sys.executable, "-m", "crossover.gateway.cli", *argv]
 
 
-def start_standin(profile: str, port: int, time_scale: float, engine: EngineName = "sglang") -> subprocess.Popen:
+def start_standin(profile: str, port: int, time_scale: float, engine: EngineName = DEFAULT_ENGINE) -> subprocess.Popen:
     from crossover.servers import process
+    from crossover.servers.launch import sim_engine_args
 
     argv = _crossover("sim", "serve", "--profile", profile, "--host", HOST, "--port", str(port))
-    if engine == "vllm":
-        # As vLLM with --enable-sleep-mode (and its dev mode): the time-shared demo sleeps and wakes it.
-        argv += ["--engine", "vllm", "--enable-sleep-mode"]
+    # Playing vLLM, as vLLM with --enable-sleep-mode (and its dev mode): the time-shared demo sleeps and wakes it.
+    argv += sim_engine_args(engine, sleeps=True)
     # The demo shows routing, not the minutes of weight loading the k25 profiles model.
     argv += ["--time-scale", str(time_scale), "--startup-delay", "0"]
     # The demo starts its stand-ins before it runs any thread, so they can die with it.
@@ -162,7 +166,7 @@ def banner(url: str, token: str, lines: list[str]) -> str:
     )
 
 
-def time_shared_lines(url: str, token: str, mechanism: str, threshold: int) -> list[str]:
+def time_shared_lines(url: str, token: str, mechanism: ServerMechanism, threshold: int) -> list[str]:
     # A closed loop of long non-streamed answers: LOAD_STEP_CLIENTS in flight at little CPU of the machine's.
     step = (
         f"{_python()} -m crossover.loadtest.proxybench.loadgen --url {url} --model {MODEL} "
@@ -184,7 +188,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 async def _serve(settings, text: str) -> None:
-    from crossover.gateway.server import make_server
+    from crossover.gateway.serve import make_server
 
     server = make_server(settings)
     serving = asyncio.create_task(server.serve())
@@ -204,7 +208,7 @@ class _Started:
 
 
 def _partitioned(
-    started: _Started, policy: str, threshold: int, time_scale: float, engine: EngineName
+    started: _Started, policy: PolicyName, threshold: int, time_scale: float, engine: EngineName
 ) -> tuple[dict, list[str]]:
     from crossover.servers import process
 
@@ -237,7 +241,12 @@ def _time_shared_profile(ports: dict[str, int], time_scale: float, folder: Path,
 
 
 def _time_shared(
-    started: _Started, mechanism: str, threshold: int | None, time_scale: float, folder: Path, engine: EngineName
+    started: _Started,
+    mechanism: ServerMechanism,
+    threshold: int | None,
+    time_scale: float,
+    folder: Path,
+    engine: EngineName,
 ) -> tuple[dict, list[str]]:
     import httpx
 
@@ -283,12 +292,12 @@ def _time_shared(
 def run(
     port: int,
     admin_token: str | None,
-    policy: str,
+    policy: PolicyName,
     threshold: int | None,
     time_scale: float | None,
-    topology: str = "partitioned",
-    mechanism: str = "sleep",
-    engine: EngineName = "sglang",
+    topology: TopologyName = "partitioned",
+    mechanism: ServerMechanism = "sleep",
+    engine: EngineName = DEFAULT_ENGINE,
 ) -> int:
     import httpx
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from crossover.gateway import vllm
-from crossover.servers.profile import Profile, Server
+from crossover.gateway.engines import DEFAULT_ENGINE, EngineName, vllm
+from crossover.servers.profile import SIM_SLEEP_ARGS, Profile, Server, ServerEngine
 
 
 class LaunchError(ValueError):
@@ -77,17 +78,9 @@ def launch_commands(profile: Profile) -> list[LaunchCommand]:
 
 def launch_command(profile: Profile, server: Server) -> LaunchCommand:
     env = dict(server.env)
-    if server.engine == "sim":
-        command, args = sim_command(), sim_args(profile, server)
-    elif server.engine == "vllm":
-        command, args = list(profile.vllm_command), vllm_args(profile, server)
-        if profile.sleeps:
-            # vLLM serves /sleep, /wake_up and /is_sleeping only in its dev mode.
-            env.setdefault(vllm.DEV_MODE_ENV, "1")
-    else:
-        command, args = list(profile.sglang_command), sglang_args(profile, server)
-        if server.device == "cpu":
-            env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    command, args, defaults = LAUNCHES[server.engine](profile, server)
+    for key, value in defaults.items():
+        env.setdefault(key, value)
     if server.gpus and server.engine != "sim":
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in server.gpus))
     return LaunchCommand(
@@ -98,6 +91,33 @@ def launch_command(profile: Profile, server: Server) -> LaunchCommand:
         server_args=args,
         admin_api_key_file=server.admin_api_key_file,
     )
+
+
+# (engine command, its flags, environment the profile's `env` may override) of one server.
+Launch = tuple[list[str], list[str], dict[str, str]]
+
+
+def _sglang_launch(profile: Profile, server: Server) -> Launch:
+    env = {"SGLANG_USE_CPU_ENGINE": "1"} if server.device == "cpu" else {}
+    return list(profile.sglang_command), sglang_args(profile, server), env
+
+
+def _vllm_launch(profile: Profile, server: Server) -> Launch:
+    # vLLM serves /sleep, /wake_up and /is_sleeping only in its dev mode.
+    env = {vllm.DEV_MODE_ENV: "1"} if profile.sleeps else {}
+    return list(profile.vllm_command), vllm_args(profile, server), env
+
+
+def _sim_launch(profile: Profile, server: Server) -> Launch:
+    return sim_command(), sim_args(profile, server), {}
+
+
+# How a server of each engine is started.
+LAUNCHES: dict[ServerEngine, Callable[[Profile, Server], Launch]] = {
+    "sglang": _sglang_launch,
+    "vllm": _vllm_launch,
+    "sim": _sim_launch,
+}
 
 
 def metric_labels(server: Server) -> str:
@@ -180,6 +200,12 @@ def sim_command() -> list[str]:
     return [sys.executable, "-m", "crossover.gateway.cli", "sim", "serve"]
 
 
+def sim_engine_args(engine: EngineName, *, sleeps: bool) -> list[str]:
+    """`crossover sim serve`'s flags to play `engine` (SGLang unless told), and to sleep and wake when `sleeps`."""
+    args = [] if engine == DEFAULT_ENGINE else ["--engine", engine]
+    return args + (SIM_SLEEP_ARGS[engine] if sleeps else [])
+
+
 def sim_args(profile: Profile, server: Server) -> list[str]:
     assert server.sim is not None
     args = ["--profile", server.sim.profile, "--host", server.host, "--port", str(server.port)]
@@ -193,6 +219,5 @@ def sim_args(profile: Profile, server: Server) -> list[str]:
         args += ["--admin-api-key-file", server.admin_api_key_file]  # the stand-in reads it: the key stays off ps
     if profile.topology == "in-engine":
         args.append("--speculation-gate")  # the stand-in plays a patched server
-    if server.sim.engine == "vllm":
-        args += ["--engine", "vllm"] + (["--enable-sleep-mode"] if profile.sleeps else [])
+    args += sim_engine_args(server.sim.engine, sleeps=profile.sleeps)
     return [*args, *server.extra_args]

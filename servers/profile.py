@@ -12,14 +12,16 @@ is `fit.py`'s.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from crossover.gateway.config import Mechanism, TopologyName
 from crossover.gateway.engines import EngineName
-from crossover.gateway.modes import Mode
+from crossover.gateway.modes import MODES, Mode
 
 # The SGLang release whose flags this code writes. Flags differ between releases (0.5.23 has only
 # --cuda-graph-max-bs-decode; older 0.5.x have --cuda-graph-max-bs), so a profile names the one it targets.
@@ -37,6 +39,16 @@ PROFILE_SUFFIX = ".toml"
 Role = Mode
 # "cpu": SGLang's CPU engine as the registry's wheel runs it (tests, rehearsals on a box without GPUs; sglang.md).
 Device = Literal["cuda", "cpu"]
+# A server runs one of the gateway's engines, or "sim": a stand-in (`crossover sim serve`) that plays one.
+ServerEngine = Literal[EngineName, "sim"]
+# How crossover names each engine to people (plans, banners, the stand-in's notes).
+ENGINE_TITLES: dict[EngineName, str] = {"sglang": "SGLang", "vllm": "vLLM"}
+# The gateway's topologies, and a profile's own "adaptive": one EAGLE-3 server that picks its draft steps itself
+# (--speculative-adaptive); a gateway in front of it has one pool and nothing to route.
+ProfileTopology = Literal[TopologyName, "adaptive"]
+# How a time-shared profile's servers switch: the gateway's mechanisms less "manual" (an operator's, no server's).
+ServerMechanism = Literal["restart", "sleep"]
+assert set(get_args(ServerMechanism)) <= set(get_args(Mechanism)), "a server mechanism the gateway does not know"
 
 
 class ProfileError(ValueError):
@@ -86,10 +98,15 @@ class Sim(_Strict):
     startup_delay_s: float = Field(default=0.0, ge=0)
 
 
+# What a stand-in playing each engine is told so that it sleeps and wakes: vLLM's --enable-sleep-mode, as vLLM is
+# (the SGLang stand-in always has its memory saver).
+SIM_SLEEP_ARGS: dict[EngineName, list[str]] = {"sglang": [], "vllm": ["--enable-sleep-mode"]}
+
+
 class Server(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=40)
     role: Role
-    engine: Literal["sglang", "vllm", "sim"] = "sglang"
+    engine: ServerEngine = "sglang"
     device: Device = "cuda"
     model_path: str | None = None
     served_model_name: str | None = None
@@ -152,11 +169,12 @@ class Server(_Strict):
                 raise ValueError(f"{where}: engine 'sim' needs a [servers.sim] table (its sim profile)")
             if self.device != "cuda":
                 raise ValueError(f"{where}: device belongs to a real engine; a stand-in simulates its GPUs")
-        if self.plays == "vllm":
-            self._vllm_fits(where)
-        elif self.speculative is not None and self.speculative.vllm_config:
-            raise ValueError(f"{where}: speculative.vllm_config belongs to a vLLM server")
+        _FITS[self.plays](self, where)
         return self
+
+    def _sglang_fits(self, where: str) -> None:
+        if self.speculative is not None and self.speculative.vllm_config:
+            raise ValueError(f"{where}: speculative.vllm_config belongs to a vLLM server")
 
     def _vllm_fits(self, where: str) -> None:
         """What a vLLM server cannot be asked for: SGLang-only settings are refused, not silently dropped."""
@@ -205,8 +223,12 @@ class Server(_Strict):
         return self.engine == "sglang" and self.speculative is not None and self.max_running_requests is None
 
 
+# What a server playing each engine cannot be asked for (the message names the field); raises ValueError.
+_FITS: dict[EngineName, Callable[[Server, str], None]] = {"sglang": Server._sglang_fits, "vllm": Server._vllm_fits}
+
+
 class TimeShared(_Strict):
-    mechanism: Literal["restart", "sleep"]
+    mechanism: ServerMechanism
     initial: str = Field(min_length=1, description="the server (mode) active after `up`")
 
 
@@ -216,7 +238,7 @@ class Profile(_Strict):
     # The SGLang release whose flags it writes (a profile of vLLM servers only may leave it out).
     sglang_version: str | None = None
     # in-engine: a pool of EAGLE-3 servers patched with patches/sglang-0.5.23, the gateway moving their gate.
-    topology: Literal["partitioned", "time-shared", "adaptive", "in-engine"]
+    topology: ProfileTopology
     time_shared: TimeShared | None = None
     # Extra host memory kept free beyond the released weights (sleep): the OS, page cache, the gateway.
     host_memory_headroom_gb: float = Field(default=16.0, ge=0)
@@ -247,7 +269,7 @@ class Profile(_Strict):
         ports = [(s.host, s.port) for s in self.servers]
         if len(set(ports)) != len(ports):
             raise ValueError(f"two servers listen on the same host and port: {ports}")
-        if self.topology in ("partitioned", "time-shared") and roles != ["plain", "speculative"]:
+        if self.topology in ("partitioned", "time-shared") and roles != sorted(MODES):
             raise ValueError(f"topology {self.topology!r} needs one 'speculative' and one 'plain' server, got {roles}")
         if self.topology == "time-shared":
             if self.time_shared is None:

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import httpx
 
-from crossover.gateway import engines, sglang
-from crossover.gateway.agent_contract import TOKEN_ENV, ServerState, ServerStatus
+from crossover.gateway import engines
+from crossover.gateway.engines import TOKEN_ENV, ServerState, ServerStatus, sglang
 from crossover.servers import fit
 from crossover.servers.launch import LaunchError, launch_command, read_admin_key
 from crossover.servers.process import spawn
@@ -336,7 +336,7 @@ class Supervisor:
                     )
                 await asyncio.sleep(POLL_S)
 
-    async def _admin(self, name: str, record: ServerRecord, call: sglang.ControlCall) -> None:
+    async def _admin(self, name: str, record: ServerRecord, call: engines.ControlCall) -> None:
         # SGLang's release/resume are ADMIN_OPTIONAL: with --admin-api-key they take that key and nothing else. The
         # file is read now, as at start, so a key rotated with the file is the one sent.
         key_file = self.profile.server(name).admin_api_key_file
@@ -346,7 +346,7 @@ class Supervisor:
             raise SupervisorError(f"{name}: {exc}") from None
         async with httpx.AsyncClient(timeout=httpx.Timeout(RELEASE_TIMEOUT_S, connect=5.0), trust_env=False) as c:
             try:
-                await sglang.control(c, record.url, call, headers=headers, timeout=RELEASE_TIMEOUT_S)
+                await engines.control(c, record.url, call, headers=headers, timeout=RELEASE_TIMEOUT_S)
             except sglang.SGLangError as exc:
                 raise SupervisorError(str(exc)) from None
 
@@ -354,4 +354,4 @@ class Supervisor:
 async def _generate_once(client: httpx.AsyncClient, server: Server) -> str | None:
     """None when the server generated one token, else why not (the gateway's verify, shared)."""
     timeout = PROBE_TIMEOUT.read or 30.0
-    return await sglang.generate_once(client, server.url, timeout=timeout, model=server.served_model_name)
+    return await engines.generate_once(client, server.url, timeout=timeout, model=server.served_model_name)

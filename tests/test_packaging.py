@@ -73,3 +73,18 @@ def test_every_subcommand_answers_help_without_the_extras(fresh_venv, tmp_path):
             assert nested.returncode == 0 and "usage: crossover" in nested.stdout, (command, sub, nested.stderr)
             checked += 1
     assert checked >= 10  # sim serve/curve/steps/replay, servers plan/up/down/status/adaptive-config/agent, ...
+
+
+def test_every_package_in_the_tree_is_in_the_distribution():
+    """pyproject.toml names its packages (package-dir maps the folders): one left out installs editable and is
+    missing from the wheel."""
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {name: ROOT / folder for name, folder in setuptools["package-dir"].items()}
+    found = set()
+    for name, folder in folders.items():
+        for init in folder.rglob("__init__.py"):
+            parts = init.parent.relative_to(folder).parts
+            found.add(".".join([name, *parts]))
+    assert found == set(setuptools["packages"])

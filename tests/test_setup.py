@@ -7,7 +7,7 @@ import re
 import shlex
 from pathlib import Path
 
-from tests.gateway.test_client_http_uvicorn import FLOOR_VENV
+from tests.gateway.wire.test_client_http_uvicorn import FLOOR_VENV
 from tests.real_sglang.conftest import SERVE_VENV
 from tests.real_vllm.conftest import VENV as VLLM_VENV
 from tests.servers.conftest import SGLANG_VENV

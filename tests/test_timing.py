@@ -81,11 +81,11 @@ def test_the_suite_marks_what_the_hand_kept_list_named_and_the_test_it_missed():
         "tests/loadtest/test_bench_uncertainty.py",
         "tests/loadtest/test_standin.py",
         "tests/loadtest/test_runner.py",
-        "tests/gateway/test_health.py",
+        "tests/gateway/backends/test_health.py",
         "tests/gateway/test_admission.py",
-        "tests/gateway/test_switching.py",
-        "tests/gateway/test_switching_restart.py",
-        "tests/gateway/test_switching_recovery.py",
+        "tests/gateway/topology/switching/test_controller.py",
+        "tests/gateway/topology/switching/test_controller_restart.py",
+        "tests/gateway/topology/switching/test_controller_recovery.py",
     ]
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:xdist", "--collect-only", "-q", "-m", "timing", *listed],

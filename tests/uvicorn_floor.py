@@ -2,10 +2,10 @@
 
     python -m tests.uvicorn_floor build .venv-uvicorn-floor    # once, ~1 min; skipped when built
 
-gateway/client_http.py builds on uvicorn's internals (`UVICORN_INTERNALS`), which any release may change: the floor
+gateway/wire/client_http.py builds on uvicorn's internals (`UVICORN_INTERNALS`), which any release may change: the floor
 in pyproject.toml is the first release that has them all and behaves as the module relies on. This venv holds
 `uvicorn[standard]` at exactly that floor, the project (editable, from this checkout) with its other dependencies as
-pip resolves them beside it, and pytest: tests/gateway/test_client_http_uvicorn.py runs the client protocol's tests
+pip resolves them beside it, and pytest: tests/gateway/wire/test_client_http_uvicorn.py runs the client protocol's tests
 with its Python. The floor is read from pyproject.toml, so raising it there rebuilds the venv on the next build.
 """
 

@@ -10,7 +10,7 @@ shared machine hits all targets alike; a cell's row per target is the median of 
 clients start spread over one stream's length (`loadgen --ramp`), not as one burst. Every process it
 starts runs in its own process group and is stopped on the way out. Each peer runs from its own venv
 (created on first use as .venv-<name> in --venvs); crossover runs on --crossover-python, this Python unless
-told (how a Python was built changes what crossover costs: README, "Performance"). Every target's CPU time
+told (how a Python was built changes what crossover costs: loadtest/proxybench/RESULTS.md). Every target's CPU time
 (its whole process tree, from /proc) is measured over each cell's window by the load generator. Exit
 status: 0 if every bar line that could be checked passed, 1 if one failed, 2 if the run could not be set up.
 

@@ -14,11 +14,12 @@ import dataclasses
 import logging
 import random
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
-from typing import Any, Literal
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -28,20 +29,44 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from crossover.gateway.engines import DEFAULT_ENGINE, EngineName, adapter
+from crossover.servers.profile import ENGINE_TITLES, SIM_SLEEP_ARGS
 from crossover.servers.sim import generation
 from crossover.servers.sim.engine import PAUSE_MODES, Engine
 from crossover.servers.sim.generation import TooLarge, json_response, read_json
 from crossover.servers.sim.live import MEMORY_TAGS, Busy, LiveEngine
 from crossover.servers.sim.metrics import SimMetrics
-from crossover.servers.sim.openai_format import SGLANG_ERRORS, VLLM_ERRORS, WEIGHT_VERSION, BadRequest, error_body
+from crossover.servers.sim.openai_format import (
+    SGLANG_ERRORS,
+    VLLM_ERRORS,
+    WEIGHT_VERSION,
+    BadRequest,
+    ErrorShape,
+    error_body,
+)
 from crossover.servers.sim.profile import Profile
 from crossover.servers.sim.speculation_gate import GateMetrics, StandInGate, bearer_matches, gate_routes
-from crossover.servers.sim.vllm_surface import VLLM_VERSION, vllm_routes
+from crossover.servers.sim.vllm_surface import VLLM_VERSION, Route, vllm_routes
 
 SGLANG_VERSION = "0.5.23"  # the release whose surface the stand-in mirrors
 LOAD_SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")
 # Requests still open at SIGTERM are aborted first; anything left after this long is cancelled.
 SHUTDOWN_GRACE_S = 1.0
+
+
+@dataclass(frozen=True)
+class Surface:
+    """What differs between the engines the stand-in plays (`--engine`), besides their routes (create_app's)."""
+
+    errors: ErrorShape
+    # A request while the memory is released: refused, 503 (SGLang), or held until it is resumed (vLLM asleep).
+    refuses_released: bool
+
+
+SURFACES: dict[EngineName, Surface] = {
+    "sglang": Surface(SGLANG_ERRORS, refuses_released=True),
+    "vllm": Surface(VLLM_ERRORS, refuses_released=False),
+}
 
 
 @dataclass(frozen=True)
@@ -62,7 +87,7 @@ class SimSettings:
     # so do pause/continue and release/resume (SGLang's ADMIN_OPTIONAL endpoints: open only while no key is set).
     admin_api_key: str | None = None
     # The engine it plays: SGLang's surface, or vLLM's (vllm_surface.py: its endpoints, metric names, errors).
-    engine: Literal["sglang", "vllm"] = "sglang"
+    engine: EngineName = DEFAULT_ENGINE
     # vLLM's --enable-sleep-mode (with VLLM_SERVER_DEV_MODE=1): /sleep, /wake_up and /is_sleeping.
     sleep_mode: bool = False
 
@@ -108,12 +133,12 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         num_spec_steps=spec.num_steps if spec else 0,
         engine=settings.engine,
     )
-    vllm = settings.engine == "vllm"
-    errors = VLLM_ERRORS if vllm else SGLANG_ERRORS
-    if vllm and settings.speculation_gate:
-        raise ValueError("--speculation-gate is an SGLang patch's: vLLM has no run-time speculation gate")
-    if settings.sleep_mode and not vllm:
-        raise ValueError("--enable-sleep-mode is vLLM's: the SGLang stand-in always has its memory saver")
+    surface, title = SURFACES[settings.engine], ENGINE_TITLES[settings.engine]
+    errors = surface.errors
+    if settings.speculation_gate and not adapter(settings.engine).has_gate:
+        raise ValueError(f"--speculation-gate is an SGLang patch's: {title} has no run-time speculation gate")
+    if settings.sleep_mode and not SIM_SLEEP_ARGS[settings.engine]:
+        raise ValueError(f"--enable-sleep-mode is vLLM's: the {title} stand-in always has its memory saver")
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -123,7 +148,7 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         finally:
             await live.stop()
 
-    app = FastAPI(title=f"crossover sim: a simulated {'vLLM' if vllm else 'SGLang'} server", lifespan=lifespan)
+    app = FastAPI(title=f"crossover sim: a simulated {title} server", lifespan=lifespan)
     # As SGLang's HTTP server: every response then says `vary: Origin`.
     app.add_middleware(
         CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"], allow_headers=["*"]
@@ -132,8 +157,7 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
         # Unknown paths and methods: the same error body as every other failure, not FastAPI's {"detail"}.
-        phrase = HTTPStatus(exc.status_code).phrase
-        err_type = phrase if vllm else phrase.replace(" ", "")
+        err_type = errors.http_type(HTTPStatus(exc.status_code).phrase)
         return json_response(errors.body(str(exc.detail), status=exc.status_code, err_type=err_type), exc.status_code)
 
     @app.exception_handler(ClientDisconnect)
@@ -142,7 +166,7 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         return Response(status_code=499)
 
     app.state.live, app.state.metrics = live, metrics
-    generation.register(app, live, metrics, profile, errors, refuse_released=not vllm)
+    generation.register(app, live, metrics, profile, errors, refuse_released=surface.refuses_released)
 
     async def health() -> Response:
         return Response(status_code=200 if live.healthy else 503)
@@ -281,40 +305,48 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         # vLLM's /server_info (dev mode) dumps its config; the stand-in's says what it simulates, as SGLang's does.
         return json_response({"version": VLLM_VERSION, **simulation_report(settings, live)})
 
-    if vllm:
-        for path, endpoint, methods in [
-            *vllm_routes(live, model_card(profile, "vllm"), sleep_mode=settings.sleep_mode),
+    def vllm_surface() -> list[Route]:
+        return [
+            *vllm_routes(live, model_card(profile, settings.engine), sleep_mode=settings.sleep_mode),
             ("/metrics", metrics_endpoint, ["GET"]),
             ("/server_info", vllm_server_info, ["GET"]),
-        ]:
-            app.add_api_route(path, endpoint, methods=methods)
-        return app
-    routes: list[tuple[str, Any, list[str]]] = []
-    if settings.speculation_gate:
-        if spec is None:
-            raise ValueError("--speculation-gate needs a speculative profile (the gate sends batches to zero steps)")
-        gate = StandInGate(live.engine, spec.num_steps, admin_api_key=settings.admin_api_key)
-        metrics.registry.register(GateMetrics(gate, {"model_name": profile.model_name, **settings.extra_metric_labels}))
-        routes += gate_routes(gate)
-    routes += [
-        ("/health", health, ["GET"]),
-        ("/health_generate", health, ["GET"]),
-        ("/ready", health, ["GET"]),
-        ("/model_info", model_info, ["GET"]),
-        ("/get_model_info", model_info, ["GET"]),
-        ("/server_info", server_info, ["GET"]),
-        ("/get_server_info", server_info, ["GET"]),
-        ("/v1/models", models, ["GET"]),
-        ("/v1/models/{model:path}", model, ["GET"]),
-        ("/v1/loads", loads, ["GET"]),
-        ("/metrics", metrics_endpoint, ["GET"]),
-        ("/flush_cache", flush_cache, ["GET", "POST"]),
-        ("/pause_generation", pause_generation, ["POST"]),
-        ("/continue_generation", continue_generation, ["POST"]),
-        ("/release_memory_occupation", release_memory, ["GET", "POST"]),
-        ("/resume_memory_occupation", resume_memory, ["GET", "POST"]),
-    ]
-    for path, endpoint, methods in routes:
+        ]
+
+    def sglang_surface() -> list[Route]:
+        routes: list[Route] = []
+        if settings.speculation_gate:
+            if spec is None:
+                raise ValueError(
+                    "--speculation-gate needs a speculative profile (the gate sends batches to zero steps)"
+                )
+            gate = StandInGate(live.engine, spec.num_steps, admin_api_key=settings.admin_api_key)
+            metrics.registry.register(
+                GateMetrics(gate, {"model_name": profile.model_name, **settings.extra_metric_labels})
+            )
+            routes += gate_routes(gate)
+        return [
+            *routes,
+            ("/health", health, ["GET"]),
+            ("/health_generate", health, ["GET"]),
+            ("/ready", health, ["GET"]),
+            ("/model_info", model_info, ["GET"]),
+            ("/get_model_info", model_info, ["GET"]),
+            ("/server_info", server_info, ["GET"]),
+            ("/get_server_info", server_info, ["GET"]),
+            ("/v1/models", models, ["GET"]),
+            ("/v1/models/{model:path}", model, ["GET"]),
+            ("/v1/loads", loads, ["GET"]),
+            ("/metrics", metrics_endpoint, ["GET"]),
+            ("/flush_cache", flush_cache, ["GET", "POST"]),
+            ("/pause_generation", pause_generation, ["POST"]),
+            ("/continue_generation", continue_generation, ["POST"]),
+            ("/release_memory_occupation", release_memory, ["GET", "POST"]),
+            ("/resume_memory_occupation", resume_memory, ["GET", "POST"]),
+        ]
+
+    # Each engine's endpoints over the same live engine.
+    surfaces: dict[EngineName, Callable[[], list[Route]]] = {"sglang": sglang_surface, "vllm": vllm_surface}
+    for path, endpoint, methods in surfaces[settings.engine]():
         app.add_api_route(path, endpoint, methods=methods)
     return app
 
@@ -340,7 +372,7 @@ def simulation_report(settings: SimSettings, live: LiveEngine) -> dict[str, Any]
     """What `/server_info` says of the stand-in itself, whichever engine it plays (`crossover bench` reads it to
     tell a stand-in that kept up with its schedule from one that fell behind)."""
     profile, spec = settings.profile, settings.profile.speculative
-    engine = "vLLM" if settings.engine == "vllm" else "SGLang"
+    engine = ENGINE_TITLES[settings.engine]
     return {
         "schedule": live.schedule_report(),
         "simulated": True,

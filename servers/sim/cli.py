@@ -23,6 +23,7 @@ from crossover.gateway.cli import (
     positive_int,
     positive_int_list,
 )
+from crossover.gateway.engines import DEFAULT_ENGINE, ENGINE_NAMES
 from crossover.servers.sim.replay import DEFAULT_STOP_S, MECHANISMS
 
 DEFAULT_HOST = "127.0.0.1"
@@ -90,8 +91,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--engine",
-        choices=["sglang", "vllm"],
-        default="sglang",
+        choices=list(ENGINE_NAMES),
+        default=DEFAULT_ENGINE,
         help="the engine whose HTTP surface it plays: endpoints, metric names, error shapes (default: sglang)",
     )
     serve.add_argument(
@@ -229,6 +230,8 @@ def _fail(message: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from crossover.gateway.engines import adapter
+    from crossover.servers.profile import ENGINE_TITLES, SIM_SLEEP_ARGS
     from crossover.servers.sim.app import SimSettings, run
     from crossover.servers.sim.profile import ProfileError
 
@@ -246,12 +249,12 @@ def _serve(args: argparse.Namespace) -> int:
             return _fail(str(exc))
     if (error := listen_error(args.host, args.port)) is not None:
         return _fail(error)
-    if args.engine == "vllm" and args.speculation_gate:
-        return _fail("--speculation-gate is an SGLang patch's: vLLM has no run-time speculation gate")
-    if args.enable_sleep_mode and args.engine != "vllm":
-        return _fail("--enable-sleep-mode is vLLM's (with --engine vllm); the SGLang stand-in has its memory saver")
+    engine = ENGINE_TITLES[args.engine]
+    if args.speculation_gate and not adapter(args.engine).has_gate:
+        return _fail(f"--speculation-gate is an SGLang patch's: {engine} has no run-time speculation gate")
+    if args.enable_sleep_mode and not SIM_SLEEP_ARGS[args.engine]:
+        return _fail(f"--enable-sleep-mode is vLLM's (with --engine vllm); the {engine} stand-in has its memory saver")
     spec = profile.speculative
-    engine = "vLLM" if args.engine == "vllm" else "SGLang"
     print(
         f"crossover sim: SIMULATED {engine} server - no model runs, text is filler. profile {profile.name} "
         f"({profile.kind}{f', {spec.algorithm} accept length {spec.accept_length}' if spec else ''}), "

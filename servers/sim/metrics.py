@@ -19,13 +19,14 @@ The stand-in's own account of itself (no SGLang counterpart) is named `crossover
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Literal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from crossover.gateway.engines import DEFAULT_ENGINE, EngineName
 from crossover.servers.sim.live import LiveEngine
 
 # SGLang's buckets (srt/metrics/collector.py), seconds.
@@ -77,12 +78,13 @@ class SimMetrics:
         model_name: str,
         extra_labels: dict[str, str] | None = None,
         num_spec_steps: int = 0,
-        engine: Literal["sglang", "vllm"] = "sglang",
+        engine: EngineName = DEFAULT_ENGINE,
     ):
         self.registry = registry
-        labels = {"model_name": model_name, **({"engine": "0"} if engine == "vllm" else {}), **(extra_labels or {})}
+        dialect = DIALECTS[engine]
+        labels = {"model_name": model_name, **dialect.labels, **(extra_labels or {})}
         names = list(labels)
-        name = (VLLM_NAMES if engine == "vllm" else SGLANG_NAMES).__getitem__
+        name = dialect.names.__getitem__
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, names, buckets=buckets, registry=registry).labels(**labels)
@@ -98,25 +100,7 @@ class SimMetrics:
         self.generation_tokens = counter(name("generation"), "Number of generation tokens processed.")
         self.requests = counter(name("requests"), "Number of requests processed.")
         self.aborted = counter(name("aborted"), "Number of requests aborted.")
-        if engine == "vllm":
-            registry.register(_VllmGauges(live, labels, num_spec_steps))
-            registry.register(_StandInMetrics(live, labels))
-            return
-        registry.register(
-            _SchedulerGauges(
-                live,
-                {
-                    "model_name": model_name,
-                    "engine_type": "unified",
-                    "tp_rank": "0",
-                    "pp_rank": "0",
-                    "moe_ep_rank": "0",
-                    **(extra_labels or {}),
-                },
-                num_spec_steps,
-            )
-        )
-
+        registry.register(dialect.gauges(live, labels, extra_labels or {}, num_spec_steps))
         registry.register(_StandInMetrics(live, labels))
 
     def observe_chunk(self, interval_s: float, tokens: int) -> None:
@@ -171,6 +155,12 @@ class _SchedulerGauges(Collector):
     def __init__(self, live: LiveEngine, labels: dict[str, str], num_spec_steps: int):
         self._live, self._labels, self._steps = live, labels, num_spec_steps
 
+    @classmethod
+    def of(cls, live: LiveEngine, labels: dict[str, str], extra: dict[str, str], num_spec_steps: int) -> Collector:
+        """SGLang's gauges carry the scheduler's labels, not the request metrics' (`labels`)."""
+        ranks = {"engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
+        return cls(live, {"model_name": labels["model_name"], **ranks, **extra}, num_spec_steps)
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
         engine = self._live.engine
         pool = engine.limits.max_total_num_tokens
@@ -202,6 +192,23 @@ class _SchedulerGauges(Collector):
             family = GaugeMetricFamily(f"sglang:{name}", doc, labels=names)
             family.add_metric(label_values, float(value))
             yield family
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How one engine names its metrics: the names of the request metrics, the labels it adds to model_name, and its
+    scheduler gauges (live, the request metrics' labels, the extra labels, speculative steps) -> collector."""
+
+    names: dict[str, str]
+    labels: dict[str, str]
+    gauges: Callable[[LiveEngine, dict[str, str], dict[str, str], int], Collector]
+
+
+DIALECTS: dict[EngineName, Dialect] = {
+    "sglang": Dialect(SGLANG_NAMES, {}, _SchedulerGauges.of),
+    # `engine`: vLLM's DP rank; one here.
+    "vllm": Dialect(VLLM_NAMES, {"engine": "0"}, lambda live, labels, _, steps: _VllmGauges(live, labels, steps)),
+}
 
 
 class _StandInMetrics(Collector):

@@ -180,6 +180,9 @@ class ErrorShape:
     # The type of a busy refusal in a stream's error event, and in a 503 body.
     busy_type: str = "SERVICE_UNAVAILABLE"
     busy_body_type: str = "503"
+    # The type of an HTTP error (an unknown path, a wrong method): its status phrase as it is ("Not Found", vLLM),
+    # or run together ("NotFound", SGLang).
+    spaced_phrases: bool = False
 
     def body(self, message: str, *, status: int = 400, err_type: str = "BadRequestError") -> dict:
         if self.nested:
@@ -190,6 +193,9 @@ class ErrorShape:
         if self.nested:
             return _sse(self.body(message, status=status, err_type=err_type))
         return stream_error(message, status=status, err_type=err_type)
+
+    def http_type(self, phrase: str) -> str:
+        return phrase if self.spaced_phrases else phrase.replace(" ", "")
 
     def queue_full(self, engine_message: str) -> str:
         return self.queue_full_message or engine_message
@@ -202,6 +208,7 @@ VLLM_ERRORS = ErrorShape(
     "on a different instance.",
     busy_type="Service Unavailable",
     busy_body_type="Service Unavailable",
+    spaced_phrases=True,
 )
 
 

@@ -49,9 +49,9 @@ from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from typing import NamedTuple
 
-from crossover.gateway.config import MAX_THRESHOLD, SwitchSettings, fit_hysteresis
+from crossover.gateway.config import MAX_THRESHOLD, Mechanism, SwitchSettings, TopologyName, fit_hysteresis
 from crossover.gateway.modes import PLAIN, SPECULATIVE, Mode
-from crossover.gateway.switch_policy import PolicySettings
+from crossover.gateway.policies import PolicySettings
 from crossover.servers.sim.costs import ZERO_STEP_MODEL, make_costs
 from crossover.servers.sim.curve import CurvePoint, run_level
 from crossover.servers.sim.engine import Engine, Sequence
@@ -61,10 +61,10 @@ from crossover.servers.sim.trace import TracePhase
 
 ALWAYS_SPECULATIVE = "always-speculative"
 ALWAYS_PLAIN = "always-plain"
-RESTART = "restart"
-SLEEP = "sleep"
+RESTART: Mechanism = "restart"
+SLEEP: Mechanism = "sleep"
 ORACLE = "oracle"
-IN_ENGINE = "in-engine"
+IN_ENGINE: TopologyName = "in-engine"
 MECHANISMS = (ALWAYS_SPECULATIVE, ALWAYS_PLAIN, RESTART, SLEEP, IN_ENGINE, ORACLE)
 
 DEFAULT_INPUT_LEN = 256
@@ -399,7 +399,7 @@ class _Replay:
         self.step_end = math.inf
         self.target: Mode = self.mode
         self.switch_started = self.switch_done = self.drain_deadline = math.inf
-        # The controller's own stepper (gateway/switch_policy.py): the replay decides as production does.
+        # The controller's own stepper (gateway/policies/switcher.py): the replay decides as production does.
         self.switcher = setup.switch.switcher(mechanism if mechanism in (RESTART, SLEEP) else None)
         self.ttfts: list[float] = []
         self.completed = self.cut = self.switches = 0

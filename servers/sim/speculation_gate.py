@@ -8,7 +8,7 @@ steps. One deliberate difference: without `--admin-api-key` the stand-in's POST 
 403 (`admin_api_key_required`) - so that a gateway that sends no admin credential still drives it; with a key,
 it answers 401 as the patch does.
 
-The fencing token (gateway/fence.py) as the patch checks it, once, before anything else about a POST: a call
+The fencing token (gateway/engines/fence.py) as the patch checks it, once, before anything else about a POST: a call
 carrying `X-Crossover-Fence` lower than the highest one accepted is refused with 409 `fenced` (logged, counted in
 the reply's `fence`), a malformed one with 400 `invalid_fence`; none at all is accepted.
 """
@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from crossover.gateway.fence import FENCE_HEADER, FENCED, parse_fence, refusal
+from crossover.gateway.engines import FENCE_HEADER, FENCED, parse_fence, refusal
 from crossover.servers.sim.engine import Engine
 
 # The patch's bounds and fields (sglang/srt/speculative/adaptive_spec_params.py, patched).

@@ -24,8 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.gateway.app import create_app
 from crossover.gateway.config import Settings
-from crossover.gateway.direct import DirectExchange
-from crossover.gateway.server import protocol_options
+from crossover.gateway.request.inline import InlineExchange
+from crossover.gateway.serve.server import protocol_options
 from crossover.servers.process import free_port, spawn, stop, wait_ready
 from tests.gateway.cluster_helpers import RedisServer
 from tests.gateway.gateway_helpers import SIM_SCALE, WAIT_S, RunningGateway
@@ -71,19 +71,19 @@ def lane_gateway(gateway):
 
 @pytest.fixture
 def lanes(monkeypatch):
-    """What `DirectExchange.offer` answered, request by request; `lanes.off = True` makes it decline all."""
+    """What `InlineExchange.offer` answered, request by request; `lanes.off = True` makes it decline all."""
 
     class Lanes(list):
         off = False
 
     answers = Lanes()
-    offer = DirectExchange.offer
+    offer = InlineExchange.offer
 
     def spy(endpoint, scope, body: bytes, link) -> bool:
         answers.append(False if answers.off else offer(endpoint, scope, body, link))
         return answers[-1]
 
-    monkeypatch.setattr(DirectExchange, "offer", spy)
+    monkeypatch.setattr(InlineExchange, "offer", spy)
     return answers
 
 

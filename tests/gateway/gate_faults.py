@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from crossover.gateway.fence import FENCE_HEADER
+from crossover.gateway.engines.fence import FENCE_HEADER
 
 GATE = "/speculative/adaptive"
 

@@ -158,7 +158,7 @@ def test_switch_settings_are_what_the_gateway_runs(tmp_path):
     """One set of switch settings for the controller and `crossover sim replay --gateway-config`: read from the
     file, the mechanism's prior cost unless one is given, the policy built with the live threshold."""
     from crossover.gateway.config import INITIAL_COSTS_S, SwitchSettings
-    from crossover.gateway.switch_policy import ThresholdRates
+    from crossover.gateway.policies.switcher import ThresholdRates
 
     text = 'topology = "time-shared"\nthreshold = 20\nhysteresis = 5\n[switching]\ndwell = 7\nadvantage = 0.3\n'
     switch = SwitchSettings.of(load_settings(write(tmp_path, text + POOLS.replace(', "http://127.0.0.1:30003"', ""))))

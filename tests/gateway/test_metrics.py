@@ -9,10 +9,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.gateway.admission import Admission
+from crossover.gateway.backends.pools import Pools
 from crossover.gateway.config import Settings
 from crossover.gateway.metrics import Metrics, Spread, Tally
-from crossover.gateway.pools import Pools
-from crossover.gateway.routing import Routing
+from crossover.gateway.topology.routing import Routing
 from tests.gateway.gateway_helpers import LONG, chat, wait_until
 
 DOCUMENTED = {

@@ -12,13 +12,13 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from crossover.gateway.admission import Admission
+from crossover.gateway.backends.health import Breaker
+from crossover.gateway.backends.pools import Pools
 from crossover.gateway.config import Settings
-from crossover.gateway.health import Breaker
 from crossover.gateway.metrics import Metrics
-from crossover.gateway.pools import Pools
-from crossover.gateway.routing import Routing
-from crossover.gateway.switch_policy import SwitchDecision
-from crossover.gateway.switching import Phase, SwitchController
+from crossover.gateway.policies.switcher import SwitchDecision
+from crossover.gateway.topology.routing import Routing
+from crossover.gateway.topology.switching.controller import Phase, SwitchController
 
 
 class _Instant(SwitchController):

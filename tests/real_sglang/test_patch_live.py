@@ -19,9 +19,9 @@ import subprocess
 import httpx
 import pytest
 
-from crossover.gateway.fence import FENCE_HEADER, FENCED
-from crossover.gateway.in_engine import ControlUnauthorized
-from crossover.gateway.sglang import NotPatched
+from crossover.gateway.engines.fence import FENCE_HEADER, FENCED
+from crossover.gateway.engines.sglang import NotPatched
+from crossover.gateway.topology.gates import ControlUnauthorized
 from crossover.servers.process import free_port
 from crossover.servers.sglang_check import venv_python
 from crossover.servers.state import group_members

@@ -26,7 +26,7 @@ from crossover.servers.state import group_members
 from tests.conftest import crossover_argv
 from tests.deploy.test_metric_names import exported
 from tests.gateway.gateway_helpers import sse_events
-from tests.gateway.test_switching import ClosedLoop
+from tests.gateway.topology.switching.test_controller import ClosedLoop
 from tests.real_sglang.conftest import CONFIGS, alive, engine_processes_after_down
 from tests.real_sglang.test_engine_signals import loads
 from tests.real_sglang.test_import_standins import assert_loaded_and_never_called, standin_lines

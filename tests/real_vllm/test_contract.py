@@ -6,7 +6,7 @@ client that leaves is aborted inside vLLM; the speculative server really specula
 counter grows) at the mean length it was set to.
 
 Both pools are `engine = "vllm"`: the gateway probes vLLM's `/health`, learns the model from `/v1/models` and
-reads each server's load from the `vllm:num_requests_running` / `_waiting` gauges (gateway/vllm.py; with
+reads each server's load from the `vllm:num_requests_running` / `_waiting` gauges (gateway/engines/vllm.py; with
 `load_signal` other than "local"), checked here while a stream is held.
 """
 
@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from crossover.gateway.vllm import RUNNING, SPEC_ACCEPTED
+from crossover.gateway.engines.vllm import RUNNING, SPEC_ACCEPTED
 from tests.gateway.gateway_helpers import sse_events
 from tests.real_vllm.conftest import ACCEPTANCE_LENGTH, DRAFT_TOKENS
 from tests.waiting import wait_until

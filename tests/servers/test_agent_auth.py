@@ -16,7 +16,7 @@ import pytest
 from crossover.servers.agent import HEAD_TIMEOUT_S
 from crossover.servers.process import free_port
 from tests.conftest import crossover_argv
-from tests.gateway.test_client_http import READ_S, connect, flood_with_unterminated_heads, response_of
+from tests.gateway.wire.test_client_http import READ_S, connect, flood_with_unterminated_heads, response_of
 from tests.servers.conftest import TOKEN
 from tests.servers.test_agent import recorded_groups_of, run_agent_without_a_usable_token
 

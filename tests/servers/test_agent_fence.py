@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from crossover.gateway.fence import FENCE_HEADER, FENCED, fence_headers, is_fenced
+from crossover.gateway.engines.fence import FENCE_HEADER, FENCED, fence_headers, is_fenced
 from crossover.servers.agent_fence import FENCE_FILE, AgentFences
 from crossover.servers.profile import load_profile
 from tests.servers.conftest import recorded_groups

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from crossover.gateway.cli import main
-from crossover.gateway.switch_policy import PLAIN, SPECULATIVE
-from crossover.gateway.switching import Phase
+from crossover.gateway.policies.switcher import PLAIN, SPECULATIVE
+from crossover.gateway.topology.switching.controller import Phase
 from crossover.servers.sim.profile import load_profile
 from crossover.servers.sim.replay import (
     ALWAYS_PLAIN,

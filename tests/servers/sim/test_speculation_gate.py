@@ -8,7 +8,7 @@ import random
 import httpx
 import pytest
 
-from crossover.gateway.fence import FENCE_HEADER, FENCED, is_fenced
+from crossover.gateway.engines.fence import FENCE_HEADER, FENCED, is_fenced
 from crossover.servers.sim.costs import make_costs
 from crossover.servers.sim.engine import Engine, Sequence
 from crossover.servers.sim.profile import load_profile

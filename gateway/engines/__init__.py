@@ -1,0 +1,85 @@
+"""The engines a pool may run, behind one adapter, and the contracts of the calls that move a GPU set: the
+GPU-host agent's, and the fencing token every such call carries."""
+
+from __future__ import annotations
+
+from crossover.gateway.engines import sglang, vllm
+from crossover.gateway.engines.adapters import (
+    DEFAULT_ENGINE,
+    ENGINE_NAMES,
+    ENGINES,
+    EngineAdapter,
+    EngineName,
+    adapter,
+    busy,
+)
+from crossover.gateway.engines.agent_contract import (
+    OPERATIONS,
+    SERVER_STATES,
+    TOKEN_ENV,
+    Operation,
+    ServerList,
+    ServerState,
+    ServerStatus,
+)
+from crossover.gateway.engines.calls import ControlCall, EngineError, control, error_message, generate_once
+from crossover.gateway.engines.fence import (
+    FENCE_HEADER,
+    FENCED,
+    Fenced,
+    LeaseLost,
+    fence_headers,
+    is_fenced,
+    parse_fence,
+    refusal,
+)
+from crossover.gateway.engines.sglang import (
+    Gate,
+    GateFenced,
+    GateRejected,
+    MalformedGate,
+    NotPatched,
+    SGLangError,
+    read_gate,
+    write_gate,
+)
+
+__all__ = [
+    "DEFAULT_ENGINE",
+    "ENGINES",
+    "ENGINE_NAMES",
+    "FENCED",
+    "FENCE_HEADER",
+    "OPERATIONS",
+    "SERVER_STATES",
+    "TOKEN_ENV",
+    "ControlCall",
+    "EngineAdapter",
+    "EngineError",
+    "EngineName",
+    "Fenced",
+    "Gate",
+    "GateFenced",
+    "GateRejected",
+    "LeaseLost",
+    "MalformedGate",
+    "NotPatched",
+    "Operation",
+    "SGLangError",
+    "ServerList",
+    "ServerState",
+    "ServerStatus",
+    "adapter",
+    "busy",
+    "control",
+    "error_message",
+    "fence_headers",
+    "generate_once",
+    "is_fenced",
+    "parse_fence",
+    "read_gate",
+    "refusal",
+    "sglang",
+    "vllm",
+    "write_gate",
+]

@@ -1,0 +1,51 @@
+"""The pure decisions: which pool a request goes to (route.py), and when a time-shared GPU set switches
+(switcher.py). Plain data in, a decision out, the clock injected: the live gateway and `crossover sim replay` run
+the same code."""
+
+from __future__ import annotations
+
+from crossover.gateway.policies.route import (
+    FALLBACK,
+    IN_ENGINE,
+    POLICIES,
+    Decision,
+    Loads,
+    PolicyName,
+    RoutePolicy,
+    least_loaded,
+    spillover,
+    switch,
+)
+from crossover.gateway.policies.switcher import (
+    DEFAULT_ADVANTAGE,
+    DEFAULT_MIN_DWELL_S,
+    DEFAULT_PRIOR_PHASE_S,
+    DEFAULT_WINDOW_S,
+    PolicySettings,
+    SwitchCost,
+    SwitchDecision,
+    Switcher,
+    ThresholdRates,
+)
+
+__all__ = [
+    "DEFAULT_ADVANTAGE",
+    "DEFAULT_MIN_DWELL_S",
+    "DEFAULT_PRIOR_PHASE_S",
+    "DEFAULT_WINDOW_S",
+    "FALLBACK",
+    "IN_ENGINE",
+    "POLICIES",
+    "Decision",
+    "Loads",
+    "PolicyName",
+    "PolicySettings",
+    "RoutePolicy",
+    "SwitchCost",
+    "SwitchDecision",
+    "Switcher",
+    "ThresholdRates",
+    "least_loaded",
+    "spillover",
+    "switch",
+]

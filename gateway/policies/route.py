@@ -1,0 +1,86 @@
+"""Routing policies: pure functions of the load, no I/O and no hidden state.
+
+    spillover(speculative_load=10, threshold=32)              -> Decision("speculative", "below_threshold")
+    switch(total_load=40, threshold=32, hysteresis=4, current="speculative")
+                                                              -> Decision("plain", "above_threshold")
+
+Loads count requests in flight *before* the one being routed, so with threshold T the first T
+concurrent requests go to the speculative pool and request T + 1 goes to the plain pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from crossover.gateway.modes import PLAIN, SPECULATIVE
+
+# The policies a partitioned gateway may route by ([routing] policy, PUT /admin/threshold's `policy`).
+PolicyName = Literal["switch", "spillover"]
+
+BELOW = "below_threshold"
+ABOVE = "above_threshold"
+HYSTERESIS = "hysteresis"
+# The chosen pool had no usable backend, so the other pool took the request.
+FALLBACK = "fallback"
+# Topology 'in-engine': one pool; speculation is the engines' gate (gateway/topology/gates.py).
+IN_ENGINE = "in_engine"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    pool: str
+    reason: str
+
+
+# The decisions, made once: one is asked for per request.
+_SPECULATIVE_BELOW = Decision(SPECULATIVE, BELOW)
+_PLAIN_ABOVE = Decision(PLAIN, ABOVE)
+_PLAIN_HYSTERESIS = Decision(PLAIN, HYSTERESIS)
+
+
+def spillover(speculative_load: int, threshold: int) -> Decision:
+    """Partitioned pools: the speculative pool takes requests while *its* load is below the threshold."""
+    return _SPECULATIVE_BELOW if speculative_load < threshold else _PLAIN_ABOVE
+
+
+def switch(total_load: int, threshold: int, hysteresis: int, current: str) -> Decision:
+    """One side at a time: plain from `threshold` up; back to speculative only below `threshold - hysteresis`.
+
+    `current` is the side the previous decision chose; the band below the threshold keeps it, so a
+    load hovering around the threshold does not flap between the pools.
+    """
+    if total_load >= threshold:
+        return _PLAIN_ABOVE
+    if current == PLAIN and total_load >= threshold - hysteresis:
+        return _PLAIN_HYSTERESIS
+    return _SPECULATIVE_BELOW
+
+
+def least_loaded(loads: Sequence[int], start: int = 0) -> int | None:
+    """Index of the smallest load; ties go to the first at or after `start` (so callers can rotate)."""
+    count = len(loads)
+    best: int | None = None
+    for offset in range(count):
+        index = (start + offset) % count
+        if best is None or loads[index] < loads[best]:
+            best = index
+    return best
+
+
+class Loads(Protocol):
+    """What a policy may read of the pools' load (gateway/backends/pools.py's `Pools`): read only as it needs."""
+
+    def pool_load(self, pool: str) -> int: ...
+
+    def total_load(self) -> int: ...
+
+
+# A policy by name: (loads, threshold, hysteresis, the side the previous decision chose) -> the decision.
+RoutePolicy = Callable[[Loads, int, int, str], Decision]
+
+POLICIES: dict[PolicyName, RoutePolicy] = {
+    "switch": lambda loads, threshold, hysteresis, current: switch(loads.total_load(), threshold, hysteresis, current),
+    "spillover": lambda loads, threshold, hysteresis, current: spillover(loads.pool_load(SPECULATIVE), threshold),
+}

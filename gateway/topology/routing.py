@@ -1,0 +1,104 @@
+"""The live routing state an operator changes through the admin API, and the decision it makes.
+
+With `state_file` set, live changes are saved (write-then-rename) and restored at the next start. Restoring
+only reads: a read-only directory (a ConfigMap, a StateDirectory= owned by another user) serves the saved
+values. A file that cannot be read or holds nonsense is no reason to stay down: the configured values serve,
+a warning says why, and the problem stays visible (`state_file_problem`: /admin/state and
+crossover_state_file_problem) until a save succeeds. A save that fails leaves the change live and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from crossover.gateway.backends import Pools
+from crossover.gateway.config import SPECULATIVE, Settings, ThresholdError, check_threshold, fit_hysteresis
+from crossover.gateway.policies import POLICIES, Decision
+
+log = logging.getLogger("crossover.routing")
+
+
+@dataclass
+class Routing:
+    policy: str
+    threshold: int
+    hysteresis: int
+    # The side the switch policy chose last; an input to the next decision, kept here between requests.
+    side: str = SPECULATIVE
+    state_file: Path | None = None
+    # Why the state file was not restored at start, or the last save failed; None once a save succeeds.
+    state_file_problem: str | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Routing:
+        routing = cls(
+            settings.policy,
+            settings.threshold,
+            settings.hysteresis,
+            state_file=settings.state_file,
+        )
+        if routing.state_file is not None and routing.state_file.exists():
+            try:
+                routing._restore(routing.state_file)
+            except ValueError as exc:
+                routing.state_file_problem = str(exc)
+                log.warning("%s; serving the configured threshold %d instead", exc, routing.threshold)
+        return routing
+
+    def decide(self, pools: Pools) -> Decision:
+        decision = POLICIES[self.policy](pools, self.threshold, self.hysteresis, self.side)
+        self.side = decision.pool
+        return decision
+
+    def update(self, threshold: int | None = None, hysteresis: int | None = None, policy: str | None = None) -> None:
+        """Apply a live change (all or nothing) and save it; raise ThresholdError naming the field at fault, or
+        OSError if the change applies but cannot be saved."""
+        self._apply(threshold, hysteresis, policy)
+        if self.state_file is not None:
+            try:
+                self._persist(self.state_file)
+            except OSError as exc:
+                self.state_file_problem = f"state_file {self.state_file} cannot be saved: {exc}"
+                log.warning("%s; the change is live until the gateway restarts", self.state_file_problem)
+                raise
+            self.state_file_problem = None
+
+    def _apply(self, threshold: int | None, hysteresis: int | None, policy: str | None) -> None:
+        new_threshold = self.threshold if threshold is None else threshold
+        # A new threshold alone keeps the band, narrowed if it no longer fits under the threshold.
+        new_hysteresis = fit_hysteresis(new_threshold, self.hysteresis) if hysteresis is None else hysteresis
+        new_policy = self.policy if policy is None else policy
+        if new_policy not in POLICIES:
+            raise ThresholdError("policy", f"policy must be one of {', '.join(POLICIES)}, got {new_policy!r}")
+        check_threshold(new_threshold, new_hysteresis)
+        self.threshold, self.hysteresis, self.policy = new_threshold, new_hysteresis, new_policy
+
+    def state(self) -> dict:
+        view = {"threshold": self.threshold, "hysteresis": self.hysteresis, "policy": self.policy, "side": self.side}
+        if self.state_file is not None:
+            view["state_file"] = {"path": str(self.state_file), "problem": self.state_file_problem}
+        return view
+
+    def _persist(self, path: Path) -> None:
+        # Write-then-rename so a crash never leaves a half-written file for the next start to trip on.
+        payload = json.dumps({"threshold": self.threshold, "hysteresis": self.hysteresis, "policy": self.policy})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "w") as file:
+            file.write(payload + "\n")
+        os.replace(tmp, path)
+
+    def _restore(self, path: Path) -> None:
+        try:
+            saved = json.loads(path.read_text())
+            for key in ("threshold", "hysteresis"):
+                if not isinstance(saved.get(key), int) or isinstance(saved.get(key), bool):
+                    raise TypeError(f"{key} is not an integer")
+            self._apply(saved.get("threshold"), saved.get("hysteresis"), saved.get("policy"))  # read, not written
+        except (OSError, ValueError, AttributeError, TypeError) as exc:
+            raise ValueError(f"state_file {path} cannot be restored: {exc}") from exc

@@ -1,0 +1,8 @@
+"""A time-shared GPU set's switches: the controller and what it runs (mechanisms, the switch queue, recovery,
+backoff, adoption at start-up, the replicas' part)."""
+
+from __future__ import annotations
+
+from crossover.gateway.topology.switching.controller import ACTIVE_MODE, Lease, SwitchController, SwitchUnavailable
+
+__all__ = ["ACTIVE_MODE", "Lease", "SwitchController", "SwitchUnavailable"]

@@ -1,0 +1,151 @@
+"""Time-shared: one GPU set serves one mode at a time, switched by its controller; a follower carries an operator's
+PUT /admin/mode to the leader (the answer shared for /admin/state on every replica)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+
+from crossover.gateway.backends import Pools
+from crossover.gateway.cluster import Control, Coordination, ModeAnswer, ModeRequest
+from crossover.gateway.errors import BackendBusy, GatewayError, StateNotShared
+from crossover.gateway.metrics import Metrics
+from crossover.gateway.modes import Mode
+from crossover.gateway.topology.collectors import SwitchCollector
+from crossover.gateway.topology.interface import ModeLease, Topology
+from crossover.gateway.topology.routing import Routing
+from crossover.gateway.topology.switching import ACTIVE_MODE, SwitchController
+
+log = logging.getLogger("crossover.topology")
+
+
+class TimeShared(Topology):
+    """One GPU set, one mode at a time: the switch controller (gateway/topology/switching/controller.py) owns which."""
+
+    name = "time-shared"
+    direct_lane = False  # a request may have to wait for a switch
+    other_pool = False  # the other mode's server is asleep or stopped
+    no_policy = "serves one mode at a time, and its switch controller decides when to switch"
+
+    def __init__(
+        self, pools: Pools, routing: Routing, metrics: Metrics, coordination: Coordination, controller: SwitchController
+    ) -> None:
+        super().__init__(pools, routing, metrics, coordination)
+        self.controller = controller
+        # The last PUT /admin/mode a follower carried to the leader, and the leader's answer: both shared.
+        self._request: ModeRequest | None = None
+        self._answer: ModeAnswer | None = None
+        self._operator_switches = 0  # as the leader counts them (shared)
+        self._joined = False  # has this replica applied the cluster's state yet (what it finds then is old news)
+        metrics.registry.register(SwitchCollector(lambda: (controller.serving, controller.queued)))
+
+    async def start(self) -> None:
+        await super().start()
+        await self.controller.start()
+
+    async def stop(self) -> None:
+        await self.controller.stop()
+        await super().stop()
+
+    def control(self) -> Control:
+        controller = self.controller
+        published = {
+            "pinned": controller.pinned,
+            "mode": controller.mode,
+            "phase": str(controller.phase),
+            "target": controller.target,
+            "mode_request": self._request,
+            "mode_answer": self._answer,
+            "operator_switches": self._operator_switches,
+        }
+        return super().control().model_copy(update=published)
+
+    async def apply_control(self, control: Control) -> None:
+        """The leader runs a follower's PUT /admin/mode and publishes its answer; a follower mirrors the leader's
+        mode, phase and pin (and its operator changes: the rate limit holds on every replica alike)."""
+        await super().apply_control(control)
+        request = control.mode_request
+        if not self.coordination.leader:
+            if self._joined and control.operator_switches > self._operator_switches:
+                self.controller.operator_switched()
+            self._request, self._answer, self._joined = request, control.mode_answer, True
+            self._operator_switches = control.operator_switches
+            self.controller.mirror(control.mode, control.phase, control.target, control.pinned)
+            return
+        self._joined = True
+        if request is None or request == self._request:
+            return
+        self._request = request
+        self._answer = self._run(request)
+
+    def _run(self, request: ModeRequest) -> ModeAnswer:
+        """A request carried from a follower, which found no switch under way when it took it: refused here only
+        if one started meanwhile (or the rate limit says so). The refusal is not run later - the switch that won
+        may have done what was asked, and an operator's intent is stale by then - but published for
+        /admin/state on every replica and logged."""
+        try:
+            started = self.controller.request_switch(request.mode, pin=request.pin)
+        except GatewayError as exc:
+            log.warning("a PUT /admin/mode taken by another replica (request %s) is refused: %s", request.id, exc)
+            return ModeAnswer(id=request.id, status=exc.status, error=str(exc))
+        self._operator_switches += started
+        return ModeAnswer(id=request.id, status=202 if started else 200)
+
+    async def admit(self, on_cut: Callable[[str], None]) -> ModeLease:
+        # During a switch this waits in the switch queue (bounded in length and time).
+        lease = await self.controller.admit()
+        lease.on_cut(on_cut)
+        return lease
+
+    def route(self, lease: ModeLease | None) -> tuple[str, str]:
+        return lease.mode, ACTIVE_MODE
+
+    def open_failed(self, pool: str, error: GatewayError) -> GatewayError:
+        if isinstance(error, BackendBusy):
+            return error  # SGLang's queue-full (or a 503/429): the server is up and full - busy, retry shortly
+        # Its one server failed it (dead, say): a 503 that says the GPU set is on it, with Retry-After.
+        return self.controller.serving_failed(pool)
+
+    def state_view(self, snapshot: dict) -> dict:
+        controller = self.controller
+        # One GPU set serves everything: no routing policy applies, whatever [routing] says.
+        snapshot["policy"] = "time-shared"
+        # A request held by the switch queue holds an admission slot too: count it once, as queued.
+        snapshot["inflight"] -= controller.queued
+        snapshot["queued"] += controller.queued
+        snapshot.update(controller.view())
+        snapshot["mode_request"] = self._request_view()
+        return snapshot
+
+    def _request_view(self) -> dict | None:
+        """The last PUT /admin/mode a follower carried, and what the leader made of it (None: not yet answered)."""
+        request, answer = self._request, self._answer
+        if request is None:
+            return None
+        answered = answer is not None and answer.id == request.id
+        return {**request.model_dump(), "answer": answer.model_dump(exclude={"id"}) if answered else None}
+
+    def mode_view(self) -> dict:
+        return self.controller.view()
+
+    async def set_mode(self, mode: Mode | None, pin: bool | None) -> tuple[dict, int]:
+        """202 while the switch runs, 200 if the mode already serves (or only the pin changed). A replica that does
+        not hold the lease refuses what the leader would refuse, as far as the leader's published phase tells it
+        (409 mid-switch, 429 too soon), and carries the rest to the leader (`share`, which follows): 202, with the
+        request's id that /admin/state answers under (`mode_request`)."""
+        if mode is not None and not self.coordination.connected:
+            # The other replicas would not see the switch's phase, and route to the old mode meanwhile.
+            raise StateNotShared("no switch starts while the cluster's store is unreachable; the mode is unchanged")
+        controller = self.controller
+        if self.coordination.leader:
+            started = controller.request_switch(mode, pin=pin)
+            self._operator_switches += started
+            return controller.view(), 202 if started else 200
+        mode = controller.check_request(mode)
+        if mode is None and pin is None:
+            return controller.view(), 200  # it serves already
+        if mode is not None:
+            controller.operator_switched()
+        self._request = ModeRequest(id=uuid.uuid4().hex, mode=mode, pin=pin)
+        return {**controller.view(), "mode_request": self._request_view()}, 202

@@ -1,0 +1,33 @@
+"""vLLM's runtime surface as the gateway reads it: its scheduler gauges, its sleep calls."""
+
+from __future__ import annotations
+
+import pytest
+
+from crossover.gateway.engines.vllm import SLEEP, WAKE_UP, load_from_metrics
+
+# As vLLM 0.32 writes them with two data-parallel engines (vllm/v1/metrics/loggers.py: labels model_name, engine).
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
+"""
+
+
+def test_load_is_running_plus_waiting_summed_over_engines():
+    assert load_from_metrics(VLLM_METRICS) == 3 + 2 + 4
+    with pytest.raises(ValueError, match="vllm:num_requests_running"):
+        load_from_metrics('sglang:num_running_reqs{tp_rank="0"} 3\n')
+
+
+def test_sleep_keeps_weights_in_host_memory_and_ends_what_runs_and_wake_up_wakes_everything():
+    assert SLEEP.path == "/sleep?level=1&mode=abort" and SLEEP.name == "release"
+    assert WAKE_UP.path == "/wake_up" and WAKE_UP.name == "resume"

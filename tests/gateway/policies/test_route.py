@@ -1,0 +1,59 @@
+"""Routing policies are pure functions: plain numbers in, a decision out."""
+
+from crossover.gateway.policies.route import ABOVE, BELOW, HYSTERESIS, Decision, least_loaded, spillover, switch
+
+
+def test_spillover_fills_the_speculative_pool_up_to_the_threshold():
+    assert [spillover(load, threshold=3).pool for load in range(5)] == [
+        "speculative",
+        "speculative",
+        "speculative",
+        "plain",
+        "plain",
+    ]
+    assert spillover(2, 3) == Decision("speculative", BELOW)
+    assert spillover(3, 3) == Decision("plain", ABOVE)
+
+
+def test_spillover_threshold_zero_sends_everything_to_plain():
+    assert spillover(0, 0) == Decision("plain", ABOVE)
+
+
+def test_switch_goes_plain_at_the_threshold_and_comes_back_below_the_band():
+    assert switch(7, threshold=8, hysteresis=2, current="speculative") == Decision("speculative", BELOW)
+    assert switch(8, threshold=8, hysteresis=2, current="speculative") == Decision("plain", ABOVE)
+    # Inside the band [threshold - hysteresis, threshold) the current side holds.
+    assert switch(7, threshold=8, hysteresis=2, current="plain") == Decision("plain", HYSTERESIS)
+    assert switch(6, threshold=8, hysteresis=2, current="plain") == Decision("plain", HYSTERESIS)
+    assert switch(5, threshold=8, hysteresis=2, current="plain") == Decision("speculative", BELOW)
+
+
+def test_switch_does_not_flap_on_a_load_hovering_at_the_threshold():
+    side, sides = "speculative", []
+    for load in [8, 7, 8, 7, 6, 7, 8, 7, 6, 5, 6, 7]:
+        side = switch(load, threshold=8, hysteresis=2, current=side).pool
+        sides.append(side)
+    # Without hysteresis this would change sides eight times; with it: to plain once, back once at 5.
+    assert sides == ["plain"] * 9 + ["speculative"] * 3
+
+
+def test_switch_without_hysteresis_follows_the_threshold_exactly():
+    side = "plain"
+    assert switch(7, 8, 0, side).pool == "speculative"
+    assert switch(8, 8, 0, "speculative").pool == "plain"
+
+
+def test_least_loaded_picks_the_minimum_and_rotates_ties():
+    assert least_loaded([3, 1, 2]) == 1
+    assert least_loaded([]) is None
+    assert {least_loaded([0, 0, 0], start) for start in range(3)} == {0, 1, 2}
+    assert least_loaded([1, 0, 0], start=0) == 1
+    assert least_loaded([1, 0, 0], start=2) == 2
+
+
+def test_every_policy_name_has_its_function_and_only_those():
+    from typing import get_args
+
+    from crossover.gateway.policies import POLICIES, PolicyName
+
+    assert set(POLICIES) == set(get_args(PolicyName))
