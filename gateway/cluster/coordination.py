@@ -221,7 +221,11 @@ class Cluster:
                 await self._lease()
                 await self._control()
                 await self._counts()
-            except StoreUnavailable as exc:
+            except Exception as exc:  # nothing a store answers may end the membership or the start-up
+                if not isinstance(exc, StoreUnavailable):
+                    if self.connected or not (self.problem or "").startswith("internal"):
+                        log.exception("cluster sync failed; serving on the last state seen")
+                    exc = StoreUnavailable(f"internal: {exc!r}"[:200])
                 if self.connected or self.problem != str(exc):
                     log.warning("cluster store unreachable: %s; serving on the last state seen", exc)
                 self.connected, self.problem = False, str(exc)
@@ -229,7 +233,9 @@ class Cluster:
                 return
             if not self.connected:
                 log.info("cluster store reachable again")
-            self.connected, self.problem = True, None
+            # Connected, and still something to say: keys that do not read as they should (left out meanwhile).
+            malformed = self.store.malformed
+            self.connected, self.problem = True, "; ".join(malformed.values()) if malformed else None
             self.rounds += 1
 
     async def _lease(self) -> None:
