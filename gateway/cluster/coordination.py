@@ -78,6 +78,9 @@ class Solo:
     async def share(self) -> None:
         pass
 
+    async def refresh(self) -> None:
+        pass
+
     def fence(self) -> int | None:
         return None
 
@@ -204,6 +207,16 @@ class Cluster:
         await self._sync()
         if not self.connected:
             raise StoreUnavailable(self.problem or "the cluster's store did not answer")
+
+    async def refresh(self) -> None:
+        """Before an admin read: take what another member wrote since the last sync, so a GET right after a PUT's
+        200 on another replica (or worker) reads it. Never raises: a store that does not answer leaves the last
+        state, which the loop reports."""
+        try:
+            async with self._lock:
+                await self._control()
+        except Exception as exc:
+            log.debug("refresh before an admin read failed: %r", exc)
 
     # -- the loop ----------------------------------------------------------------------------------
 
