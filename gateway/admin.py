@@ -108,6 +108,7 @@ def admin_routes(state: GatewayState) -> list[Route]:
 
     async def get_threshold(request: Request) -> JSONResponse:
         authorize_admin(request.headers.get("authorization"), token)
+        await topology.refresh()
         return JSONResponse(threshold_view(state))
 
     async def put_threshold(request: Request) -> JSONResponse:
@@ -127,10 +128,12 @@ def admin_routes(state: GatewayState) -> list[Route]:
 
     async def get_state(request: Request) -> JSONResponse:
         authorize_admin(request.headers.get("authorization"), token)
+        await topology.refresh()
         return JSONResponse(state.snapshot())
 
     async def get_mode(request: Request) -> JSONResponse:
         authorize_admin(request.headers.get("authorization"), token)
+        await topology.refresh()
         return JSONResponse(topology.mode_view())
 
     async def put_mode(request: Request) -> JSONResponse:

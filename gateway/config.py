@@ -326,6 +326,11 @@ def fit_hysteresis(threshold: int, hysteresis: int) -> int:
     return min(hysteresis, max(threshold - 1, 0))
 
 
+# A lease longer than this keeps a dead leader's GPU set unattended too long; a sync rarer than this, stale counts.
+MAX_LEASE_S = 300.0
+MAX_SYNC_INTERVAL_S = 60.0
+
+
 class ClusterSettings(_Section):
     """Several gateway replicas (hosts) acting as one: the live state, the in-flight counts and the lease that lets
     one replica act on a GPU set, kept in Redis. Empty `redis_url`: this gateway is the whole cluster."""
@@ -333,10 +338,36 @@ class ClusterSettings(_Section):
     redis_url: str = ""
     # The Redis key prefix: every replica in front of the same pools (one GPU set) names the same cluster.
     name: str = Field("crossover", min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
-    # Seconds a leader's lease lasts unless renewed (renewed every lease / 3); a leader gone longer is replaced.
-    lease: float = Field(5.0, gt=0)
+    # Seconds a leader's lease lasts unless renewed (at every sync); a leader gone longer is replaced.
+    lease: float = Field(5.0, gt=0, le=MAX_LEASE_S, allow_inf_nan=False)
     # Seconds between reads of the shared state and publications of this replica's in-flight counts.
-    sync_interval: float = Field(0.25, gt=0)
+    sync_interval: float = Field(0.25, gt=0, le=MAX_SYNC_INTERVAL_S, allow_inf_nan=False)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _a_url_the_client_takes(cls, url: str) -> str:
+        """What the Redis client would refuse at start (a scheme, a query argument it has no such option for) is
+        refused here, in the settings' words. Without the client installed, start-up says what to install."""
+        if not url:
+            return url
+        try:
+            from redis.asyncio import Redis
+        except ImportError:
+            return url
+        try:
+            Redis.from_url(url).connection_pool.make_connection()  # no socket yet: only its options are checked
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"not a Redis URL the client takes: {exc}") from None
+        return url
+
+    @model_validator(mode="after")
+    def _renewed_well_before_it_lapses(self) -> ClusterSettings:
+        if self.sync_interval > self.lease / 3:
+            raise ValueError(
+                f"sync_interval ({self.sync_interval:g} s) renews the lease: it must be at most lease / 3 "
+                f"({self.lease / 3:g} s), or the lease lapses between renewals and the leader changes"
+            )
+        return self
 
 
 class ThresholdError(ValueError):

@@ -78,6 +78,9 @@ class Solo:
     async def share(self) -> None:
         pass
 
+    async def refresh(self) -> None:
+        pass
+
     def fence(self) -> int | None:
         return None
 
@@ -205,6 +208,16 @@ class Cluster:
         if not self.connected:
             raise StoreUnavailable(self.problem or "the cluster's store did not answer")
 
+    async def refresh(self) -> None:
+        """Before an admin read: take what another member wrote since the last sync, so a GET right after a PUT's
+        200 on another replica (or worker) reads it. Never raises: a store that does not answer leaves the last
+        state, which the loop reports."""
+        try:
+            async with self._lock:
+                await self._control()
+        except Exception as exc:
+            log.debug("refresh before an admin read failed: %r", exc)
+
     # -- the loop ----------------------------------------------------------------------------------
 
     async def _run(self) -> None:
@@ -221,7 +234,11 @@ class Cluster:
                 await self._lease()
                 await self._control()
                 await self._counts()
-            except StoreUnavailable as exc:
+            except Exception as exc:  # nothing a store answers may end the membership or the start-up
+                if not isinstance(exc, StoreUnavailable):
+                    if self.connected or not (self.problem or "").startswith("internal"):
+                        log.exception("cluster sync failed; serving on the last state seen")
+                    exc = StoreUnavailable(f"internal: {exc!r}"[:200])
                 if self.connected or self.problem != str(exc):
                     log.warning("cluster store unreachable: %s; serving on the last state seen", exc)
                 self.connected, self.problem = False, str(exc)
@@ -229,7 +246,9 @@ class Cluster:
                 return
             if not self.connected:
                 log.info("cluster store reachable again")
-            self.connected, self.problem = True, None
+            # Connected, and still something to say: keys that do not read as they should (left out meanwhile).
+            malformed = self.store.malformed
+            self.connected, self.problem = True, "; ".join(malformed.values()) if malformed else None
             self.rounds += 1
 
     async def _lease(self) -> None:

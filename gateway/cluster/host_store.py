@@ -39,6 +39,7 @@ class HostStore:
         self._seen: Control | None = None
         self._lease_fd: int | None = None
         self._token: int | None = None
+        self.malformed: dict[str, str] = {}  # the host's files are its workers' own: nobody else writes them
 
     # -- control state -----------------------------------------------------------------------------
 

@@ -13,19 +13,58 @@ Keys, under the cluster's name N (one name per GPU set):
 
 Every call is bounded by `timeout_s` and never retried here (the next sync is the retry); anything that goes wrong
 talking to Redis is `StoreUnavailable`.
+
+Whatever is read is checked here before anything else sees it, its size bounded before it is read (anyone who can
+write Redis can write anything under our names): a control state or version that is not one is `StoreMalformed`
+(the state cannot be trusted: the member serves on what it last saw, and says so); a member's counts that are not a
+flat object of non-negative integers are left out, that member counted as publishing nothing. Either way one
+warning a key a minute (`Complaints`), naming the key and at most `SHOWN_CHARS` of the value, and the key is in
+`malformed` until it reads well again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
+import time
+from collections.abc import Callable
 
 import redis.asyncio as redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from crossover.gateway.cluster.store import Control, StoreUnavailable
+from crossover.gateway.cluster.store import Control, StoreMalformed, StoreUnavailable
+
+log = logging.getLogger("crossover.coordination")
+
+# What a well-formed value may take: more is someone else's data, never read whole.
+MAX_CONTROL_BYTES = 64 * 1024
+MAX_COUNTS_BYTES = 64 * 1024
+MAX_MEMBERS = 1024
+MAX_COUNT = 10**9
+VERSION = re.compile(r"[0-9]{1,18}")
+# How much of a malformed value a message shows.
+SHOWN_CHARS = 80
+# One warning a key this often at most, however many replicas read it how often.
+COMPLAIN_EVERY_S = 60.0
+# Reads a key whole only if it is a string of at most ARGV[1] bytes; else its length as a negative number, or its
+# Redis type in a list: size and type are checked in Redis, before the value crosses the network.
+READ_BOUNDED = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'none' then out[i] = false
+  elseif kind ~= 'string' then out[i] = {kind}
+  else
+    local size = redis.call('STRLEN', key)
+    if size > tonumber(ARGV[1]) then out[i] = -size else out[i] = redis.call('GET', key) end
+  end
+end
+return out
+"""
 
 # Takes the lease if free: the token is INCR'd only for a real new holder.
 ACQUIRE = """
@@ -70,6 +109,10 @@ class RedisStore:
         self._renew = self._redis.register_script(RENEW)
         self._release = self._redis.register_script(RELEASE)
         self._put_control = self._redis.register_script(PUT_CONTROL)
+        self._read_bounded = self._redis.register_script(READ_BOUNDED)
+        self.complaints = Complaints()
+        # Keys whose value is not what it should be, with why (for /admin/state), until they read well again.
+        self.malformed: dict[str, str] = {}
 
     async def _call(self, call):
         try:
@@ -79,13 +122,19 @@ class RedisStore:
             raise StoreUnavailable(f"redis: {str(exc) or type(exc).__name__}") from None
 
     async def get_control(self) -> Control | None:
-        payload, version = await self._call(self._redis.mget(self._control, self._version))
+        payload, version = await self._bounded([self._control, self._version], MAX_CONTROL_BYTES)
         if payload is None or version is None:
+            self._well(self._control, self._version)
             return None
+        if not isinstance(version, str) or not VERSION.fullmatch(version):
+            raise self._malformed(self._version, version, "holds no control version (a non-negative integer)")
+        if not isinstance(payload, str):
+            raise self._malformed(self._control, payload, "holds no control state")
         try:
             control = Control.model_validate_json(payload)
         except ValueError as exc:  # someone else's value under our name: say so, and touch nothing
-            raise StoreUnavailable(f"redis: {self._control} holds no control state: {exc}") from None
+            raise self._malformed(self._control, payload, f"holds no control state ({_first_line(exc)})") from None
+        self._well(self._control, self._version)
         return control.model_copy(update={"version": int(version)})
 
     async def put_control(self, control: Control, expected: int) -> int | None:
@@ -113,14 +162,99 @@ class RedisStore:
         members = sorted(await self._call(self._redis.smembers(self._members)))
         if not members:
             return {}
-        values = await self._call(self._redis.mget([self._inflight + member for member in members]))
+        if len(members) > MAX_MEMBERS:
+            self._complain(self._members, f"holds {len(members)} members; reading the first {MAX_MEMBERS}")
+            members = members[:MAX_MEMBERS]
+        keys = [self._inflight + member for member in members]
+        values = await self._bounded(keys, MAX_COUNTS_BYTES)
         gone = [member for member, value in zip(members, values, strict=True) if value is None]
         if gone:
             await self._call(self._redis.srem(self._members, *gone))  # expired: a member that stopped publishing
-        return {member: json.loads(value) for member, value in zip(members, values, strict=True) if value is not None}
+        counts, bad = {}, set()
+        for member, key, value in zip(members, keys, values, strict=True):
+            published = None if value is None else _counts(value)
+            if published is not None:
+                counts[member] = published
+            elif value is not None:
+                bad.add(key)
+                self._malformed(key, value, "holds no in-flight counts (an object of non-negative integers)")
+        # What no longer reads badly (put right, or gone with its member) is no longer reported.
+        self._well(*[key for key in self.malformed if key.startswith(self._inflight) and key not in bad])
+        return counts
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+    async def _bounded(self, keys: list[str], limit: int) -> list[str | int | list | None]:
+        """Each key's value; minus its size where it is over `limit` bytes, [its type] where it is no string (neither
+        read); None where there is none."""
+        values = await self._call(self._read_bounded(keys=keys, args=[limit]))
+        return [None if value is None or value is False else value for value in values]
+
+    def _malformed(self, key: str, value: object, what: str) -> StoreMalformed:
+        """A value that is not what it should be: warned of (once a minute a key), kept in `malformed`."""
+        if isinstance(value, int):
+            shown = f"{-value} bytes, not read"
+        elif isinstance(value, list):
+            shown = f"a Redis {value[0] if value else 'value'}, not a string"
+        else:
+            shown = shorten(str(value))
+        problem = f"redis: {key} {what}: {shown}"
+        self.malformed[key] = problem
+        self._complain(key, problem)
+        return StoreMalformed(problem)
+
+    def _complain(self, key: str, problem: str) -> None:
+        if self.complaints.due(key):
+            log.warning("%s; fix or delete the key (the replicas serve on the last state they trusted)", problem)
+
+    def _well(self, *keys: str) -> None:
+        for key in keys:
+            self.malformed.pop(key, None)
+
+
+class Complaints:
+    """At most one complaint a key every `every_s`."""
+
+    def __init__(self, every_s: float = COMPLAIN_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self.clock = clock
+        self._last: dict[str, float] = {}
+
+    def due(self, key: str) -> bool:
+        now = self.clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self.every_s:
+            return False
+        self._last[key] = now
+        return True
+
+
+def _counts(value: str | int | list) -> dict[str, int] | None:
+    """A member's published counts, if they are that: {key: non-negative int}."""
+    if not isinstance(value, str):
+        return None
+    try:
+        counts = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(counts, dict):
+        return None
+    for count in counts.values():
+        if type(count) is not int or not 0 <= count <= MAX_COUNT:
+            return None
+    return counts
+
+
+def shorten(text: str) -> str:
+    """At most SHOWN_CHARS of `text`, saying how much more there was."""
+    if len(text) <= SHOWN_CHARS:
+        return repr(text)
+    return f"{text[:SHOWN_CHARS]!r}... ({len(text)} characters)"
+
+
+def _first_line(exc: Exception) -> str:
+    return shorten(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
 def _ms(seconds: float) -> int:

@@ -76,8 +76,17 @@ class StoreUnavailable(Exception):
     """The store did not answer (down, cut off, too slow): the message says how."""
 
 
+class StoreMalformed(StoreUnavailable):
+    """The store answered with what cannot be the shared state (someone else's value under its keys): as untrusted as
+    no answer; the message names the key."""
+
+
 class Store(Protocol):
-    """Where members share state; every call raises StoreUnavailable when the store does not answer."""
+    """Where members share state; every call raises StoreUnavailable when the store does not answer (StoreMalformed
+    when it answers with what cannot be the shared state)."""
+
+    # Keys that did not read as they should at the last look, with why (left out, or the state not trusted).
+    malformed: dict[str, str]
 
     async def get_control(self) -> Control | None:
         """The stored control state with its version; None if none was ever stored."""

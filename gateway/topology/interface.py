@@ -114,6 +114,10 @@ class Topology(ABC):
                 f"the change is live on this replica, and reaches the others once the cluster's store answers ({exc})"
             ) from None
 
+    async def refresh(self) -> None:
+        """Before an admin read: what another replica changed since the last sync is read first."""
+        await self.coordination.refresh()
+
     # -- the request path -----------------------------------------------------------------------
 
     async def admit(self, on_cut: Callable[[str], None]) -> ModeLease | None:

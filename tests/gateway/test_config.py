@@ -101,6 +101,13 @@ def test_environment_overrides_the_file_with_nesting(tmp_path, monkeypatch):
             "pools",
             "lists a backend twice",
         ),
+        # The cluster's timings and URL: refused here, never a traceback at start.
+        ("[cluster]\nlease = inf\n" + POOLS, "cluster.lease", "finite number"),
+        ("[cluster]\nsync_interval = nan\n" + POOLS, "cluster.sync_interval", "finite number"),
+        ("[cluster]\nlease = 3600\n" + POOLS, "cluster.lease", "less than or equal to 300"),
+        ("[cluster]\nlease = 0.5\nsync_interval = 0.25\n" + POOLS, "cluster", "at most lease / 3"),
+        ('[cluster]\nredis_url = "redis://r:6379/0?no_such_option=1"\n' + POOLS, "cluster.redis_url", "no_such_option"),
+        ('[cluster]\nredis_url = "http://r:6379/0"\n' + POOLS, "cluster.redis_url", "redis://, rediss://, unix://"),
     ],
 )
 def test_invalid_settings_name_the_field(tmp_path, text, field, words):

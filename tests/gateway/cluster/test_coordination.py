@@ -91,6 +91,19 @@ def test_a_put_on_one_replica_is_live_on_all_three_and_reads_back_identical(repl
     assert len({s["control_version"] for s in states}) == 1
 
 
+def test_a_get_on_another_replica_right_after_a_puts_200_reads_the_new_value(replicas):
+    """Syncs 10 s apart: nothing but the GET itself can have brought the change over (issue 39)."""
+    first, second = replicas(2, sync_interval=10.0, lease=30.0)
+    for threshold, hysteresis in ((12, 3), (20, 5), (7, 0)):
+        put = admin(first, "PUT", "/admin/threshold", threshold=threshold, hysteresis=hysteresis)
+        assert put.status_code == 200, put.text
+        rounds = cluster_of(second).rounds
+        view = admin(second, "GET", "/admin/threshold").json()
+        assert (view["threshold"], view["hysteresis"]) == (threshold, hysteresis)
+        assert admin(second, "GET", "/admin/state").json()["threshold"] == threshold
+        assert cluster_of(second).rounds == rounds  # read by the GET, not by a sync that happened to run
+
+
 def test_a_replica_that_joins_serves_the_cluster_state_not_its_configuration(replicas, redis_server):
     first = replicas(1)[0]
     assert admin(first, "PUT", "/admin/threshold", threshold=5).status_code == 200
