@@ -1,9 +1,10 @@
 """What the replicas of one gateway must share, whichever way they share it: the seam between a gateway and its
 cluster.
 
-    coordination = make_coordination(settings, pools)    # factory.py: Solo without [cluster] redis_url, else
-    Cluster(store) await coordination.start(local, apply)   # local() -> Control now; apply(control) takes what another
-    wrote await coordination.share()               # after a local change (a PUT): written for every member now
+    coordination = make_coordination(settings, pools)    # factory.py: Solo without [cluster] redis_url, else Cluster
+    await coordination.start(local, apply)   # local() -> Control now; apply(control) takes what another wrote
+    await coordination.share()               # after a local change (a PUT): written for every member now
+    await coordination.refresh()             # before an admin read: what another wrote since the last sync
     coordination.leader                      # may this process act on the GPU set (it holds an unexpired lease)
     coordination.connected                   # is the shared state reachable (no switch starts while it is not)
     coordination.fence()                     # the lease's token if this process holds it now (None: no cluster)
@@ -234,15 +235,14 @@ class Cluster:
                 await self._lease()
                 await self._control()
                 await self._counts()
+            except StoreUnavailable as exc:
+                self._unreachable(str(exc))
+                return
             except Exception as exc:  # nothing a store answers may end the membership or the start-up
-                if not isinstance(exc, StoreUnavailable):
-                    if self.connected or not (self.problem or "").startswith("internal"):
-                        log.exception("cluster sync failed; serving on the last state seen")
-                    exc = StoreUnavailable(f"internal: {exc!r}"[:200])
-                if self.connected or self.problem != str(exc):
-                    log.warning("cluster store unreachable: %s; serving on the last state seen", exc)
-                self.connected, self.problem = False, str(exc)
-                self.rounds += 1
+                problem = f"internal: {exc!r}"[:200]
+                if problem != self.problem:
+                    log.exception("cluster sync failed")
+                self._unreachable(problem)
                 return
             if not self.connected:
                 log.info("cluster store reachable again")
@@ -250,6 +250,13 @@ class Cluster:
             malformed = self.store.malformed
             self.connected, self.problem = True, "; ".join(malformed.values()) if malformed else None
             self.rounds += 1
+
+    def _unreachable(self, problem: str) -> None:
+        """A round that did not complete: serve on the last state seen, and say why (logged when it changes)."""
+        if self.connected or self.problem != problem:
+            log.warning("cluster store unreachable: %s; serving on the last state seen", problem)
+        self.connected, self.problem = False, problem
+        self.rounds += 1
 
     async def _lease(self) -> None:
         asked = self.clock()  # the lease runs from before the store heard us: never longer than the store's

@@ -9,8 +9,7 @@ request would join fewer than T others", i.e. a batch of at most T: so the gate 
     await sync.threshold_changed()  # after PUT /admin/threshold: dry run everywhere, then set and read back
     await sync.force("plain", pin=True)   # PUT /admin/mode: every engine's gate 0 until {"pin": false}
     sync.view()                     # each backend's gate, for /admin/state
-    await sync.follow("plain", True)  # another replica changed the threshold or the mode
-    (gateway/cluster/coordination.py)
+    await sync.follow("plain", True)  # another replica changed the threshold or the mode (cluster/)
 
 With replicas, only the one holding the lease writes the gates, under its fencing token; the others dry-run a
 change they take (so a gate the engines refuse is still refused where it was asked for), then read the gates back:

@@ -158,10 +158,10 @@ def test_replicas_over_garbage_counts_serve_and_answer_json(replicas, redis_serv
     over_garbage(replicas, redis_server, request.node.name[:60], "counts")
 
 
-def over_garbage(replicas, redis_server, name: str, where: str) -> None:  # noqa: F811
+def over_garbage(start_replicas, redis_server, name: str, where: str) -> None:
     """Two replicas, then garbage in the version or a member's counts: both keep serving and say why; a PUT answers
     JSON (503 where the shared state cannot be trusted); a third replica starts."""
-    first, second = replicas(2)
+    first, second = start_replicas(2)
     client = raw(redis_server)
     if where == "version":
         client.set(f"{name}:control:version", "abc")
@@ -180,6 +180,6 @@ def over_garbage(replicas, redis_server, name: str, where: str) -> None:  # noqa
     state = admin(second, "GET", "/admin/state").json()
     assert name in state["cluster"]["problem"]
     assert state["cluster"]["connected"] is (where == "counts")
-    third = replicas(1)[0]  # a new replica starts
+    third = start_replicas(1)[0]  # a new replica starts
     assert admin(third, "GET", "/admin/state").status_code == 200
     assert all(httpx.get(r.url + "/health", trust_env=False).status_code == 200 for r in (first, second, third))
