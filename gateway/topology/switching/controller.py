@@ -58,7 +58,7 @@ from crossover.gateway.topology.routing import Routing
 from crossover.gateway.topology.switching.adoption import already_serving, find_serving
 from crossover.gateway.topology.switching.backoff import Backoff
 from crossover.gateway.topology.switching.drain import drain
-from crossover.gateway.topology.switching.mechanisms import ModeState, SwitchFailed, Target, make_mechanism
+from crossover.gateway.topology.switching.mechanisms import Fenced, ModeState, SwitchFailed, Target, make_mechanism
 from crossover.gateway.topology.switching.queue import SwitchQueue
 from crossover.gateway.topology.switching.record import (
     OK,
@@ -619,10 +619,9 @@ class SwitchController:
             return
         try:
             serving = await bring_up_first(mechanism, order, record, trying=self._trying)
-        except SwitchFailed as failure:
-            if self.replica.fenced(failure):
-                return
-            raise
+        except Fenced as failure:  # the only failure it raises: no other mode would be let through either
+            self.replica.fenced(failure)
+            return
         self._finish(record, serving, started)
 
     def _trying(self, mode: Mode) -> None:
