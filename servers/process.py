@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -34,7 +35,37 @@ class NotReady(RuntimeError):
     """A child exited, or did not answer 200, before its deadline."""
 
 
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+_LISTEN_SPAN = 12_000
+
+
+def _listen_ports() -> range | None:
+    """Ports below the kernel's ephemeral range: no outgoing connection is ever given one of them.
+
+    A port the kernel hands out for `bind(0)` comes from the ephemeral range, which every client socket on the
+    host draws its source port from too: between choosing it and the server binding it, a connection may take it
+    (CI saw `address already in use` that way). None where the range cannot be read or leaves no room below.
+    """
+    try:
+        with open(_EPHEMERAL_RANGE) as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if low - 1024 < 1024:
+        return None
+    return range(max(1024, low - _LISTEN_SPAN), low)
+
+
 def free_port(host: str = LOOPBACK) -> int:
+    """A port nothing listens on now, outside the range client sockets draw from where the host allows it."""
+    ports = _listen_ports()
+    for port in random.sample(ports, 64) if ports else ():
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

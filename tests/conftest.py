@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -94,11 +95,15 @@ def serve():
     running: list[tuple[uvicorn.Server, threading.Thread]] = []
 
     def start(app, port: int | None = None, **config) -> ThreadServer:
-        port = port or free_port()
+        # The socket is bound here, before uvicorn starts, so no other process can take the port in between.
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port or free_port()))
+        port = sock.getsockname()[1]
         server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", **config)
         )
-        thread = threading.Thread(target=server.run, daemon=True)
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
         thread.start()
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not server.started:
