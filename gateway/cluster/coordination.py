@@ -9,7 +9,7 @@ cluster.
     coordination.connected                   # is the shared state reachable (no switch starts while it is not)
     coordination.fence()                     # the lease's token if this process holds it now (None: no cluster)
     coordination.token()                     # what a mutating call carries: fence(), or LeaseLost in a cluster
-    coordination.step_down(why)              # a resource refused our token (409 `fenced`): stop acting now
+    coordination.step_down(why, highest)     # a resource refused our token (409 `fenced`): stop acting now
     coordination.caught_up()                 # have all the others applied what this one wrote, and said so
     coordination.view()                      # for /admin/state and crossover_cluster_*
     await coordination.stop()
@@ -26,6 +26,9 @@ What is shared:
   the newest) is written over.
 - the lease: one member at a time acts on the GPU set (the switch controller's decisions and mechanism calls, the
   in-engine gates); each new acquisition gets a larger fencing token (gateway/engines/fence.py) that its calls carry.
+  The token never goes back, whatever the store forgets: a resource that refuses one names the highest it accepted,
+  and the member it refused raises the store's counter past that and takes the lease again at its next sync - a
+  Redis restarted empty, or the workers of a host restarted, cost one refused call, not one lease per token.
 - the in-flight counts: each member publishes its per-backend counts (expiring, so a dead member's vanish) and
   writes the others' sum onto each `Backend.elsewhere`, which the pools' load adds to its own count. Nothing per
   request asks the coordination anything. Beside the counts (key `VERSION_KEY`) each member says which control
@@ -55,6 +58,9 @@ log = logging.getLogger("crossover.coordination")
 
 # Beside the backend URLs in a member's published counts: the control version it has applied.
 VERSION_KEY = "#version"
+# A sync round (which renews the lease) that takes longer than this part of the lease: the store is too slow to hold
+# one - renewed that late, with the sync interval on top (at most a third: config.py), a lease lapses between renewals.
+SLOW_ROUND = 1 / 3
 # Writes of the control state refused in one round because other members wrote first (each one re-reads).
 WRITE_ATTEMPTS = 5
 
@@ -88,7 +94,7 @@ class Solo:
     def token(self) -> int | None:
         return None
 
-    def step_down(self, why: str) -> None:
+    def step_down(self, why: str, highest: int | None = None) -> None:
         pass
 
     def caught_up(self) -> bool:
@@ -134,6 +140,15 @@ class Cluster:
         self.heard: dict[str, int] = {}  # the control version each other live member has applied
         self._token: int | None = None
         self._valid_until = -1.0
+        # The highest token a resource said it accepted when it refused ours, and the token it refused while the
+        # store may still hold our lease under it: at the next sync the counter is raised past the one and the
+        # other given back, so the lease is taken again under a token that passes.
+        self._floor = 0
+        self._refused: int | None = None
+        # Fields changed here by a change the store did not take (its PUT answered 503): written when the store is
+        # back unless another member's change to the same field was taken meanwhile - that one is newer.
+        self._unshared: set[str] = set()
+        self._slow = False  # the last round took too long to hold a lease through the store
         self._local: LocalControl | None = None
         self._apply: ApplyControl | None = None
         self._task: asyncio.Task | None = None
@@ -156,12 +171,15 @@ class Cluster:
             raise LeaseLost(f"{self.member} does not hold the GPU set's lease (any more): the call is not sent")
         return token
 
-    def step_down(self, why: str) -> None:
+    def step_down(self, why: str, highest: int | None = None) -> None:
+        """A resource refused this member's token, having accepted `highest` (None: it did not say)."""
+        if highest is not None and highest > self._floor:
+            self._floor = highest
         if self._token is None:
             return
         log.warning("stepping down as the GPU set's leader (token %d): %s", self._token, why)
         self.fenced += 1
-        self._token = None
+        self._refused, self._token = self._token, None
 
     def caught_up(self) -> bool:
         """Every other live member has applied the control state as this one last wrote it (and published its
@@ -204,18 +222,26 @@ class Cluster:
         await self.store.close()
 
     async def share(self) -> None:
-        """Write a local change now; StoreUnavailable if it could not be (it is written when the store is back)."""
-        await self._sync()
-        if not self.connected:
-            raise StoreUnavailable(self.problem or "the cluster's store did not answer")
+        """Write a local change now, within `lease_s` (a PUT's answer waits for it); StoreUnavailable if it could
+        not be (it is written when the store is back, unless overtaken: `_not_overtaken`)."""
+        try:
+            async with asyncio.timeout(self.lease_s):
+                async with self._lock:
+                    await self._control()
+        except (StoreUnavailable, TimeoutError) as exc:
+            if self.seen is not None and self._local is not None:
+                self._unshared |= self._local().changes(self.seen).keys()
+            why = str(exc) or f"the cluster's store did not take the change within {self.lease_s:g} s"
+            raise StoreUnavailable(why) from None
 
     async def refresh(self) -> None:
         """Before an admin read: take what another member wrote since the last sync, so a GET right after a PUT's
         200 on another replica (or worker) reads it. Never raises: a store that does not answer leaves the last
         state, which the loop reports."""
         try:
-            async with self._lock:
-                await self._control()
+            async with asyncio.timeout(self.lease_s):
+                async with self._lock:
+                    await self._control()
         except Exception as exc:
             log.debug("refresh before an admin read failed: %r", exc)
 
@@ -231,6 +257,7 @@ class Cluster:
 
     async def _sync(self) -> None:
         async with self._lock:
+            began = self.clock()
             try:
                 await self._lease()
                 await self._control()
@@ -244,12 +271,27 @@ class Cluster:
                     log.exception("cluster sync failed")
                 self._unreachable(problem)
                 return
+            took = self.clock() - began
+            self._slow = took > self.lease_s * SLOW_ROUND
+            if self._slow:
+                self._too_slow(took)
+                return
             if not self.connected:
                 log.info("cluster store reachable again")
             # Connected, and still something to say: keys that do not read as they should (left out meanwhile).
             malformed = self.store.malformed
             self.connected, self.problem = True, "; ".join(malformed.values()) if malformed else None
             self.rounds += 1
+
+    def _too_slow(self, took: float) -> None:
+        """A round that completed, too slowly for the lease: renewed this late, a lease lapses between renewals and
+        passes from member to member. A member takes no lease through such a store (a leader keeps the one it
+        holds while its renewals still arrive in time: its own clock ends it otherwise), and none says it is
+        connected, so no switch starts on it."""
+        self._unreachable(
+            f"the cluster's store is too slow to hold a lease: a sync round took {took:.3g} s, more than "
+            f"{SLOW_ROUND:.2g} of the lease ({self.lease_s:g} s)"
+        )
 
     def _unreachable(self, problem: str) -> None:
         """A round that did not complete: serve on the last state seen, and say why (logged when it changes)."""
@@ -260,17 +302,38 @@ class Cluster:
 
     async def _lease(self) -> None:
         asked = self.clock()  # the lease runs from before the store heard us: never longer than the store's
+        if self._floor:
+            await self._past_refused()
         if self._token is not None:
             if await self.store.renew(self.member, self._token, self.lease_s):
                 self._valid_until = asked + self.lease_s
                 return
             log.warning("lost the GPU set's lease (token %d)", self._token)
             self._token = None
+        if self._slow:
+            return  # the lease would lapse before the next renewal: taken once a round is quick again
         token = await self.store.acquire(self.member, self.lease_s)
         if token is not None:
             self._token, self._valid_until = token, asked + self.lease_s
             self.took_lease_round = self.rounds
             log.info("took the GPU set's lease (token %d)", token)
+
+    async def _past_refused(self) -> None:
+        """A resource refused our token naming a higher one: no token this store hands out below that can pass.
+        Raised first, then the refused lease given back: whoever takes it next - this member, now - gets a token
+        that passes. Where another member holds the lease already, this changes nothing for it (raising the
+        counter only affects tokens still to come)."""
+        floor, refused = self._floor, self._refused
+        await self.store.raise_fence(floor)
+        log.warning(
+            "the cluster's fencing token counter raised past %d, the token a resource of the GPU set accepted "
+            "(the store counted lower: restarted empty, or a host's workers restarted?)",
+            floor,
+        )
+        self._floor = 0 if self._floor == floor else self._floor
+        if refused is not None:
+            await self.store.release(self.member, refused)
+            self._refused = None
 
     async def _control(self) -> None:
         local, seen = self._local(), self.seen
@@ -298,19 +361,36 @@ class Cluster:
                 # is the newest.
                 known = seen.generation if seen is not None else 0
                 control = local.model_copy(update={"generation": known + (1 if changes else 0)})
-            elif changes:
+            elif changes := self._not_overtaken(changes, stored):
                 control = stored.model_copy(update={**changes, "generation": stored.generation + 1})
             else:  # another member wrote first, and this one has nothing of its own to add: take theirs
-                self.seen = stored
+                self.seen, self._unshared = stored, set()
                 await self._take(stored, local)
                 return
             version = await self.store.put_control(control, stored.version if stored is not None else 0)
             if version is not None:
-                self.seen = control.model_copy(update={"version": version})
+                self.seen, self._unshared = control.model_copy(update={"version": version}), set()
                 await self._take(self.seen, local)
                 return
             stored = await self.store.get_control()
         log.warning("the cluster's control state changed under %d writes in a row: writing next round", WRITE_ATTEMPTS)
+
+    def _not_overtaken(self, changes: dict, stored: Control) -> dict:
+        """`changes` less those the store refused (`_unshared`) to a field another member changed since this one
+        last read it: the cluster orders changes by when the store took them, not by when a member reconnected."""
+        seen = self.seen
+        overtaken = {
+            name
+            for name in self._unshared & changes.keys()
+            if seen is None or getattr(stored, name) != getattr(seen, name)
+        }
+        if overtaken:
+            log.warning(
+                "dropped what this replica changed while the cluster's store did not answer (%s): another replica "
+                "changed it since, and the store took that",
+                ", ".join(f"{name}={changes[name]!r}" for name in sorted(overtaken)),
+            )
+        return {name: value for name, value in changes.items() if name not in overtaken}
 
     def _older(self, stored: Control) -> bool:
         return self.seen is not None and stored.generation < self.seen.generation

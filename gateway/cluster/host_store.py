@@ -10,7 +10,8 @@ workers act as one gateway with no service beside them.
   member's poll reads one number and opens the file only when it moved.
 - The lease is an exclusive `flock` on a file: the kernel drops it when its holder dies, however it dies, and a
   follower's next poll takes it. Each acquisition writes a token one larger than the last beside it (under the
-  lock, so tokens only grow). A holder keeps the lease while it lives (a lock has no expiry: a stopped worker keeps
+  lock, so tokens only grow; a new host's start at 1, and the first refusal by a resource that accepted more raises
+  them past it, coordination.py). A holder keeps the lease while it lives (a lock has no expiry: a stopped worker keeps
   it until it runs again or dies - the supervisor kills one silent for `worker_timeout`, gateway/serve/workers.py).
 - In-flight counts need nothing here: the shared table is exact and every worker reads it (`HostPools`), so the
   host publishes none and sees nobody else's (with `[cluster] redis_url` the workers are Redis members instead).
@@ -30,6 +31,7 @@ CONTROL = "control.json"
 CONTROL_LOCK = "control.lock"
 LEASE_LOCK = "lease.lock"
 TOKEN = "lease.token"
+TOKEN_LOCK = "lease.token.lock"
 
 
 class HostStore:
@@ -79,11 +81,24 @@ class HostStore:
         except BlockingIOError:
             os.close(fd)
             return None  # another worker leads
-        path = self.folder / TOKEN
-        token = int(path.read_text() or 0) + 1 if path.exists() else 1
-        write_bytes_atomically(path, str(token).encode())
+        with self._locked(TOKEN_LOCK, fcntl.LOCK_EX):
+            token = self._counted() + 1
+            write_bytes_atomically(self.folder / TOKEN, str(token).encode())
         self._lease_fd, self._token = fd, token
         return token
+
+    async def raise_fence(self, at_least: int) -> None:
+        try:
+            with self._locked(TOKEN_LOCK, fcntl.LOCK_EX):
+                if self._counted() < at_least:
+                    write_bytes_atomically(self.folder / TOKEN, str(at_least).encode())
+        except (OSError, ValueError) as exc:
+            raise StoreUnavailable(f"the host's lease token cannot be raised: {exc}") from exc
+
+    def _counted(self) -> int:
+        """The last token handed out (0: none yet)."""
+        path = self.folder / TOKEN
+        return int(path.read_text() or 0) if path.exists() else 0
 
     async def renew(self, member: str, token: int, ttl_s: float) -> bool:
         return self._token == token

@@ -7,7 +7,8 @@ Keys, under the cluster's name N (one name per GPU set):
     N:control:version    its version, INCR'd by each write in the same script, which writes only over the version
                          its writer read: a reader gets both at once (MGET)
     N:lease              "member token" of the lease holder, expiring (SET NX PX; extended only by its holder)
-    N:fence              INCR'd at each acquisition: the fencing token, larger at every new holder
+    N:fence              INCR'd at each acquisition: the fencing token, larger at every new holder; raised past the
+                         token a resource of the GPU set says it accepted (a Redis restarted empty counts from 1)
     N:members            the members that published counts
     N:inflight:M         member M's in-flight count per backend URL (JSON), expiring: a dead member's vanish
 
@@ -73,6 +74,12 @@ local token = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. token, 'PX', ARGV[2])
 return token
 """
+# Raises the token counter to at least ARGV[1], never lowers it (a counter that is no number is someone else's: set).
+RAISE_FENCE = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+if current < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1
+"""
 # Compare-and-extend: only the holder, under the token it got, extends the lease.
 RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
@@ -106,6 +113,7 @@ class RedisStore:
         self._lease, self._fence = f"{name}:lease", f"{name}:fence"
         self._members, self._inflight = f"{name}:members", f"{name}:inflight:"
         self._acquire = self._redis.register_script(ACQUIRE)
+        self._raise_fence = self._redis.register_script(RAISE_FENCE)
         self._renew = self._redis.register_script(RENEW)
         self._release = self._redis.register_script(RELEASE)
         self._put_control = self._redis.register_script(PUT_CONTROL)
@@ -145,6 +153,9 @@ class RedisStore:
     async def acquire(self, member: str, ttl_s: float) -> int | None:
         token = await self._call(self._acquire(keys=[self._lease, self._fence], args=[member, _ms(ttl_s)]))
         return None if token is None else int(token)
+
+    async def raise_fence(self, at_least: int) -> None:
+        await self._call(self._raise_fence(keys=[self._fence], args=[at_least]))
 
     async def renew(self, member: str, token: int, ttl_s: float) -> bool:
         return bool(await self._call(self._renew(keys=[self._lease], args=[f"{member} {token}", _ms(ttl_s)])))

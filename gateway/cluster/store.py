@@ -98,6 +98,10 @@ class Store(Protocol):
     async def acquire(self, member: str, ttl_s: float) -> int | None:
         """Take the lease for `ttl_s` if nobody holds it: the new fencing token (larger than every earlier one)."""
 
+    async def raise_fence(self, at_least: int) -> None:
+        """Make every later token larger than `at_least` (a token a resource of the GPU set accepted: the store
+        counted lower, having lost its counter). Never lowers it."""
+
     async def renew(self, member: str, token: int, ttl_s: float) -> bool:
         """Extend the lease `member` holds under `token` by `ttl_s`; False if it no longer holds it."""
 

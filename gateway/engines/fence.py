@@ -10,6 +10,8 @@ nothing (`LeaseLost`, from `Cluster.token()`), even in the middle of a switch.
 
 from __future__ import annotations
 
+import re
+
 FENCE_HEADER = "X-Crossover-Fence"
 FENCED = "fenced"
 
@@ -32,6 +34,12 @@ class Fenced(Exception):
     """A resource refused a call with 409 `fenced`: it has accepted a newer token, so another replica holds the lease
     on the GPU set now. Whoever sent the call steps down; retrying with the same token can never succeed."""
 
+    @property
+    def highest(self) -> int | None:
+        """The token the resource has accepted (None: it did not say): the store's counter is raised past it, so the
+        next lease's token passes - after a store that lost its counter, not one lease per missing token."""
+        return refused_highest(str(self))
+
 
 class LeaseLost(Fenced):
     """A replica of a cluster that no longer holds the lease (by its own clock) was about to act on the GPU set: the
@@ -40,11 +48,21 @@ class LeaseLost(Fenced):
 
 
 def refusal(token: int, highest: int) -> str:
-    """What a resource says when it refuses `token` (both tokens named, for the log on either side)."""
+    """What a resource says when it refuses `token` (both tokens named, for the log on either side, and read back by
+    `refused_highest`: the agent, the stand-in and the SGLang patch word it alike)."""
     return (
         f"fenced: this call carries token {token}, but token {highest} has been accepted since - a newer lease "
         "holder acts on this GPU set"
     )
+
+
+_REFUSED = re.compile(r"fenced: this call carries token [0-9]{1,18}, but token ([0-9]{1,18}) has been accepted")
+
+
+def refused_highest(text: str) -> int | None:
+    """The highest token a refusal (`refusal`'s words, anywhere in `text`) says its resource accepted, or None."""
+    found = _REFUSED.search(text)
+    return int(found.group(1)) if found else None
 
 
 def is_fenced(status: int, body: object) -> bool:

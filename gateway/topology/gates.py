@@ -402,7 +402,7 @@ class GateSync:
         )
         if isinstance(exc, Fenced):
             kind = FENCED
-            self.coordination.step_down(f"the gate of {url} refused our token: {exc}")
+            self.coordination.step_down(f"the gate of {url} refused our token: {exc}", exc.highest)
         if isinstance(exc, TimeoutError | httpx.TimeoutException):
             self._slow.add(url)
         message = str(exc) or f"{type(exc).__name__} (no answer within {self.timeout_s:g} s)"

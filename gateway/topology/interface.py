@@ -106,12 +106,14 @@ class Topology(ABC):
 
     async def share(self) -> None:
         """After a PUT: the change is written for every replica now (503 if it could not be: live here only, and
-        written for the others when the cluster's store answers again)."""
+        written for the others when the cluster's store answers again - unless another replica's change to the same
+        setting reached the store meanwhile: that one is newer, and replaces this one here too)."""
         try:
             await self.coordination.share()
         except StoreUnavailable as exc:
             raise StateNotShared(
-                f"the change is live on this replica, and reaches the others once the cluster's store answers ({exc})"
+                f"the change is live on this replica only: the cluster's store did not take it ({exc}). It reaches "
+                "the others once the store answers, unless another replica changes the same setting first"
             ) from None
 
     async def refresh(self) -> None:

@@ -1,7 +1,8 @@
 """What the cluster's tests share: a real redis-server on a free loopback port, and a TCP proxy to cut one replica off.
 
 redis = RedisServer.start()       # ready (PING answered); redis.url; redis.stop(); redis.restart() (same port)
-proxy = TcpProxy(redis.port)      # proxy.url: Redis through it; proxy.cut() closes it and every connection
+proxy = TcpProxy(redis.port)      # proxy.url: Redis through it; proxy.cut() closes it and every connection;
+                                  # proxy.heal() opens it again; proxy.delay_s = 0.5 delays each way
 """
 
 from __future__ import annotations
@@ -63,14 +64,18 @@ class RedisServer:
 
 class TcpProxy:
     """Forwards a loopback port to `target_port` until `cut()`, which closes the listener and every connection:
-    whoever talks through it is cut off, as by a network partition."""
+    whoever talks through it is cut off, as by a network partition; `heal()` listens on the same port again."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
+        self.port = free_port()
         self.sockets: list[socket.socket] = []
         self.lock = threading.Lock()
+        self.delay_s = 0.0
+        self.heal()
+
+    def heal(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", self.port))
         self.open = True
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -94,10 +99,11 @@ class TcpProxy:
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
 
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
+                if self.delay_s:
+                    time.sleep(self.delay_s)  # each way: a slow link, not a cut one
                 sink.sendall(data)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_WR)
@@ -110,3 +116,4 @@ class TcpProxy:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
+            self.sockets = []

@@ -61,6 +61,7 @@ from crossover.gateway.topology.switching.drain import drain
 from crossover.gateway.topology.switching.mechanisms import Fenced, ModeState, SwitchFailed, Target, make_mechanism
 from crossover.gateway.topology.switching.queue import SwitchQueue
 from crossover.gateway.topology.switching.record import (
+    FAILED,
     OK,
     OPERATOR,
     RECOVERY,
@@ -76,6 +77,8 @@ __all__ = ["ACTIVE_MODE", "Lease", "Phase", "SwitchController", "SwitchUnavailab
 log = logging.getLogger("crossover.switching")
 
 MIN_RETRY_AFTER_S = 1
+# An operator's switch the GPU set's fence refused runs again if this replica leads again within this long.
+FENCED_RETRY_S = 30.0
 
 # The route decision reason (crossover_route_decisions_total) of every request a time-shared GPU set serves.
 ACTIVE_MODE = "active_mode"
@@ -234,6 +237,7 @@ class SwitchController:
         self._timer: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
         self._last_operator = -math.inf
+        self._fenced_switch: tuple[Mode, float] | None = None  # an operator's switch the fence refused, and when
         self._next_look = -math.inf  # while no mode serves: when to look for one that serves by itself
         self._closed = False
 
@@ -509,6 +513,7 @@ class SwitchController:
             await mechanism.preflight(old, target)
         except SwitchFailed as failure:
             if self.replica.fenced(failure):
+                self._refused(record, failure)
                 return
             record.failed_step, record.error = failure.step, failure.message
             self.last_switch = record
@@ -536,6 +541,7 @@ class SwitchController:
             await mechanism.verify(target)
         except SwitchFailed as failure:
             if self.replica.fenced(failure):
+                self._refused(record, failure)
                 return
             record.failed_step, record.error = failure.step, failure.message
             log.error(
@@ -551,6 +557,29 @@ class SwitchController:
         else:
             serving = target
         self._finish(record, serving, started)
+
+    def _refused(self, record: SwitchRecord, failure: SwitchFailed) -> None:
+        """The GPU set's fence refused the switch: this replica stepped down. An operator's switch is not lost
+        silently: /admin/state says why it did not run, and this replica runs it again if it takes the lease back
+        within FENCED_RETRY_S (it does at its next sync where the store had counted tokens lower than the GPU set
+        accepted: coordination.py); else it was dropped, and says so."""
+        record.failed_step, record.outcome = failure.step, FAILED
+        record.error = f"refused by the GPU set's fence, this replica stepped down: {failure.message}"
+        if record.reason == OPERATOR:
+            self._fenced_switch = (record.to_mode, self.clock())
+            record.error += f"; run again if this replica leads again within {FENCED_RETRY_S:g} s, else dropped"
+        self.last_switch = record
+        log.warning("switch %s -> %s %s", record.from_mode, record.to_mode, record.error)
+
+    def _run_refused_again(self) -> None:
+        """After a takeover: the operator's switch the fence refused, if it is recent and still to be made."""
+        refused, self._fenced_switch = self._fenced_switch, None
+        if refused is None or self.phase is not Phase.ACTIVE:
+            return
+        mode, at = refused
+        if mode != self.mode and self.clock() - at <= FENCED_RETRY_S:
+            log.warning("the fence refused the operator's switch to %s; this replica leads again: running it", mode)
+            self._begin(mode, OPERATOR)
 
     async def _drain(self, old: Mode, target: Mode) -> int:
         """Wait for the old mode's requests, up to the drain deadline; then cut them. Returns how many were cut."""
@@ -573,6 +602,7 @@ class SwitchController:
         if serving is not None:
             log.info("serving %s mode (found serving at start-up)", serving)
             self._activate(serving)
+            self._run_refused_again()
             return
         log.warning("no mode serves at start-up (%s): bringing one up", ", ".join(f"{m} {states[m]}" for m in MODES))
         await self._recover_task(None, reason=STARTUP)

@@ -70,6 +70,6 @@ class Replica:
         if not isinstance(failure, Fenced):
             return False
         log.error("a call on the GPU set was refused by its fence (%s): stepping down", failure)
-        self.coordination.step_down(str(failure))
+        self.coordination.step_down(str(failure), failure.highest)
         self.acting = False
         return True

@@ -5,6 +5,8 @@ it) changes. How soon a change spreads is counted in each replica's own sync rou
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
 import httpx
 import pytest
@@ -467,3 +469,125 @@ def test_a_leader_whose_lease_ran_out_behind_its_back_is_refused_by_the_engines_
     assert stale.metric("crossover_gate_sync_errors_total", backend=url, kind="fenced") >= 1
     assert engine_gate(engine.url)["zero_steps_above_bs"] == 12
     assert int(faults.write_fences[-1]) < cluster_of(taking).fence()  # the refused write carried the stale token
+
+
+@pytest.mark.parametrize("refused_first", [True, False], ids=["refused-then-accepted", "accepted-then-refused"])
+def test_a_cut_replicas_refused_put_never_overwrites_an_accepted_one(replicas, redis_server, refused_first, caplog):
+    """A PUT the store did not take (503 `state_not_shared`) loses to one it took meanwhile on another replica,
+    whichever came first: the cluster orders changes by when its store took them, not by when a replica reconnects."""
+    caplog.set_level(logging.WARNING, "crossover.coordination")
+    proxy = TcpProxy(redis_server.port)
+    cut = replicas(1, redis_url=proxy.url)[0]
+    others = replicas(2)
+    for refused, accepted in ((7, 9), (11, 13), (15, 17)):
+        proxy.cut()
+        wait_until(lambda: not cluster_of(cut).connected, what="the replica cut off from Redis")
+        puts = [(cut, refused, 503), (others[0], accepted, 200)]
+        for replica, threshold, status in puts if refused_first else reversed(puts):
+            answer = admin(replica, "PUT", "/admin/threshold", threshold=threshold)
+            assert answer.status_code == status, answer.text
+        assert cut.state.routing.threshold == refused  # live where it was made, until the store says otherwise
+        proxy.heal()
+        wait_until(lambda: cluster_of(cut).connected, what="the replica reaching Redis again")
+        # Every replica has synced twice since: whatever the reconnected one would write is written by then.
+        rounds = {id(r): cluster_of(r).rounds for r in (cut, *others)}
+        wait_until(
+            lambda rounds=rounds: all(cluster_of(r).rounds > rounds[id(r)] + SPREAD_ROUNDS for r in (cut, *others)),
+            what="every replica syncing after the reconnection",
+        )
+        assert [r.state.routing.threshold for r in (cut, *others)] == [accepted] * 3
+    assert "dropped what this replica changed while the cluster's store did not answer (threshold=" in caplog.text
+
+
+def test_a_store_too_slow_to_hold_a_lease_leaves_no_leader_says_so_and_bounds_a_put(replicas, redis_server):
+    """Redis delayed 0.5 s each way: every call answers (in 1 s, within its timeout), but a sync round takes
+    longer than a lease can wait for its renewal. No replica takes the lease through it, none says it is connected,
+    and a PUT is answered within its bound (the lease)."""
+    lease = 5.0
+    proxy = TcpProxy(redis_server.port)
+    group = replicas(2, urls=[proxy.url] * 2, lease=lease, sync_interval=0.25)
+    wait_until(lambda: sum(cluster_of(r).leader for r in group) == 1, what="one leader")
+    first = next(r for r in group if cluster_of(r).leader)
+    proxy.delay_s = 0.5
+    leaders_seen: set[int] = set()
+
+    def settled() -> bool:
+        leaders_seen.update(index for index, replica in enumerate(group) if cluster_of(replica).leader)
+        return not any(cluster_of(r).leader or cluster_of(r).connected for r in group)
+
+    wait_until(settled, timeout=60, what="no leader and no replica connected")
+    assert leaders_seen <= {group.index(first)}  # the lease never passed to the other replica
+    for replica in group:
+        # Too slow for the lease, or a call over its timeout (min(lease / 3, 2 s)) where two chunks queue up.
+        problem = admin(replica, "GET", "/admin/state").json()["cluster"]["problem"]
+        assert "too slow to hold a lease" in problem or "Timeout" in problem, problem
+    # A replica that is not connected takes no lease for as long as the store stays this slow.
+    rounds = cluster_of(group[1]).rounds
+    wait_until(lambda: cluster_of(group[1]).rounds >= rounds + 3, timeout=60, what="three more rounds")
+    assert not any(cluster_of(r).leader for r in group)
+    began = time.monotonic()
+    answer = admin(group[0], "PUT", "/admin/threshold", threshold=11)
+    assert time.monotonic() - began < lease + 5.0, answer.text  # the bound, plus what a busy machine adds
+    assert answer.status_code in (200, 503), answer.text
+    proxy.delay_s = 0.0
+    wait_until(lambda: sum(cluster_of(r).leader for r in group) == 1, timeout=60, what="one leader again")
+    wait_until(lambda: all(cluster_of(r).connected for r in group), timeout=60, what="connected again")
+
+
+class Slow:
+    """A member's store whose every call takes `per_call` seconds on the member's clock (`now[0]`): a slow link
+    on no real clock at all."""
+
+    def __init__(self, store: Store, now: list[float]) -> None:
+        self.store, self.now, self.per_call = store, now, 0.0
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.store, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+
+        async def call(*args, **kwargs):
+            self.now[0] += self.per_call
+            return await attr(*args, **kwargs)
+
+        return call
+
+
+def test_a_member_whose_rounds_outlast_a_third_of_the_lease_takes_no_lease_until_they_are_quick(redis_server, request):
+    async def main():
+        now = [0.0]
+        name = request.node.name[:60]
+        backends = {"speculative": {"backends": ["http://127.0.0.1:9"]}, "plain": {"backends": ["http://127.0.0.1:10"]}}
+        pools = Pools.from_settings(Settings(pools=backends))
+        local = Control(threshold=8, hysteresis=2, policy="spillover")
+        stores = [Slow(RedisStore(redis_server.url, name, timeout_s=2.0), now) for _ in range(2)]
+        a, b = (Cluster(store, pools, lease_s=3.0, interval_s=60.0, clock=lambda: now[0]) for store in stores)
+
+        async def apply(_: Control) -> None:
+            pass
+
+        for member in (a, b):
+            await member.start(lambda: local, apply)
+        try:
+            assert a.leader and a.connected and not b.leader
+            for store in stores:
+                store.per_call = 1.0  # four calls a round: 4 s, against a lease of 3 s
+            await a._sync()
+            assert not a.connected and "too slow to hold a lease" in a.problem
+            assert not a.leader  # its own clock: the renewal came too late
+            await stores[0].store._redis.delete(f"{name}:lease")  # the lease lapsed in Redis too
+            for _ in range(3):
+                await b._sync()
+                await a._sync()
+                assert not a.leader and not b.leader and not a.connected and not b.connected
+            for store in stores:
+                store.per_call = 0.0
+            for _ in range(2):  # quick again: connected, and within two rounds one of them leads
+                await b._sync()
+                await a._sync()
+            assert a.connected and b.connected and a.leader + b.leader == 1
+        finally:
+            await a.stop()
+            await b.stop()
+
+    asyncio.run(main())

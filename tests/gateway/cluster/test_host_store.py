@@ -79,3 +79,16 @@ def test_the_lease_goes_with_its_holders_process(tmp_path):
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     assert asyncio.run(follower.acquire("follower", 5)) == 2
+
+
+def test_the_token_is_raised_past_a_refused_one_and_never_lowered(tmp_path):
+    async def scenario() -> None:
+        one, other = stores(tmp_path)
+        first = await one.acquire("one", 1.0)
+        assert first == 1  # a new host counts from 1: what its last run handed out is gone with its folder
+        await one.raise_fence(50)
+        await other.raise_fence(3)
+        await one.release("one", first)
+        assert await other.acquire("other", 1.0) == 51
+
+    asyncio.run(scenario())

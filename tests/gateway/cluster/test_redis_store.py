@@ -121,3 +121,23 @@ def test_a_value_that_is_no_control_state_is_said_not_taken(redis_server):
             await junk.close()
 
     run(redis_server, "junk-other", body)
+
+
+def test_the_token_counter_is_raised_past_a_refused_token_and_never_lowered(redis_server):
+    async def body(store, other):
+        first = await store.acquire("a", 5.0)
+        await store.raise_fence(40)  # a resource of the GPU set accepted 40: no token at or below it is handed out
+        await store.raise_fence(7)  # a lower one changes nothing
+        await store.release("a", first)
+        assert await other.acquire("b", 5.0) == 41
+
+    run(redis_server, "raise", body)
+
+
+def test_a_token_counter_that_is_no_number_is_replaced_by_the_raise(redis_server):
+    async def body(store, other):
+        await store._redis.set("garbage-fence:fence", "abc")
+        await store.raise_fence(12)
+        assert await other.acquire("b", 5.0) == 13
+
+    run(redis_server, "garbage-fence", body)
