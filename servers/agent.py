@@ -16,9 +16,10 @@ ServerStatus is the agent contract's (crossover/gateway/agent_contract.py, with 
 but /health and /metrics needs `Authorization: Bearer <token>` (401 otherwise): the check sits on the routes
 themselves, so no URL a client can shape (its Host header, a `?` or `#` in it) decides whether it runs. The
 request head is bounded in size and time as the gateway's is (gateway/wire/client_http.py). The token comes from a
-file or the environment (argv shows in `ps`), is never empty or blank, and is never passed on to the servers
-the agent starts. One operation at a time per GPU set: a second one on overlapping GPUs gets 409, and so does a
-start while another server holds the GPUs (stop it first: that is what a restart switch is). Operations run
+file or the environment (argv shows in `ps`), is printable ASCII, never empty or blank, and is never passed on to the
+servers the agent starts; a token file must be a regular file only its owner may read (servers/agent_token.py).
+One operation at a time per GPU set: a second one on overlapping GPUs gets 409, and so does a start while another
+server holds the GPUs (stop it first: that is what a restart switch is). Operations run
 as tasks on the event loop; poll GET /servers/{name} for a start's or stop's outcome. A release or resume takes
 seconds, not minutes, and is answered when it is done (200, or 502 `operation_failed` saying why); a client that
 leaves does not cancel it. Both are idempotent: a release of a released server and a resume of one that holds its
@@ -28,8 +29,12 @@ reads the state dir and reports them, it never starts a duplicate.
 Every POST (and a lease holder's GET of one server) may carry the lease's fencing token (`X-Crossover-Fence: N`,
 gateway/engines/fence.py): the agent remembers the highest token each GPU set accepted (servers/agent_fence.py, in the
 state dir, so a restart does not forget it) and refuses a lower one with 409 `fenced` before anything else is
-looked at - counted in crossover_agent_fenced_total and logged. A call without the header is a gateway without a
-cluster, accepted.
+looked at - counted in crossover_agent_fenced_total and logged. A token more than `--fence-max-jump` (default
+MAX_FENCE_JUMP) above the highest is refused too, with 403 `fence_jump` (not `fenced`: no newer lease holder leads),
+counted in crossover_agent_fence_jumps_refused_total and logged; the fence is unchanged. A call without the header is a
+gateway without a cluster, accepted. Each raise is logged at INFO (`--log-level info`) with the old and new token. An
+operator lowers a fence with `crossover servers fence` (servers/agent_fence.py: not over HTTP), which the running
+agent takes at its next call.
 """
 
 from __future__ import annotations
@@ -44,12 +49,13 @@ from pathlib import Path
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from crossover.gateway.engines import (
     FENCE_HEADER,
     FENCED,
+    MAX_FENCE_JUMP,
     OPERATIONS,
     SERVER_STATES,
     Operation,
@@ -59,7 +65,8 @@ from crossover.gateway.engines import (
     parse_fence,
 )
 from crossover.gateway.wire import client_protocol
-from crossover.servers.agent_fence import AgentFences
+from crossover.servers.agent_fence import AgentFences, FenceRefusal
+from crossover.servers.agent_token import token_problem
 from crossover.servers.profile import Profile, Server
 from crossover.servers.supervisor import Supervisor
 
@@ -89,15 +96,14 @@ class AgentSettings(BaseModel):
     state_dir: Path
     token: str
     host: str = "127.0.0.1"
+    # How far above the highest token a GPU set accepted a call's token may lie (0: no limit).
+    fence_max_jump: int = Field(MAX_FENCE_JUMP, ge=0)
 
     @field_validator("token")
     @classmethod
     def _token(cls, token: str) -> str:
-        # A blank token would be accepted here and then match nothing a client can send: refuse it at start.
-        if not token.strip():
-            raise ValueError("the agent never runs open: its token is empty or blank")
-        if token != token.strip() or any(c.isspace() or not c.isprintable() for c in token):
-            raise ValueError("the agent's token must be printable, with no spaces (it travels in a header)")
+        if (problem := token_problem(token)) is not None:
+            raise ValueError(problem)
         return token
 
 
@@ -122,7 +128,7 @@ class AgentMetrics:
         )
         self.operations = Counter(
             "crossover_agent_operations_total",
-            "Operations by outcome (ok, failed, conflict, fenced)",
+            "Operations by outcome (ok, failed, conflict, fenced, fence_jump)",
             ["operation", "outcome"],
             registry=registry,
         )
@@ -138,6 +144,12 @@ class AgentMetrics:
             ["operation"],
             registry=registry,
         )
+        self.fence_jumps = Counter(
+            "crossover_agent_fence_jumps_refused_total",
+            "Calls refused because their fencing token lay more than the allowed jump above their GPU set's highest",
+            ["operation"],
+            registry=registry,
+        )
         self.fence = Gauge(
             "crossover_agent_fence_token",
             "The highest fencing token the server's GPU set has accepted (absent: none yet)",
@@ -146,7 +158,8 @@ class AgentMetrics:
         )
         for operation in OPERATIONS:
             self.fenced.labels(operation)
-            for outcome in ("ok", "failed", "conflict", "fenced"):
+            self.fence_jumps.labels(operation)
+            for outcome in ("ok", "failed", "conflict", "fenced", "fence_jump"):
                 self.operations.labels(operation, outcome)
 
     def set_state(self, server: Server, state: str) -> None:
@@ -214,21 +227,24 @@ class Agent:
                     return f"{other.name!r} holds GPUs {_gpus(other)}: {leave} it first"
         return None
 
-    def fence(self, name: str, operation: str, token: int | None) -> str | None:
+    def fence(self, name: str, operation: str, token: int | None) -> FenceRefusal | None:
         """None if a call carrying `token` may act on `name`'s GPU set (the fence is raised to it), else why not.
         `operation`: an Operation, or "status" for a lease holder's read."""
         if token is None:
             return None  # a gateway without a cluster: nothing to check or raise
         refused = self.fences.admit(name, token)
         if refused is not None:
-            self.metrics.fenced.labels(operation).inc()
-            self.metrics.operations.labels(operation, "fenced").inc()
-            logger.warning("refused %s of %r: %s", operation, name, refused)
-        else:
-            self.show_fence()
+            counter = self.metrics.fenced if refused.code == FENCED else self.metrics.fence_jumps
+            counter.labels(operation).inc()
+            self.metrics.operations.labels(operation, refused.code).inc()
+            logger.warning("refused %s of %r: %s", operation, name, refused.message)
+        self.show_fence()
         return refused
 
-    def show_fence(self) -> None:
+    def show_fence(self, *, refresh: bool = False) -> None:
+        if refresh:
+            self.fences.refresh()
+        self.metrics.fence.clear()  # a fence an operator cleared has no token to show
         for server in self.profile.servers:
             token = self.fences.current(server.name)
             if token is not None:
@@ -282,9 +298,8 @@ def _gpus(server: Server) -> str:
 def create_app(settings: AgentSettings, *, registry: CollectorRegistry | None = None) -> FastAPI:
     token = settings.token.encode()
     metrics = AgentMetrics(registry or CollectorRegistry())
-    agent = Agent(
-        Supervisor(settings.profile, settings.state_dir), metrics, AgentFences(settings.profile, settings.state_dir)
-    )
+    fences = AgentFences(settings.profile, settings.state_dir, max_jump=settings.fence_max_jump)
+    agent = Agent(Supervisor(settings.profile, settings.state_dir), metrics, fences)
     agent.show_fence()
 
     @contextlib.asynccontextmanager
@@ -345,6 +360,7 @@ def create_app(settings: AgentSettings, *, registry: CollectorRegistry | None = 
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:
+        agent.show_fence(refresh=True)  # a fence lowered on disk shows before the next call
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @protected.get("/servers")
@@ -370,9 +386,10 @@ def create_app(settings: AgentSettings, *, registry: CollectorRegistry | None = 
         except ValueError as exc:
             return error_response(400, str(exc), "invalid_request_error", "invalid_fence", FENCE_HEADER)
         refused = agent.fence(name, operation, token)
-        if refused is not None:
-            return error_response(409, f"cannot {operation} {name!r}: {refused}", "conflict_error", FENCED)
-        return None
+        if refused is None:
+            return None
+        err_type = "conflict_error" if refused.code == FENCED else "permission_error"
+        return error_response(refused.status, f"cannot {operation} {name!r}: {refused.message}", err_type, refused.code)
 
     async def operate(name: str, operation: Operation, request: Request):
         if name not in {s.name for s in settings.profile.servers}:
@@ -412,4 +429,6 @@ def uvicorn_options() -> dict:
 def run(settings: AgentSettings, *, port: int, log_level: str = "warning") -> None:
     import uvicorn
 
+    # The agent's own log (fence raises at INFO, refusals at WARNING) at the level uvicorn's is.
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(create_app(settings), host=settings.host, port=port, log_level=log_level, **uvicorn_options())

@@ -6,6 +6,7 @@
     crossover servers down standin-partitioned               # stop every process group, verify
     crossover servers adaptive-config runs/k25/results.json -o k25-adaptive.json
     crossover servers agent standin-time-shared --port 8100  # HTTP API for restart switches (token needed)
+    crossover servers fence standin-time-shared [--set gpu:0=N] [--clear plain]  # the agent's fencing tokens
 
 Exit codes: 0 done, 1 the operation failed (a server did not start or survived `down`, the profile does not
 fit), 2 bad input (unknown profile, invalid file).
@@ -25,8 +26,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from crossover.gateway.cli import listen_error, port
-from crossover.gateway.engines import TOKEN_ENV, EngineName
+from crossover.gateway.cli import listen_error, non_negative_int, port
+from crossover.gateway.engines import MAX_FENCE_JUMP, TOKEN_ENV, EngineName
 from crossover.servers.profile import ENGINE_TITLES
 
 SERVERS_COMMAND_GROUP = "crossover.servers_commands"
@@ -36,7 +37,7 @@ FOREGROUND_CHECK_S = 1.0  # --foreground: how often it looks for servers that ex
 def register(subparsers: argparse._SubParsersAction) -> None:
     servers = subparsers.add_parser(
         "servers",
-        help="SGLang deployment profiles: plan, up, down, status, adaptive-config, agent",
+        help="SGLang deployment profiles: plan, up, down, status, adaptive-config, agent, fence",
         description="Start, check and stop the SGLang servers of a deployment profile (servers/profiles/*.toml).",
     )
     sub = servers.add_subparsers(dest="servers_command", required=True, metavar="SUBCOMMAND")
@@ -92,8 +93,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"a file holding the bearer token clients must send (default: ${TOKEN_ENV}); one of the two is required",
     )
     agent.add_argument("--token", help="the token itself (shows in `ps`: prefer --token-file or the environment)")
-    agent.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    agent.add_argument(
+        "--fence-max-jump",
+        type=non_negative_int,
+        default=MAX_FENCE_JUMP,
+        metavar="N",
+        help="refuse (403 fence_jump) a fencing token more than N above the highest its GPU set accepted "
+        f"(default {MAX_FENCE_JUMP}; 0: no limit)",
+    )
+    agent.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="info also logs every raise of a fence",
+    )
     agent.set_defaults(run=_agent)
+
+    fence = sub.add_parser(
+        "fence",
+        help="show the agent's fencing tokens per GPU; lower or clear them (a locked-out cluster)",
+        description="Show the highest fencing token each GPU of the profile accepted (the agent's fence.json). "
+        "--set and --clear lower them, under the agent's lock; a running agent takes the change at its next call. "
+        "KEY is gpu:ID or a server name (all of its GPUs).",
+    )
+    _profile_arg(fence)
+    _state_arg(fence)
+    fence.add_argument(
+        "--set", action="append", default=[], metavar="KEY=N", help="lower KEY's token to N (repeatable)"
+    )
+    fence.add_argument(
+        "--clear", action="append", default=[], metavar="KEY", help="forget KEY's token: any token passes (repeatable)"
+    )
+    fence.add_argument("--json", action="store_true", help='a list of {"key", "highest", "servers"}')
+    fence.set_defaults(run=_fence)
 
     # Subcommands of `crossover servers` that live in a higher layer (loadtest's adaptive-config reads a bench
     # run): they register themselves here through their own entry points, so this package imports none of them.
@@ -343,18 +375,25 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _agent(args: argparse.Namespace) -> int:
+    from crossover.servers.agent_token import TokenError, read_token_file, token_problem
+
     if args.token_file is not None:
         try:
-            token = args.token_file.read_text().strip()
-        except OSError as exc:
-            _say(f"error: cannot read the token file {args.token_file}: {exc.strerror}")
+            token = read_token_file(args.token_file)
+        except TokenError as exc:
+            _say(f"error: {exc}")
             return 2
+        source = f"the token file {args.token_file}"
     else:
         token = args.token or os.environ.get(TOKEN_ENV, "")
+        source = "--token" if args.token else f"${TOKEN_ENV}"
         if args.token:
             _say("warning: --token shows in `ps`; prefer --token-file or the environment")
     if not token.strip():
         _say(f"error: the agent never runs open: its token (--token-file, ${TOKEN_ENV} or --token) is empty")
+        return 2
+    if (problem := token_problem(token)) is not None:
+        _say(f"error: {source}: {problem}")
         return 2
     profile = _load(args)
     if profile is None:
@@ -370,12 +409,97 @@ def _agent(args: argparse.Namespace) -> int:
             "warning: plain HTTP beyond loopback - the token crosses the network in clear; keep the agent on a "
             "private network or put TLS (or an SSH tunnel) in front of it"
         )
+    if args.fence_max_jump == 0:
+        _say("warning: --fence-max-jump 0: any holder of the token can raise a fence out of every cluster's reach")
     try:
         settings = AgentSettings(
-            profile=profile, state_dir=_supervisor(args, profile).store.directory, token=token, host=args.host
+            profile=profile,
+            state_dir=_supervisor(args, profile).store.directory,
+            token=token,
+            host=args.host,
+            fence_max_jump=args.fence_max_jump,
         )
     except ValidationError as exc:
         _say(f"error: {exc.errors()[0]['msg']}")
         return 2
     run(settings, port=args.port, log_level=args.log_level)
     return 0
+
+
+def _fence(args: argparse.Namespace) -> int:
+    from crossover.gateway.engines import parse_fence
+    from crossover.servers.agent_fence import fence_keys, lower, read_fences
+
+    profile = _load(args)
+    if profile is None:
+        return 2
+    directory = _supervisor(args, profile).store.directory
+    try:
+        highest = read_fences(directory)
+    except RuntimeError as exc:
+        _say(f"error: {exc}")
+        return 1
+    servers_of: dict[str, list[str]] = {}
+    for server in profile.servers:
+        for key in fence_keys(server):
+            servers_of.setdefault(key, []).append(server.name)
+
+    def keys_of(text: str) -> list[str]:
+        # A server name stands for every GPU it runs on; a key the profile no longer uses may still be on disk.
+        if text in {server.name for server in profile.servers}:
+            keys = fence_keys(profile.server(text))
+            return [key for key in keys if key in highest] or keys
+        if text in servers_of or text in highest:
+            return [text]
+        raise ValueError(
+            f"{text!r} is neither a server of {profile.name} ({', '.join(s.name for s in profile.servers)}) nor one "
+            f"of its fences ({', '.join(sorted(servers_of))})"
+        )
+
+    changes: dict[str, int | None] = {}
+
+    def change(key: str, token: int | None) -> None:
+        if key in changes and changes[key] != token:
+            raise ValueError(f"{key} is given two different values")
+        changes[key] = token
+
+    try:
+        for item in args.set:
+            text, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"--set {item!r}: give KEY=N, e.g. gpu:0=41")
+            try:
+                token = parse_fence(value)
+            except ValueError:
+                raise ValueError(f"--set {item!r}: N must be a non-negative integer of at most 18 digits") from None
+            for key in keys_of(text):
+                change(key, token)
+        for text in args.clear:
+            for key in keys_of(text):
+                change(key, None)
+        done = lower(directory, changes) if changes else {}
+    except ValueError as exc:
+        _say(f"error: {exc}")
+        return 2
+    for key, (old, new) in done.items():
+        _say(f"{key}: {old} -> {'none' if new is None else new}")
+    if done:
+        _say("a running agent takes this at its next call")
+    highest = read_fences(directory)
+    rows = [
+        {"key": key, "highest": highest.get(key), "servers": servers_of.get(key, [])}
+        for key in sorted({*servers_of, *highest}, key=_fence_order)
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'fence':<16} {'highest':>20}  servers")
+    for row in rows:
+        token = "-" if row["highest"] is None else str(row["highest"])
+        print(f"{row['key']:<16} {token:>20}  {', '.join(row['servers']) or '(not in this profile)'}")
+    return 0
+
+
+def _fence_order(key: str) -> tuple[str, int, str]:
+    kind, _, rest = key.partition(":")
+    return (kind, int(rest), "") if rest.isdigit() else (kind, 0, rest)

@@ -25,11 +25,15 @@ from crossover.gateway.engines.agent_contract import (
 from crossover.gateway.engines.calls import ControlCall, EngineError, control, error_message, generate_once
 from crossover.gateway.engines.fence import (
     FENCE_HEADER,
+    FENCE_JUMP,
     FENCED,
+    MAX_FENCE_JUMP,
     Fenced,
     LeaseLost,
     fence_headers,
     is_fenced,
+    jump_refusal,
+    jumps_too_far,
     parse_fence,
     refusal,
 )
@@ -50,6 +54,8 @@ __all__ = [
     "ENGINE_NAMES",
     "FENCED",
     "FENCE_HEADER",
+    "FENCE_JUMP",
+    "MAX_FENCE_JUMP",
     "OPERATIONS",
     "SERVER_STATES",
     "TOKEN_ENV",
@@ -76,6 +82,8 @@ __all__ = [
     "fence_headers",
     "generate_once",
     "is_fenced",
+    "jump_refusal",
+    "jumps_too_far",
     "parse_fence",
     "read_gate",
     "refusal",

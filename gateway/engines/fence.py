@@ -6,6 +6,11 @@ accepted and refuses a lower one with 409 `fenced`: a replica paused past its le
 what the replica that took the lease over has done. A call without the header is a gateway without a cluster, and
 is accepted as before - so a replica of a cluster never sends one: once its lease may have run out it sends
 nothing (`LeaseLost`, from `Cluster.token()`), even in the middle of a switch.
+
+A token more than `MAX_FENCE_JUMP` above the highest accepted is refused too, with 403 `fence_jump` - not `fenced`,
+which tells a gateway that a newer lease holder leads: no lease holder is that far ahead, and a resource that took
+10^18-1 from anyone holding the agent's token would shut every cluster out for good. A resource with no token yet
+takes any; an operator who means a larger jump allows it on the resource (`--fence-max-jump`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,10 @@ import re
 
 FENCE_HEADER = "X-Crossover-Fence"
 FENCED = "fenced"
+FENCE_JUMP = "fence_jump"
+# Far more lease changes than a resource misses in practice (each is one failover or restart of a replica, seconds
+# apart), far fewer than would take a counter anywhere near the 18 digits a header may carry.
+MAX_FENCE_JUMP = 10_000
 
 
 def fence_headers(token: int | None) -> dict[str, str]:
@@ -63,6 +72,20 @@ def refused_highest(text: str) -> int | None:
     """The highest token a refusal (`refusal`'s words, anywhere in `text`) says its resource accepted, or None."""
     found = _REFUSED.search(text)
     return int(found.group(1)) if found else None
+
+
+def jumps_too_far(token: int, highest: int | None, max_jump: int) -> bool:
+    """Whether `token` lies more than `max_jump` above `highest`, the highest accepted (None: none yet, anything goes;
+    `max_jump` 0: no limit)."""
+    return highest is not None and max_jump > 0 and token - highest > max_jump
+
+
+def jump_refusal(token: int, highest: int, max_jump: int) -> str:
+    """What a resource says when it refuses a jump (no `refusal()` wording: this is not a newer lease holder)."""
+    return (
+        f"fence_jump: this call carries token {token}, more than {max_jump} above {highest}, the highest this GPU set "
+        "accepted - no lease holder is that far ahead; an operator who means it allows the jump (--fence-max-jump)"
+    )
 
 
 def is_fenced(status: int, body: object) -> bool:

@@ -29,7 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from crossover.gateway.engines import DEFAULT_ENGINE, EngineName, adapter
+from crossover.gateway.engines import DEFAULT_ENGINE, MAX_FENCE_JUMP, EngineName, adapter
 from crossover.servers.profile import ENGINE_TITLES, SIM_SLEEP_ARGS
 from crossover.servers.sim import generation
 from crossover.servers.sim.engine import PAUSE_MODES, Engine
@@ -86,6 +86,8 @@ class SimSettings:
     # SGLang's --admin-api-key: the gate's POST then needs it (speculation_gate.py says what it does without one), and
     # so do pause/continue and release/resume (SGLang's ADMIN_OPTIONAL endpoints: open only while no key is set).
     admin_api_key: str | None = None
+    # The gate's fence: how far above the highest accepted a token may lie (0: no limit), as the agent's.
+    fence_max_jump: int = MAX_FENCE_JUMP
     # The engine it plays: SGLang's surface, or vLLM's (vllm_surface.py: its endpoints, metric names, errors).
     engine: EngineName = DEFAULT_ENGINE
     # vLLM's --enable-sleep-mode (with VLLM_SERVER_DEV_MODE=1): /sleep, /wake_up and /is_sleeping.
@@ -319,7 +321,12 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
                 raise ValueError(
                     "--speculation-gate needs a speculative profile (the gate sends batches to zero steps)"
                 )
-            gate = StandInGate(live.engine, spec.num_steps, admin_api_key=settings.admin_api_key)
+            gate = StandInGate(
+                live.engine,
+                spec.num_steps,
+                admin_api_key=settings.admin_api_key,
+                fence_max_jump=settings.fence_max_jump,
+            )
             metrics.registry.register(
                 GateMetrics(gate, {"model_name": profile.model_name, **settings.extra_metric_labels})
             )

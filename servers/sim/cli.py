@@ -23,7 +23,7 @@ from crossover.gateway.cli import (
     positive_int,
     positive_int_list,
 )
-from crossover.gateway.engines import DEFAULT_ENGINE, ENGINE_NAMES
+from crossover.gateway.engines import DEFAULT_ENGINE, ENGINE_NAMES, MAX_FENCE_JUMP
 from crossover.servers.sim.replay import DEFAULT_STOP_S, MECHANISMS
 
 DEFAULT_HOST = "127.0.0.1"
@@ -88,6 +88,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     admin_key.add_argument(
         "--admin-api-key-file", metavar="PATH", help="the same key, read from a file (it stays off the command line)"
+    )
+    serve.add_argument(
+        "--fence-max-jump",
+        type=non_negative_int,
+        default=MAX_FENCE_JUMP,
+        metavar="N",
+        help="with --speculation-gate: refuse (403 fence_jump) a fencing token more than N above the highest "
+        f"accepted (default {MAX_FENCE_JUMP}; 0: no limit)",
     )
     serve.add_argument(
         "--engine",
@@ -275,6 +283,7 @@ def _serve(args: argparse.Namespace) -> int:
             extra_metric_labels=args.extra_metric_labels,
             speculation_gate=args.speculation_gate,
             admin_api_key=admin_api_key,
+            fence_max_jump=args.fence_max_jump,
             engine=args.engine,
             sleep_mode=args.enable_sleep_mode,
         ),

@@ -10,7 +10,10 @@ it answers 401 as the patch does.
 
 The fencing token (gateway/engines/fence.py) as the patch checks it, once, before anything else about a POST: a call
 carrying `X-Crossover-Fence` lower than the highest one accepted is refused with 409 `fenced` (logged, counted in
-the reply's `fence`), a malformed one with 400 `invalid_fence`; none at all is accepted.
+the reply's `fence`), a malformed one with 400 `invalid_fence`; none at all is accepted. One more than
+`fence_max_jump` above the highest (`crossover sim serve --fence-max-jump`, default MAX_FENCE_JUMP, 0: no limit) is
+refused with 403 `fence_jump`, logged, the fence unchanged - a check the stand-in has ahead of the patch, which
+forgets its fence on a restart where the agent keeps its on disk. Each raise is logged at INFO, old and new token.
 """
 
 from __future__ import annotations
@@ -27,7 +30,16 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from crossover.gateway.engines import FENCE_HEADER, FENCED, parse_fence, refusal
+from crossover.gateway.engines import (
+    FENCE_HEADER,
+    FENCE_JUMP,
+    FENCED,
+    MAX_FENCE_JUMP,
+    jump_refusal,
+    jumps_too_far,
+    parse_fence,
+    refusal,
+)
 from crossover.servers.sim.engine import Engine
 
 # The patch's bounds and fields (sglang/srt/speculative/adaptive_spec_params.py, patched).
@@ -187,10 +199,18 @@ def bearer_matches(authorization: str | None, key: str) -> bool:
 class StandInGate:
     """The gate's state on one stand-in engine; `generation` counts applied updates, as the patch's does."""
 
-    def __init__(self, engine: Engine, num_steps: int, *, admin_api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        num_steps: int,
+        *,
+        admin_api_key: str | None = None,
+        fence_max_jump: int = MAX_FENCE_JUMP,
+    ) -> None:
         self.engine = engine
         self.num_steps = num_steps
         self.admin_api_key = admin_api_key
+        self.fence_max_jump = fence_max_jump
         self.generation = 0
         engine.set_gate(engine.zero_steps_above_bs, DEFAULT_GATE_MIN_DWELL_STEPS)
         self.captured_steps = sorted({0, num_steps})
@@ -241,6 +261,12 @@ class StandInGate:
             message = refusal(token, self.fence_highest)
             logger.warning("/speculative/adaptive refused: %s", message)
             raise GateError(message, 409, FENCED)
+        if self.fence_highest is not None and jumps_too_far(token, self.fence_highest, self.fence_max_jump):
+            message = jump_refusal(token, self.fence_highest, self.fence_max_jump)
+            logger.warning("/speculative/adaptive refused: %s", message)
+            raise GateError(message, 403, FENCE_JUMP)
+        if token != self.fence_highest:
+            logger.info("/speculative/adaptive: fence raised from %s to %d", self.fence_highest, token)
         self.fence_highest = token
 
     def fence(self) -> dict[str, Any]:

@@ -154,14 +154,13 @@ class Agent:
 def start_agent(state_dir):
     agents: list[subprocess.Popen] = []
 
-    def start(profile, *, token: str = TOKEN) -> Agent:
+    def start(profile, *extra: str, token: str = TOKEN, log: Path | None = None) -> Agent:
+        """`extra`: more options of `crossover servers agent`; `log`: a file its stderr goes to."""
         port = free_port()
         env = {**os.environ, "CROSSOVER_AGENT_TOKEN": token}
-        proc = spawn(
-            crossover_argv("servers", "agent", str(profile), "--port", str(port), "--state-dir", str(state_dir)),
-            die_with_parent=False,
-            env=env,
-        )
+        argv = crossover_argv("servers", "agent", str(profile), "--port", str(port), "--state-dir", str(state_dir))
+        with open(log, "ab") if log is not None else contextlib.nullcontext() as stderr:
+            proc = spawn([*argv, *extra], die_with_parent=False, env=env, stderr=stderr)
         agents.append(proc)
         url = f"http://127.0.0.1:{port}"
         wait_ready(f"{url}/health", proc, AGENT_READY_S)

@@ -116,6 +116,7 @@ def test_the_token_comes_from_a_file_and_never_reaches_the_servers_it_starts(sta
 
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)  # the agent refuses a token file others may read
     port = free_port()
     env = {**os.environ, "CROSSOVER_AGENT_TOKEN": "not-this-one"}
     argv = [

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 
 import httpx
 import pytest
 
-from crossover.gateway.engines.fence import FENCE_HEADER, FENCED, is_fenced
+from crossover.gateway.engines.fence import FENCE_HEADER, FENCE_JUMP, FENCED, MAX_FENCE_JUMP, is_fenced
 from crossover.servers.sim.costs import make_costs
 from crossover.servers.sim.engine import Engine, Sequence
 from crossover.servers.sim.profile import load_profile
+from crossover.servers.sim.speculation_gate import GateError, StandInGate
 
 
 def post(url: str, body, key: str | None = None) -> httpx.Response:
@@ -155,3 +157,39 @@ def test_a_lower_fencing_token_moves_nothing_an_equal_higher_or_no_token_moves_t
     assert post_fenced(5, "3").status_code == 200 and post_fenced(4, "2").status_code == 409
     answer = httpx.get(server.url + "/speculative/adaptive", timeout=10).json()
     assert answer["fence"] == {"highest": 3, "refused": 2} and answer["state"]["zero_steps_above_bs"] == 5
+
+
+def post_fenced(url: str, gate: int, token: int) -> httpx.Response:
+    body = {"zero_steps_above_bs": gate}
+    return httpx.post(url + "/speculative/adaptive", json=body, headers={FENCE_HEADER: str(token)}, timeout=10)
+
+
+def test_a_token_far_above_the_highest_is_refused_with_403_and_moves_nothing_unless_allowed(sim):
+    server = sim("llama8b-h200-eagle3", "--speculation-gate")
+    assert post_fenced(server.url, 16, 2).status_code == 200
+    far = post_fenced(server.url, 4, 2 + MAX_FENCE_JUMP + 1)
+    assert (far.status_code, far.json()["reason"]) == (403, FENCE_JUMP) and not is_fenced(403, far.json())
+    assert far.json()["success"] is False and str(2 + MAX_FENCE_JUMP + 1) in far.json()["message"]
+    answer = httpx.get(server.url + "/speculative/adaptive", timeout=10).json()
+    assert answer["fence"]["highest"] == 2 and answer["state"]["zero_steps_above_bs"] == 16, "nothing moved"
+    assert post_fenced(server.url, 8, 2 + MAX_FENCE_JUMP).status_code == 200, "a jump of exactly the limit passes"
+
+    allowed = sim("llama8b-h200-eagle3", "--speculation-gate", "--fence-max-jump", "0")
+    assert post_fenced(allowed.url, 16, 2).status_code == 200
+    assert post_fenced(allowed.url, 8, 10**18 - 1).status_code == 200
+
+
+def test_the_gate_logs_each_raise_and_a_refused_jump(caplog):
+    caplog.set_level(logging.INFO, logger="crossover.servers.sim.speculation_gate")
+    gate = StandInGate(Engine(load_profile("llama8b-h200-eagle3"), random.Random(0)), 3, fence_max_jump=10)
+    gate.admit("5")
+    gate.admit("5")
+    gate.admit("15")
+    with pytest.raises(GateError) as refused:
+        gate.admit("26")
+    assert (refused.value.status, refused.value.reason) == (403, FENCE_JUMP) and gate.fence_highest == 15
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "/speculative/adaptive: fence raised from None to 5"),
+        (logging.INFO, "/speculative/adaptive: fence raised from 5 to 15"),
+        (logging.WARNING, f"/speculative/adaptive refused: {refused.value}"),
+    ]
