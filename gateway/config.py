@@ -8,6 +8,7 @@ Every default is named here; `gateway/example.toml` documents each field.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tomllib
 from pathlib import Path
@@ -329,6 +330,7 @@ def fit_hysteresis(threshold: int, hysteresis: int) -> int:
 # A lease longer than this keeps a dead leader's GPU set unattended too long; a sync rarer than this, stale counts.
 MAX_LEASE_S = 300.0
 MAX_SYNC_INTERVAL_S = 60.0
+MIN_CLUSTER_KEY_CHARS = 32
 
 
 class ClusterSettings(_Section):
@@ -342,6 +344,33 @@ class ClusterSettings(_Section):
     lease: float = Field(5.0, gt=0, le=MAX_LEASE_S, allow_inf_nan=False)
     # Seconds between reads of the shared state and publications of this replica's in-flight counts.
     sync_interval: float = Field(0.25, gt=0, le=MAX_SYNC_INTERVAL_S, allow_inf_nan=False)
+    # A secret every replica shares (one line, at least MIN_CLUSTER_KEY_CHARS characters; group-readable at most):
+    # the control state and in-flight counts in Redis carry its HMAC, so write access to Redis alone moves nothing.
+    key_file: Path | None = None
+    key: str = Field("", repr=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_key(cls, data: object) -> object:
+        if not isinstance(data, dict) or data.get("key_file") in (None, ""):
+            return data
+        if data.get("key"):
+            raise ValueError("give key or key_file, not both")
+        path = Path(data["key_file"])
+        with contextlib.suppress(OSError):
+            if path.stat().st_mode & 0o007:
+                raise ValueError(f"key_file {path} is open to every user of the host: run `chmod 600 {path}`")
+        return {**data, "key": read_key_file(path, "key_file")}
+
+    @field_validator("key")
+    @classmethod
+    def _long_enough(cls, key: str) -> str:
+        if key and len(key) < MIN_CLUSTER_KEY_CHARS:
+            raise ValueError(
+                f"the cluster's key has {len(key)} characters; use at least {MIN_CLUSTER_KEY_CHARS} "
+                "(`openssl rand -hex 32`)"
+            )
+        return key
 
     @field_validator("redis_url")
     @classmethod

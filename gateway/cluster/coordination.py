@@ -75,6 +75,7 @@ class Solo:
     leader = True
     connected = True
     fenced = 0
+    member = ""
 
     async def start(self, local: LocalControl, apply: ApplyControl) -> None:
         pass

@@ -21,7 +21,8 @@ def make_coordination(settings: Settings, pools: Pools, worker: Worker | None = 
             needs = "[cluster] redis_url needs the redis package: pip install 'crossover[cluster]'"
             raise ImportError(f"{needs} ({exc})") from None
 
-        store: Store = RedisStore(cluster.redis_url, cluster.name, timeout_s=min(cluster.lease / 3, 2.0))
+        timeout_s = min(cluster.lease / 3, 2.0)  # a call that takes longer leaves no room to renew the lease
+        store: Store = RedisStore(cluster.redis_url, cluster.name, timeout_s=timeout_s, key=cluster.key)
     elif worker is not None:
         from crossover.gateway.cluster.host_store import HostStore
 

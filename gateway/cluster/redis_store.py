@@ -15,6 +15,9 @@ Keys, under the cluster's name N (one name per GPU set):
 Every call is bounded by `timeout_s` and never retried here (the next sync is the retry); anything that goes wrong
 talking to Redis is `StoreUnavailable`.
 
+With a key (`[cluster] key_file`), the control state and the counts are sealed with its HMAC (signing.py): one
+written without it is as malformed as one that does not parse.
+
 Whatever is read is checked here before anything else sees it, its size bounded before it is read (anyone who can
 write Redis can write anything under our names): a control state or version that is not one is `StoreMalformed`
 (the state cannot be trusted: the member serves on what it last saw, and says so); a member's counts that are not a
@@ -37,6 +40,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from crossover.gateway.cluster.signing import Seal
 from crossover.gateway.cluster.store import Control, StoreMalformed, StoreUnavailable
 
 log = logging.getLogger("crossover.coordination")
@@ -89,9 +93,12 @@ RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-# Compare-and-set: written only over the version its writer read (a missing version reads 0: nothing stored).
+# Compare-and-set: written only over the version its writer read (nothing stored reads 0: no version, or a version
+# without its state - deleted by an operator - which a reader also reads as nothing stored). The version INCRs on.
 PUT_CONTROL = """
-if tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[2]) then return false end
+local current = 0
+if redis.call('EXISTS', KEYS[1]) == 1 then current = tonumber(redis.call('GET', KEYS[2]) or '0') end
+if current ~= tonumber(ARGV[2]) then return false end
 redis.call('SET', KEYS[1], ARGV[1])
 return redis.call('INCR', KEYS[2])
 """
@@ -100,8 +107,9 @@ return redis.call('INCR', KEYS[2])
 class RedisStore:
     """`Store` over one Redis (see the module docstring)."""
 
-    def __init__(self, url: str, name: str, *, timeout_s: float) -> None:
+    def __init__(self, url: str, name: str, *, timeout_s: float, key: str = "") -> None:
         self.timeout_s = timeout_s
+        self._seal = Seal(key)
         self._redis = redis.Redis.from_url(
             url,
             socket_timeout=timeout_s,
@@ -139,6 +147,11 @@ class RedisStore:
         if not isinstance(payload, str):
             raise self._malformed(self._control, payload, "holds no control state")
         try:
+            payload = self._seal.open(self._control, payload)
+        except ValueError as exc:
+            what = f"holds a control state that is not the cluster's: {exc}"
+            raise self._malformed(self._control, payload, what) from None
+        try:
             control = Control.model_validate_json(payload)
         except ValueError as exc:  # someone else's value under our name: say so, and touch nothing
             raise self._malformed(self._control, payload, f"holds no control state ({_first_line(exc)})") from None
@@ -146,7 +159,7 @@ class RedisStore:
         return control.model_copy(update={"version": int(version)})
 
     async def put_control(self, control: Control, expected: int) -> int | None:
-        payload = control.model_dump_json(exclude={"version"})
+        payload = self._seal.close(self._control, control.model_dump_json(exclude={"version"}))
         version = await self._call(self._put_control(keys=[self._control, self._version], args=[payload, expected]))
         return None if version is None else int(version)
 
@@ -165,7 +178,8 @@ class RedisStore:
 
     async def publish(self, member: str, inflight: dict[str, int], ttl_s: float) -> None:
         pipe = self._redis.pipeline(transaction=False)
-        pipe.set(self._inflight + member, json.dumps(inflight), px=_ms(ttl_s))
+        key = self._inflight + member
+        pipe.set(key, self._seal.close(key, json.dumps(inflight)), px=_ms(ttl_s))
         pipe.sadd(self._members, member)
         await self._call(pipe.execute())
 
@@ -183,12 +197,18 @@ class RedisStore:
             await self._call(self._redis.srem(self._members, *gone))  # expired: a member that stopped publishing
         counts, bad = {}, set()
         for member, key, value in zip(members, keys, values, strict=True):
-            published = None if value is None else _counts(value)
+            if value is None:
+                continue
+            why = "holds no in-flight counts (an object of non-negative integers)"
+            try:
+                published = _counts(self._seal.open(key, value) if isinstance(value, str) else value)
+            except ValueError as exc:
+                published, why = None, f"holds in-flight counts that are not the cluster's: {exc}"
             if published is not None:
                 counts[member] = published
-            elif value is not None:
+            else:
                 bad.add(key)
-                self._malformed(key, value, "holds no in-flight counts (an object of non-negative integers)")
+                self._malformed(key, value, why)
         # What no longer reads badly (put right, or gone with its member) is no longer reported.
         self._well(*[key for key in self.malformed if key.startswith(self._inflight) and key not in bad])
         return counts

@@ -20,6 +20,8 @@ class ModeRequest(BaseModel):
     id: str
     mode: Mode | None = None
     pin: bool | None = None
+    # The member that took the PUT (for the leader's log: whose request it runs).
+    member: str = ""
 
 
 class ModeAnswer(BaseModel):

@@ -84,10 +84,17 @@ class TimeShared(Topology):
         if one started meanwhile (or the rate limit says so). The refusal is not run later - the switch that won
         may have done what was asked, and an operator's intent is stale by then - but published for
         /admin/state on every replica and logged."""
+        log.info(
+            "running a PUT /admin/mode taken by %s (request %s): mode %s, pin %s",
+            request.member or "another replica",
+            request.id,
+            request.mode,
+            request.pin,
+        )
         try:
             started = self.controller.request_switch(request.mode, pin=request.pin)
         except GatewayError as exc:
-            log.warning("a PUT /admin/mode taken by another replica (request %s) is refused: %s", request.id, exc)
+            log.warning("the PUT /admin/mode of %s (request %s) is refused: %s", request.member, request.id, exc)
             return ModeAnswer(id=request.id, status=exc.status, error=str(exc))
         self._operator_switches += started
         return ModeAnswer(id=request.id, status=202 if started else 200)
@@ -147,5 +154,5 @@ class TimeShared(Topology):
             return controller.view(), 200  # it serves already
         if mode is not None:
             controller.operator_switched()
-        self._request = ModeRequest(id=uuid.uuid4().hex, mode=mode, pin=pin)
+        self._request = ModeRequest(id=uuid.uuid4().hex, mode=mode, pin=pin, member=self.coordination.member)
         return {**controller.view(), "mode_request": self._request_view()}, 202

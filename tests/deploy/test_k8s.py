@@ -112,6 +112,8 @@ CONFIG_DIR = "/etc/crossover/"
 def gateway_settings(topology: str, tmp_path, monkeypatch) -> Settings:
     """The gateway ConfigMap's file for `topology`, loaded with the gateway's own loader, as a pod would: the
     in-engine engines' admin key read from where the pod mounts its Secret (here a file of the test's)."""
+    for name, value in _secret_env(container(one("Deployment", "crossover-gateway"))).items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("CROSSOVER_AGENT_TOKEN", "from-the-secret")
     key = tmp_path / "sglang-admin.key"
     key.write_text("engine-admin-key\n")
@@ -120,6 +122,16 @@ def gateway_settings(topology: str, tmp_path, monkeypatch) -> Settings:
     path = tmp_path / f"{topology}.toml"
     path.write_text(text.replace(mounted, str(key)))
     return load_settings(path)
+
+
+def _secret_env(main: dict) -> dict[str, str]:
+    """The container's variables that come from a Secret of these files, as its placeholder values."""
+    env = {}
+    for item in main.get("env", []):
+        ref = item.get("valueFrom", {}).get("secretKeyRef")
+        if ref is not None and documents("Secret", ref["name"]):
+            env[item["name"]] = one("Secret", ref["name"])["stringData"][ref["key"]]
+    return env
 
 
 def _secret_mount(secret: str) -> str:
@@ -147,7 +159,9 @@ def test_every_topology_runs_three_replicas_sharing_one_redis(topology, tmp_path
     # The Redis every replica shares: the Service of the Redis Deployment in this file.
     redis = one("Service", "crossover-redis")
     (port,) = redis["spec"]["ports"]
-    assert settings.cluster.redis_url == f"redis://{redis['metadata']['name']}:{port['port']}/0"
+    password = one("Secret", "crossover-cluster")["stringData"]["redis-password"]
+    assert settings.cluster.redis_url == f"redis://:{password}@{redis['metadata']['name']}:{port['port']}/0"
+    assert settings.cluster.key == one("Secret", "crossover-cluster")["stringData"]["key"]
     assert (
         redis["spec"]["selector"].items()
         <= one("Deployment", "crossover-redis")["spec"]["template"]["metadata"]["labels"].items()
@@ -176,6 +190,25 @@ def test_in_engine_sends_the_engines_admin_key_from_its_secret(tmp_path, monkeyp
     # Optional: the other topologies run without it. Readable by the gateway's group only.
     assert volume["secret"]["optional"] is True and volume["secret"]["defaultMode"] == 0o440
     assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+
+
+def test_redis_asks_for_the_password_the_gateways_connect_with():
+    redis = container(one("Deployment", "crossover-redis"))
+    args = redis["args"]
+    assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    secret = _refs(redis)
+    assert secret["REDIS_PASSWORD"] == secret["REDISCLI_AUTH"] == ("crossover-cluster", "redis-password")
+    gateway = _refs(container(one("Deployment", "crossover-gateway")))
+    assert gateway["CROSSOVER_CLUSTER__REDIS_URL"] == ("crossover-cluster", "redis-url")
+    assert gateway["CROSSOVER_CLUSTER__KEY"] == ("crossover-cluster", "key")
+
+
+def _refs(main: dict) -> dict[str, tuple[str, str]]:
+    return {
+        item["name"]: (ref["name"], ref["key"])
+        for item in main.get("env", [])
+        if (ref := item.get("valueFrom", {}).get("secretKeyRef")) is not None
+    }
 
 
 def test_redis_is_reachable_from_the_gateways_only():

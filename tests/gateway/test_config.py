@@ -108,6 +108,8 @@ def test_environment_overrides_the_file_with_nesting(tmp_path, monkeypatch):
         ("[cluster]\nlease = 0.5\nsync_interval = 0.25\n" + POOLS, "cluster", "at most lease / 3"),
         ('[cluster]\nredis_url = "redis://r:6379/0?no_such_option=1"\n' + POOLS, "cluster.redis_url", "no_such_option"),
         ('[cluster]\nredis_url = "http://r:6379/0"\n' + POOLS, "cluster.redis_url", "redis://, rediss://, unix://"),
+        ('[cluster]\nkey = "short"\n' + POOLS, "cluster.key", "use at least 32"),
+        ('[cluster]\nkey_file = "/nonexistent/key"\n' + POOLS, "cluster", "key_file /nonexistent/key cannot be read"),
     ],
 )
 def test_invalid_settings_name_the_field(tmp_path, text, field, words):
@@ -195,3 +197,15 @@ def test_a_pool_names_its_engine_and_in_engine_refuses_vllm_with_a_clear_message
     with pytest.raises(SettingsError, match=r"only SGLang patched with patches/sglang-0\.5\.23 has") as caught:
         load_settings(write(tmp_path, in_engine))
     assert "vLLM fixes its draft length at launch" in str(caught.value)
+
+
+def test_the_clusters_key_is_read_from_a_file_only_its_owner_and_group_may_read(tmp_path):
+    key = tmp_path / "cluster.key"
+    key.write_text("k" * 40 + "\n")
+    key.chmod(0o640)
+    settings = load_settings(write(tmp_path, f'[cluster]\nkey_file = "{key}"\n' + POOLS))
+    assert settings.cluster.key == "k" * 40
+    assert "k" * 40 not in repr(settings.cluster)
+    key.chmod(0o644)
+    with pytest.raises(SettingsError, match="open to every user of the host: run `chmod 600"):
+        load_settings(write(tmp_path, f'[cluster]\nkey_file = "{key}"\n' + POOLS))

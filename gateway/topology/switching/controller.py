@@ -513,7 +513,7 @@ class SwitchController:
             await mechanism.preflight(old, target)
         except SwitchFailed as failure:
             if self.replica.fenced(failure):
-                self._refused(record, failure)
+                self._refused(record, failure, target)
                 return
             record.failed_step, record.error = failure.step, failure.message
             self.last_switch = record
@@ -541,7 +541,7 @@ class SwitchController:
             await mechanism.verify(target)
         except SwitchFailed as failure:
             if self.replica.fenced(failure):
-                self._refused(record, failure)
+                self._refused(record, failure, target)
                 return
             record.failed_step, record.error = failure.step, failure.message
             log.error(
@@ -558,7 +558,7 @@ class SwitchController:
             serving = target
         self._finish(record, serving, started)
 
-    def _refused(self, record: SwitchRecord, failure: SwitchFailed) -> None:
+    def _refused(self, record: SwitchRecord, failure: SwitchFailed, target: Mode) -> None:
         """The GPU set's fence refused the switch: this replica stepped down. An operator's switch is not lost
         silently: /admin/state says why it did not run, and this replica runs it again if it takes the lease back
         within FENCED_RETRY_S (it does at its next sync where the store had counted tokens lower than the GPU set
@@ -566,7 +566,7 @@ class SwitchController:
         record.failed_step, record.outcome = failure.step, FAILED
         record.error = f"refused by the GPU set's fence, this replica stepped down: {failure.message}"
         if record.reason == OPERATOR:
-            self._fenced_switch = (record.to_mode, self.clock())
+            self._fenced_switch = (target, self.clock())
             record.error += f"; run again if this replica leads again within {FENCED_RETRY_S:g} s, else dropped"
         self.last_switch = record
         log.warning("switch %s -> %s %s", record.from_mode, record.to_mode, record.error)

@@ -61,6 +61,23 @@ def fence_of(gw) -> int | None:
     return admin_state(gw)["cluster"]["fence"]
 
 
+def forgotten(server: RedisServer, replicas) -> None:
+    """Redis restarted empty, and a replica leading under a token from its counter started again at 1 (until then
+    the old leader's lease may still be valid by its own clock: its calls carry the old token and pass)."""
+    server.stop()
+    server.restart()
+
+    def fresh_leader() -> bool:
+        views = [admin_state(gw)["cluster"] for gw in replicas]
+        return any(view["role"] == "leader" and view["fence"] < REACHED for view in views)
+
+    wait_until(
+        fresh_leader,
+        timeout=WAIT_S,
+        what="a replica leading under a token from the empty store",
+    )
+
+
 def until_answered(call, statuses: tuple[int, ...], what: str) -> httpx.Response:
     """`call()` until it answers one of `statuses`: a replica answers 503 `state_not_shared` while the store it lost
     is not back in its view (that is the PUT refused, not lost)."""
@@ -84,8 +101,7 @@ def test_in_engine_redis_restarted_empty_the_next_put_is_on_the_engine_after_one
     assert fence_of(leader(replicas)) == REACHED
     wait_until(lambda: engine_fence(engine.url)["highest"] == REACHED, what="the engine accepting the token")
 
-    fresh_redis.stop()
-    fresh_redis.restart()  # empty: its counter starts again at 1
+    forgotten(fresh_redis, replicas)
     put = until_answered(lambda: put_threshold(replicas[0], 12), (200,), what="the PUT taken by the cluster")
     assert put.status_code == 200, put.text
     wait_until(lambda: engine_gate(engine.url)["zero_steps_above_bs"] == 12, timeout=WAIT_S, what="the gate live")
@@ -115,8 +131,7 @@ def test_time_shared_redis_restarted_empty_the_next_switch_runs_after_one_refusa
     assert fence_of(first) == REACHED
     wait_phase(first, "active", "speculative")
 
-    fresh_redis.stop()
-    fresh_redis.restart()
+    forgotten(fresh_redis, replicas)
     put = until_answered(lambda: put_mode(first, "plain"), (202,), what="the switch taken by the cluster")
     assert put.status_code == 202, put.text
     for gw in replicas:

@@ -6,6 +6,7 @@ replica still starts."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import httpx
@@ -183,3 +184,52 @@ def over_garbage(start_replicas, redis_server, name: str, where: str) -> None:
     third = start_replicas(1)[0]  # a new replica starts
     assert admin(third, "GET", "/admin/state").status_code == 200
     assert all(httpx.get(r.url + "/health", trust_env=False).status_code == 200 for r in (first, second, third))
+
+
+def test_with_a_key_a_control_state_or_counts_written_without_it_are_not_read(redis_server):
+    async def main():
+        name = "sealed"
+        store = RedisStore(redis_server.url, name, timeout_s=2.0, key="k" * 32)
+        try:
+            control = Control(threshold=8, hysteresis=2, policy="switch")
+            assert await store.put_control(control, 0) == 1
+            assert (await store.get_control()).threshold == 8
+            await store._redis.set(f"{name}:control", control.model_copy(update={"threshold": 99}).model_dump_json())
+            with pytest.raises(StoreMalformed, match="not sealed with the cluster's key"):
+                await store.get_control()
+            assert "not the cluster's" in store.malformed[f"{name}:control"]
+            await store.publish("honest", {"a": 1}, 5.0)
+            await store._redis.set(f"{name}:inflight:forger", '{"a": 500}')
+            await store._redis.sadd(f"{name}:members", "forger")
+            assert await store.inflight() == {"honest": {"a": 1}}
+            assert f"{name}:inflight:forger" in store.malformed
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_control_state_written_into_redis_without_the_keys_hmac_moves_nothing_and_is_reported(
+    replicas,  # noqa: F811
+    redis_server,
+    request,
+):
+    group = replicas(2, key="k" * 32)
+    name = request.node.name[:60]
+    assert admin(group[0], "PUT", "/admin/threshold", threshold=20).status_code == 200
+    wait_until(lambda: all(r.state.routing.threshold == 20 for r in group), what="threshold 20 everywhere")
+    with redis.Redis.from_url(redis_server.url) as direct:
+        forged = json.loads(direct.get(f"{name}:control").split(b" ", 1)[1])  # the sealed state, unsealed
+        direct.set(f"{name}:control", json.dumps({**forged, "threshold": 3, "generation": forged["generation"] + 9}))
+        direct.incr(f"{name}:control:version")
+    wait_until(lambda: not any(cluster_of(r).connected for r in group), what="every replica distrusting the state")
+    for replica in group:
+        view = admin(replica, "GET", "/admin/state").json()
+        assert view["threshold"] == 20
+        assert "not sealed with the cluster's key" in view["cluster"]["problem"], view["cluster"]
+    refused = admin(group[1], "PUT", "/admin/threshold", threshold=24)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "state_not_shared", refused.text
+    with redis.Redis.from_url(redis_server.url) as direct:
+        direct.delete(f"{name}:control")  # the operator removes what nobody of the cluster wrote
+    wait_until(lambda: all(cluster_of(r).connected for r in group), what="every replica trusting the store again")
+    wait_until(lambda: all(r.state.routing.threshold == 24 for r in group), what="the refused PUT written after all")
