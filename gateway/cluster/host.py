@@ -30,6 +30,7 @@ import contextlib
 import json
 import mmap
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -69,6 +70,9 @@ SUMMED_GAUGES = frozenset(
     {"crossover_admission_queued_requests", "crossover_switch_queued_requests", "crossover_cluster_leader"}
 )
 RETIRED = "retired"
+# In the retired numbers: the requests each slot's dead workers had ended, by slot (crossover_worker_requests).
+RETIRED_BY_SLOT = "#requests_by_slot"
+FOLDER_PREFIX = "crossover-workers-"
 
 Samples = dict[str, dict[str, float]]  # family name -> {sample key: value}; a key is json of (name, labels)
 
@@ -91,9 +95,13 @@ class Host:
 
     @staticmethod
     def folder_for_metrics() -> tempfile.TemporaryDirectory:
-        """A private folder for the published metrics, in memory where the host has /dev/shm."""
+        """A private folder for the published metrics, in memory where the host has /dev/shm. Its name carries the
+        supervisor's pid: a supervisor killed by SIGKILL cannot remove its folder, so the next one to start removes
+        the folders of supervisors that are gone (memory of tmpfs is the host's RAM)."""
         shm = Path("/dev/shm")
-        return tempfile.TemporaryDirectory(prefix="crossover-workers-", dir=shm if shm.is_dir() else None)
+        parent = shm if shm.is_dir() else Path(tempfile.gettempdir())
+        remove_orphans(parent)
+        return tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=parent)
 
     def row(self, slot: int) -> memoryview:
         return self.cells[slot * self.width : (slot + 1) * self.width]
@@ -163,7 +171,10 @@ class Host:
         for cell in range(self.width):
             row[cell] = 0
         retired = self.read(RETIRED)
-        for name, samples in self.read(slot).items():
+        published = self.read(slot)
+        by_slot = retired.setdefault(RETIRED_BY_SLOT, {})
+        by_slot[str(slot)] = by_slot.get(str(slot), 0.0) + sum(published.get("crossover_requests", {}).values())
+        for name, samples in published.items():
             if name in SUMMED_GAUGES:
                 continue  # a gauge is now: a dead worker queues nothing and leads nothing
             into = retired.setdefault(name, {})
@@ -289,13 +300,15 @@ class HostRegistry:
             yield summed
         split = CounterMetricFamily(
             "crossover_worker_requests",
-            "Requests each live worker of this host has ended (as crossover_requests_total); starts at 0 when a "
-            "worker is replaced.",
+            "Requests each worker slot of this host has ended (as crossover_requests_total), its replaced workers' "
+            "included: a counter that never goes back.",
             labels=["worker"],
         )
+        retired = others.get(RETIRED, {}).get(RETIRED_BY_SLOT, {})
         for slot, samples in sorted({**others, self.worker.slot: own}.items(), key=lambda item: str(item[0])):
             if slot != RETIRED:
-                split.add_metric([str(slot)], sum(samples.get("crossover_requests", {}).values()))
+                ended = sum(samples.get("crossover_requests", {}).values()) + retired.get(str(slot), 0.0)
+                split.add_metric([str(slot)], ended)
         yield split
         yield CounterMetricFamily(
             "crossover_workers_killed",
@@ -353,3 +366,17 @@ class HostLease(Lease):
             inflight = backend.inflight = backend.inflight - 1
             self.backend = None
             self.row[self.column] = inflight
+
+
+def remove_orphans(parent: Path) -> None:
+    """Remove the metrics folders (under `parent`) of supervisors that are gone, this user's only."""
+    for folder in parent.glob(f"{FOLDER_PREFIX}*-*"):
+        pid = folder.name.removeprefix(FOLDER_PREFIX).split("-", 1)[0]
+        try:
+            if not pid.isdigit() or folder.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            continue  # alive (another user's process: PermissionError), or the folder went meanwhile

@@ -11,8 +11,11 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -20,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.gateway.admission import Admission
-from crossover.gateway.cluster.host import HEARTBEAT, PID, Host, Worker, heartbeat_ms
+from crossover.gateway.cluster.host import FOLDER_PREFIX, HEARTBEAT, PID, Host, Worker, heartbeat_ms, remove_orphans
 from crossover.gateway.serve.workers import share, silent
 from tests.gateway.cluster_helpers import RedisServer, needs_redis
 from tests.gateway.gateway_helpers import MODEL, SIM_SCALE, chat, sse_events, wait_until
@@ -276,16 +279,22 @@ async def replaced(gw, backend: HeldBackend, streams: dict[int, list], dead: int
 def test_a_worker_killed_under_load_leaves_the_others_streams_whole_and_is_replaced(two_workers):
     async def scenario() -> None:
         gw, backend = two_workers
+        with contextlib.closing(on_worker(gw.url, 0)) as client:
+            for _ in range(3):
+                assert client.post("/v1/chat/completions", json=chat()).status_code == 200
+        with contextlib.closing(on_worker(gw.url, 1)) as client:  # a scrape asks worker 0 to publish its count
+            wait_until(lambda: total(scrape(client), "crossover_worker_requests_total", worker="0") == 3)
         killed, streams = await worker_0_with_streams(gw, backend, 3)
         os.kill(killed, signal.SIGKILL)
         await wait_for(lambda: b"was killed by SIGKILL" in gw.log().encode(), "the supervisor to see the death")
         await replaced(gw, backend, streams, killed)
         with contextlib.closing(on_worker(gw.url, 0)) as client:
             assert client.post("/v1/chat/completions", json=chat()).status_code == 200
-            # The dead worker's streams no longer count; what it had served before still does.
+            # The dead worker's streams no longer count; what it had served before still does, in its slot too.
             samples = scrape(client)
             assert total(samples, "crossover_inflight_requests") == 0
             assert total(samples, "crossover_backend_inflight_requests") == 0
+            assert total(samples, "crossover_worker_requests_total", worker="0") == 4
 
     asyncio.run(scenario())
 
@@ -367,7 +376,7 @@ def test_a_threshold_put_on_one_worker_reads_back_on_the_other_and_one_worker_le
         def read_back() -> dict:
             return workers[1].get("/admin/threshold", headers=ADMIN).json()
 
-        wait_until(lambda: read_back()["threshold"] == 7, what="the threshold on the other worker")
+        assert read_back()["threshold"] == 7  # right after the 200: a GET reads what the other worker wrote first
         assert {key: read_back()[key] for key in ("threshold", "hysteresis", "policy")} == {
             "threshold": 7,
             "hysteresis": 2,
@@ -579,3 +588,30 @@ def test_the_heartbeat_comes_from_the_workers_event_loop(tmp_path):
             await beating
 
     asyncio.run(scenario())
+
+
+def test_the_folder_of_a_supervisor_killed_by_sigkill_is_removed_by_the_next_one(serve, gateway_process):
+    backend = serve(HeldBackend())
+    config = f'workers = {WORKERS}\n[pools.speculative]\nbackends = ["{backend.url}"]\n'
+    config += f'[pools.plain]\nbackends = ["{backend.url}"]\n'
+    first = gateway_process(config)
+    parent = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    (folder,) = parent.glob(f"{FOLDER_PREFIX}{first.proc.pid}-*")
+    first.proc.kill()  # no cleanup runs: the folder stays behind
+    first.proc.wait(30)
+    assert folder.is_dir()
+    second = gateway_process(config)
+    assert not folder.exists()
+    assert list(parent.glob(f"{FOLDER_PREFIX}{second.proc.pid}-*"))  # its own is there
+
+
+def test_only_the_folders_of_supervisors_that_are_gone_are_removed(tmp_path):
+    ended = subprocess.Popen(["true"])  # its pid: nothing runs under it once it is reaped
+    ended.wait()
+    dead = tmp_path / f"{FOLDER_PREFIX}{ended.pid}-abc"
+    alive = tmp_path / f"{FOLDER_PREFIX}{os.getpid()}-def"
+    other = tmp_path / "crossover-workers-notapid"
+    for folder in (dead, alive, other):
+        folder.mkdir()
+    remove_orphans(tmp_path)
+    assert not dead.exists() and alive.is_dir() and other.is_dir()
