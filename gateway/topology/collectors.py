@@ -57,7 +57,7 @@ class GateCollector(Collector):
         )
         moved = CounterMetricFamily(
             "crossover_backend_gate_moved",
-            "Gates moved by someone other than the gateway (then restored).",
+            "Gates moved by someone other than the gateways, to another than the cluster's gate (then restored).",
             labels=["backend"],
         )
         errors = CounterMetricFamily(

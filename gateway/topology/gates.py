@@ -15,6 +15,9 @@ With replicas, only the one holding the lease writes the gates, under its fencin
 change they take (so a gate the engines refuse is still refused where it was asked for), then read the gates back:
 two replicas never overwrite each other's gate. A change the dry run accepted is shared with the cluster before any
 gate is written, so the last change to come is the one every gate ends on, even past a leader paused mid-write.
+A gate counts as moved by someone else (`crossover_backend_gate_moved_total`, a warning) only when it moved to
+another than the cluster's wanted gate: a follower that reads the leader's write of a change its own sync has not
+brought yet takes the cluster's state first.
 
 A forced mode (`PUT /admin/mode {"mode": ...}`) holds until the next threshold change; a pinned one until it is
 unpinned (`{"pin": false}`, which hands the gate back to the threshold). A change of hysteresis alone moves no
@@ -313,6 +316,10 @@ class GateSync:
         try:
             gate = await read_gate(self._client, url, headers=self.headers, timeout=self.timeout_s)
             self._slow.discard(url)
+            if not self.coordination.leader and self._moved(url, gate) and gate.zero_steps_above_bs != self.wanted:
+                # Most often the leader's write of a change this replica's sync has not brought yet (the leader
+                # shares a change before it writes it): take the cluster's state before judging the move.
+                await self.coordination.refresh()
             self._known(backend, gate)
             backend.gate_read_outages = seen  # its gate is known again (held by _known if it is none)
             if not self.coordination.leader:
@@ -350,24 +357,31 @@ class GateSync:
             fence=self.coordination.token(),
         )
 
-    def _known(self, backend: Backend, gate: Gate, *, written: bool = False) -> None:
-        """`gate` was just read from `backend` (`written`: right after the gateway wrote it): a generation that
-        went back is a restart; a gate that moved without the gateway is someone else's change."""
-        url = backend.url
+    def _moved(self, url: str, gate: Gate) -> bool:
+        """`gate`, just read from `url`, was written since the last read and holds another value."""
         last = self.gates.get(url)
-        if (
+        return (
             last is not None
             and gate.generation > last.generation
             and gate.zero_steps_above_bs != last.zero_steps_above_bs
-        ):
-            if not written and not self._lock.locked():
+        )
+
+    def _known(self, backend: Backend, gate: Gate, *, written: bool = False) -> None:
+        """`gate` was just read from `backend` (`written`: right after the gateway wrote it): a generation that
+        went back is a restart; a gate that moved to another than the cluster's wanted gate, not by this gateway, is
+        someone else's change (a move to the wanted gate is the leader's write, on a replica that does not lead)."""
+        url = backend.url
+        last = self.gates.get(url)
+        if last is not None and self._moved(url, gate):
+            if not written and not self._lock.locked() and gate.zero_steps_above_bs != self.wanted:
                 self.moved[url] += 1
                 logger.warning(
-                    "gate of %s moved by someone else: %s -> %s (generation %d); restoring %s",
+                    "gate of %s moved by someone else: %s -> %s (generation %d); %s %s",
                     url,
                     last.zero_steps_above_bs,
                     gate.zero_steps_above_bs,
                     gate.generation,
+                    "restoring" if self.coordination.leader else "the replica that leads restores",
                     self.wanted,
                 )
         elif last is not None and gate.generation < last.generation:

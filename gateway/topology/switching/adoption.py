@@ -2,10 +2,11 @@
 
     serving, states = await find_serving(mechanism, initial="speculative")   # None: bring one up
     serving, _ = await find_serving(mechanism, "plain", asleep_too=False)   # recovery: what serves as it is
+    starting = start_under_way(states)          # none serves: a mode whose start is under way, to wait for
 
 What a mechanism believes before anything was seen is a presumption (which mode `servers up` left asleep):
 only a generation says which mode serves. Modes believed serving are asked first, the configured one first
-among equals; a dead or stopped server is not asked.
+among equals; a dead, stopped or starting server is not asked.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ async def find_serving(
     where the gateway itself released the sleeping mode, so it knows): a generation is not sent to it."""
     states = {mode: await mechanism.mode_state(mode) for mode in MODES}
     order = sorted((initial, other(initial)), key=lambda mode: states[mode] is not ModeState.SERVING)
-    skip = {ModeState.DEAD, ModeState.STOPPED} | (set() if asleep_too else {ModeState.ASLEEP})
+    skip = {ModeState.DEAD, ModeState.STOPPED, ModeState.STARTING} | (set() if asleep_too else {ModeState.ASLEEP})
     for mode in order:
         if states[mode] in skip:
             continue
@@ -36,6 +37,14 @@ async def find_serving(
             continue
         return mode, states
     return None, states
+
+
+def start_under_way(states: dict[Mode, ModeState]) -> Mode | None:
+    """The mode whose start is under way, from what the mechanism said of each (`find_serving`'s states) when none
+    serves: a leader lost mid-switch leaves its target so. Waiting for it is one start; bringing up the initial mode
+    instead would stop it and start another."""
+    starting = [mode for mode in MODES if states[mode] is ModeState.STARTING]
+    return starting[0] if len(starting) == 1 else None
 
 
 async def already_serving(mechanism: Mechanism, prefer: Mode) -> Mode | None:

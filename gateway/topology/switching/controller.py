@@ -11,11 +11,11 @@
 What the controller does is the run of a switch; the rest is beside it: *when* is the pure stepper
 (`Switcher`, which `crossover sim replay` runs too), *how* the mechanism
 (gateway/topology/switching/mechanisms.py), *holding requests meanwhile* the switch queue
-(gateway/topology/switching/queue.py), *which mode serves at start-up* adoption
-(gateway/topology/switching/adoption.py), *when the serving mode is dead and how a mode comes back* recovery
-(gateway/topology/switching/recovery.py), *how far apart failed attempts are* the backoff
-(gateway/topology/switching/backoff.py), *whether this replica acts or follows the one that does* the replica
-(gateway/topology/switching/replicas.py).
+(gateway/topology/switching/queue.py), *which mode serves at start-up or on taking the lease* adoption
+(gateway/topology/switching/adoption.py; a start under way that a lost leader began is finished, not undone),
+*when the serving mode is dead and how a mode comes back* recovery (gateway/topology/switching/recovery.py), *how far
+apart failed attempts are* the backoff (gateway/topology/switching/backoff.py), *whether this replica acts or
+follows the one that does* the replica (gateway/topology/switching/replicas.py).
 
 One switch, each step bounded by a named timeout:
 
@@ -55,12 +55,13 @@ from crossover.gateway.metrics import Metrics
 from crossover.gateway.modes import MODES, Mode, other
 from crossover.gateway.policies import PolicySettings, SwitchDecision
 from crossover.gateway.topology.routing import Routing
-from crossover.gateway.topology.switching.adoption import already_serving, find_serving
+from crossover.gateway.topology.switching.adoption import already_serving, find_serving, start_under_way
 from crossover.gateway.topology.switching.backoff import Backoff
 from crossover.gateway.topology.switching.drain import drain
 from crossover.gateway.topology.switching.mechanisms import Fenced, ModeState, SwitchFailed, Target, make_mechanism
 from crossover.gateway.topology.switching.queue import SwitchQueue
 from crossover.gateway.topology.switching.record import (
+    ADOPTED,
     FAILED,
     OK,
     OPERATOR,
@@ -491,8 +492,9 @@ class SwitchController:
         count_switch(self.metrics, record)
         if record.outcome == OK:
             self.backoff.succeeded()
-            if record.reason not in (RECOVERY, STARTUP):
-                self.switcher.switched(record.seconds)  # only a switch that succeeded says what one costs
+            if record.reason not in (RECOVERY, STARTUP, ADOPTED):
+                # Only a whole switch that succeeded says what one costs (an adopted one is its last part).
+                self.switcher.switched(record.seconds)
         else:
             delay = self.backoff.failed(self.clock())
             log.warning("next switch or recovery attempt in %.3g s at the earliest (backoff)", delay)
@@ -597,15 +599,49 @@ class SwitchController:
         return cut
 
     async def _adopt(self) -> None:
-        """At start-up: serve the mode that really serves (the initial one first), else bring one up."""
+        """At start-up, or on taking the lease: serve the mode that really serves (the initial one first); else
+        finish a start under way (a leader lost mid-switch left its target starting); else bring one up."""
         serving, states = await find_serving(self._mechanism, self.settings.initial_mode)
         if serving is not None:
             log.info("serving %s mode (found serving at start-up)", serving)
             self._activate(serving)
             self._run_refused_again()
             return
+        starting = start_under_way(states)
+        if starting is not None and await self._finish_start(starting):
+            return
         log.warning("no mode serves at start-up (%s): bringing one up", ", ".join(f"{m} {states[m]}" for m in MODES))
         await self._recover_task(None, reason=STARTUP)
+
+    async def _finish_start(self, mode: Mode) -> bool:
+        """`mode` is starting and no mode serves: wait for that start (up to the mechanism's start-up time) and serve
+        it, rather than stop it to bring the initial mode up (one switch would become two starts and two stops).
+        False if it failed or timed out: then the caller recovers as from no serving mode."""
+        mechanism = self._mechanism
+        # A follower mirrored its leader's target: the agent's state is the truth, the published target says whose.
+        whose = "the switch its last leader began" if self.target == mode else "a start begun before this replica acted"
+        log.warning(
+            "%s mode is starting (%s): waiting up to %g s for it, then serving it",
+            mode,
+            whose,
+            self.settings.switch_timeout,
+        )
+        started = self.clock()
+        record = SwitchRecord(None, mode, mechanism.name, ADOPTED)
+        self.last_switch = record
+        self.target = mode
+        self._enter(Phase.SWITCHING)
+        try:
+            await mechanism.finish_start(mode)
+            self._enter(Phase.VERIFYING)
+            await mechanism.verify(mode)
+        except SwitchFailed as failure:
+            if self.replica.fenced(failure):
+                return True  # stepped down: the replica that holds the lease adopts what serves
+            log.error("the start of %s mode under way did not come up (%s): bringing a mode up", mode, failure)
+            return False
+        self._finish(record, mode, started)
+        return True
 
     async def _adopt_if_serving(self) -> None:
         """No mode serves: if one does by now, serve it (counted as a recovery)."""

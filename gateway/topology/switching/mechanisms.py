@@ -6,6 +6,7 @@
     await mechanism.verify("plain")                    # a 1-token generation: it really serves
     await mechanism.restore("speculative", failed="plain")   # after a failure: bring the old mode back
     await mechanism.mode_state("plain")                # what the mechanism can tell of a mode now
+    await mechanism.finish_start("plain")              # a start under way (mode_state STARTING) comes up
 
 The interface (`Mechanism`), which another way of switching (the in-engine speculation gate) implements too:
 - `preflight(old, new)`: raise `SwitchFailed("preflight", ...)` if the switch cannot succeed now (whatever
@@ -15,8 +16,11 @@ The interface (`Mechanism`), which another way of switching (the in-engine specu
 - `verify(mode)`: the mode serves, proved by a generation; per-mode URLs and credentials live here only.
 - `wake(mode)`, `restore(mode, failed)`: undo a drain's pause; make `mode` serve again after a failure.
 - `adopted(mode)`: the controller found `mode` serving; the mechanism's own bookkeeping follows.
-- `mode_state(mode)`: a `ModeState` - serving, asleep (can be woken), stopped (can be started), dead
-  (its process is gone), unknown (the mechanism cannot tell). Recovery starts with what can serve soonest.
+- `mode_state(mode)`: a `ModeState` - serving, asleep (can be woken), starting (a start of it is under way),
+  stopped (can be started), dead (its process is gone), unknown (the mechanism cannot tell). Recovery starts with
+  what can serve soonest.
+- `finish_start(mode)`: a start of `mode` under way (begun by a leader that was lost mid-switch) ends: returns once
+  it is up, `SwitchFailed("start", ...)` if it fails or outlasts the start-up time; nothing is started or stopped.
 - `recovery_order(dead)`: the modes to try when `dead` stopped serving, soonest first.
 
 Kinds:
@@ -101,6 +105,7 @@ def carried(fence: Callable[[], int | None], step: str) -> dict[str, str]:
 class ModeState(StrEnum):
     SERVING = "serving"
     ASLEEP = "asleep"
+    STARTING = "starting"  # a start of it is under way: it serves once that ends
     STOPPED = "stopped"
     DEAD = "dead"
     UNKNOWN = "unknown"
@@ -160,6 +165,9 @@ class Mechanism:
 
     async def mode_state(self, mode: Mode) -> ModeState:
         return ModeState.UNKNOWN
+
+    async def finish_start(self, mode: Mode) -> None:
+        """A start of `mode` under way ends (only a mechanism whose `mode_state` says STARTING has one to wait for)."""
 
     def adopted(self, mode: Mode) -> None:
         """The controller found `mode` serving (it generated): whatever was believed, it holds the GPU set."""
@@ -417,6 +425,7 @@ class RestartMechanism(Mechanism):
         return {
             "ready": ModeState.SERVING,
             "released": ModeState.ASLEEP,
+            "starting": ModeState.STARTING,
             "failed": ModeState.DEAD,
         }.get(status.state, ModeState.STOPPED)
 
@@ -424,7 +433,11 @@ class RestartMechanism(Mechanism):
         # Either way it is one start; restarting the dead mode keeps the mode the load called for.
         return (dead, other(dead))
 
-    async def _until(self, mode: Mode, wanted: set[str], step: str, timeout: float) -> None:
+    async def _until(
+        self, mode: Mode, wanted: set[str], step: str, timeout: float, *, during: set[str] | None = None
+    ) -> None:
+        """Poll the agent until `mode`'s server is in a `wanted` state; SwitchFailed once it failed, left the states
+        `during` (None: any) or `timeout` passed."""
         name = self.settings.agent_servers[mode]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -434,6 +447,8 @@ class RestartMechanism(Mechanism):
                 return
             if status.state == "failed":
                 raise SwitchFailed(step, f"the agent reports server {name!r} failed: {status.error or 'no reason'}")
+            if during is not None and status.state not in during:
+                raise SwitchFailed(step, f"server {name!r} is {status.state}: it left {', '.join(sorted(during))}")
             if loop.time() >= deadline:
                 raise SwitchFailed(step, f"server {name!r} is still {status.state} after {timeout:g} s")
             await asyncio.sleep(AGENT_POLL_S)
@@ -460,6 +475,10 @@ class RestartMechanism(Mechanism):
         if status.state != "starting":
             await self.agent.operate(mode, "start")
         await self._until(mode, {"ready"}, "start", self.settings.switch_timeout)
+
+    async def finish_start(self, mode: Mode) -> None:
+        # Given the time any start is given (the start-up time), from now: when it began is not known here.
+        await self._until(mode, {"ready"}, "start", self.settings.switch_timeout, during={"starting"})
 
     async def hand_over(self, old: Mode | None, new: Mode) -> None:
         # From no serving mode (old None) the other server may still hold the GPUs: stop it all the same.

@@ -17,6 +17,8 @@ UNAVAILABLE = "unavailable"  # the switch failed and no mode serves: 503s until 
 OPERATOR = "operator"
 RECOVERY = "recovery"  # the serving mode died (or none served): brought up without an operator
 STARTUP = "startup"
+# A switch whose target was starting when this replica took the lease (a leader lost mid-switch): finished, not undone.
+ADOPTED = "adopted"
 
 
 @dataclass

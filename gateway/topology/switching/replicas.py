@@ -23,8 +23,9 @@ log = logging.getLogger("crossover.switching")
 
 class Replica:
     """Whether this replica acts on the GPU set, kept to the lease: `take_over` runs when it comes (adopt what
-    really serves: a leader killed mid-switch leaves the GPU set anywhere), `step_back` when it goes (end the switch
-    under way where it is: the new leader adopts what it left)."""
+    really serves: a leader killed mid-switch leaves the GPU set anywhere, its target perhaps still starting - then
+    that start is finished), `step_back` when it goes (end the switch under way where it is: the new leader adopts
+    what it left)."""
 
     def __init__(
         self, coordination: Coordination, *, take_over: Callable[[], None], step_back: Callable[[], None]

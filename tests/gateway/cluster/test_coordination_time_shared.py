@@ -1,7 +1,8 @@
 """A time-shared GPU set behind three replicas on one real redis-server: one switch controller (the lease holder),
 followers that hold and route their own requests by the mode and phase it publishes, a follower's PUT carried to
-it, and a leader killed mid-drain replaced by a replica that adopts what really serves. Stand-ins share the
-(simulated) GPU set through the sleep mechanism; no test judges wall time."""
+it, a leader killed mid-drain replaced by a replica that adopts what really serves, and one killed while its target
+starts replaced by one that finishes that start (restart, through the real agent). Stand-ins share the (simulated)
+GPU set through the sleep mechanism elsewhere; no test judges wall time beyond generous bounds."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 
 import httpx
@@ -26,6 +28,7 @@ from crossover.gateway.metrics import Metrics
 from crossover.gateway.topology.factory import TimeShared
 from crossover.gateway.topology.routing import Routing
 from crossover.gateway.topology.switching.controller import Phase, SwitchController
+from tests.gateway.cluster.test_coordination_fence import replica_config, role
 from tests.gateway.cluster_helpers import needs_redis
 from tests.gateway.gateway_helpers import LONG, chat
 from tests.gateway.ticking import time_shared_settings
@@ -38,13 +41,17 @@ from tests.gateway.topology.switching.test_controller import (
     THRESHOLD,
     TOKEN,
     ClosedLoop,
+    admin_state,
     memory,
+    put_mode,
     released,
     sleep_pair,  # noqa: F401 - a fixture
     switches,
     time_shared,  # noqa: F401 - a fixture
     until,
+    wait_phase,
 )
+from tests.gateway.topology.switching.test_controller_restart import AgentBox, agent_box  # noqa: F401 - a fixture
 from tests.waiting import wait_until
 
 pytestmark = needs_redis
@@ -225,6 +232,64 @@ def test_the_leader_killed_during_a_drain_leaves_the_gpu_set_serving_one_mode(
     for gw in followers:
         answer = httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=60, trust_env=False)
         assert answer.status_code == 200 and answer.headers["x-crossover-pool"] == mode
+
+
+# Seconds (wall clock) the plain stand-in loads for: longer than a lease changing hands, so the leader dies and the
+# next one takes over while the agent still starts plain.
+TARGET_STARTUP_S = 8.0
+# The start-up time the gateway gives a start (`switch_timeout`): generous, a busy machine starts stand-ins slowly.
+START_UP_TIME_S = 60.0
+
+
+def restart_replica_config(box: AgentBox, cluster: dict) -> str:
+    """A replica switching by restart through `box`'s agent (test_coordination_fence's), given START_UP_TIME_S."""
+    return replica_config(box, box.agent_url, cluster).replace(
+        "[switching]\n", f"[switching]\nswitch_timeout = {START_UP_TIME_S}\n", 1
+    )
+
+
+def test_the_leader_killed_while_its_target_starts_the_next_leader_finishes_that_start(
+    agent_box,  # noqa: F811
+    gateway_process,
+    redis_server,
+    request,
+):
+    box = agent_box(plain_startup_s=TARGET_STARTUP_S)
+    cluster = {"redis_url": redis_server.url, "name": request.node.name[:60]}
+    lease_s = 1.0  # replica_config's
+    doomed = gateway_process(restart_replica_config(box, cluster))  # started first: it takes the lease
+    wait_until(lambda: role(doomed) == "leader", what="the first replica leading")
+    wait_phase(doomed, "active", "speculative")
+    taking = gateway_process(restart_replica_config(box, cluster))
+    wait_phase(taking, "active", "speculative")
+    assert role(taking) == "follower"
+
+    assert put_mode(doomed, "plain").status_code == 202
+    wait_until(lambda: box.status("plain")["state"] == "starting", what="the agent starting plain")
+    wait_until(lambda: admin_state(taking)["target"] == "plain", what="the follower mirroring the switch")
+    os.kill(doomed.proc.pid, signal.SIGKILL)
+    killed_at = time.monotonic()  # the test's own clock
+    doomed.proc.wait(30)
+    pid = box.status("plain")["pid"]
+
+    wait_until(lambda: role(taking) == "leader", what="the other replica taking the lease")
+    bound = START_UP_TIME_S + lease_s
+    state = wait_phase(taking, "active", timeout=2 * bound)
+    served_after = time.monotonic() - killed_at
+    last = state["last_switch"]
+    assert state["mode"] == "plain", last
+    # It finished the start it found under way (not a recovery that undid it), and counts that one switch.
+    assert (last["to"], last["reason"], last["outcome"]) == ("plain", "adopted", "ok"), last
+    labels = (("mechanism", "restart"), ("outcome", "ok"), ("to", "plain"))
+    assert taking.metrics()[("crossover_mode_switches_total", labels)] == 1
+    assert "plain mode is starting (the switch its last leader began)" in taking.log(), taking.log()
+    # One switch is one stop and one start at the agent, in all: the old leader's; the new leader only waited.
+    assert (box.operations("stop"), box.operations("start")) == (1, 1)
+    assert box.status("plain")["state"] == "ready" and box.status("plain")["pid"] == pid
+    assert box.status("speculative")["state"] == "stopped"
+    assert served_after <= bound, (served_after, bound)
+    answer = httpx.post(taking.url + "/v1/chat/completions", json=chat(), timeout=60, trust_env=False)
+    assert answer.status_code == 200 and answer.headers["x-crossover-pool"] == "plain", answer.text
 
 
 def test_redis_stopped_no_switch_starts_and_serving_continues_redis_back_the_cluster_converges(

@@ -142,6 +142,10 @@ def test_time_shared_redis_restarted_empty_the_next_switch_runs_after_one_refusa
     fenced = sum(agent_metric(box, f'crossover_agent_fenced_total{{operation="{op}"}}') for op in ("status", "stop"))
     assert 1 <= fenced <= 3, box.log()
     assert fence_of(leader(replicas)) == REACHED + 1
+    # The operator's switch met the fence first (the lease from the empty store): said so, and run again once the
+    # replica led under a token that passes - not a silent 202.
+    logs = "".join(gw.log() for gw in replicas)
+    assert "refused by the GPU set's fence" in logs and "this replica leads again: running it" in logs, logs
     assert agent_metric(box, 'crossover_agent_operations_total{operation="stop",outcome="ok"}') == 1
     assert agent_metric(box, 'crossover_agent_operations_total{operation="start",outcome="ok"}') == 1
 

@@ -16,6 +16,7 @@ from starlette.routing import Route
 from crossover.gateway.config import Settings
 from crossover.gateway.engines.sglang import PATCH_NAME, NotPatched
 from crossover.gateway.topology.gates import ControlUnauthorized
+from tests.gateway.cluster_helpers import needs_redis
 from tests.gateway.gate_faults import GATE, GateFaults
 from tests.gateway.gateway_helpers import SIM_SCALE, chat, hold, sim_running, start_in_engine, wait_until
 
@@ -432,3 +433,56 @@ def test_the_admin_credential_comes_from_a_file_or_the_settings(tmp_path):
         pool(admin_api_key_file=str(tmp_path / "empty.key"))
     with pytest.raises(ValueError, match="cannot be read"):
         pool(admin_api_key_file=str(tmp_path / "missing.key"))
+
+
+# -- replicas: one leader writes the gates, a follower reads them back -----------------------------------------------
+
+
+@needs_redis
+def test_a_follower_counts_no_gate_the_leader_wrote_but_one_moved_by_hand(
+    gateway, faulty, redis_server, request, caplog
+):
+    caplog.set_level(logging.WARNING, logger="crossover.in_engine")
+    backends = faulty(2)
+    urls = [url for _, _, url in backends]
+    cluster = {"redis_url": redis_server.url, "name": request.node.name[:60], "sync_interval": 0.1}
+    group = [
+        gateway(
+            [],
+            [],
+            topology="in-engine",
+            threshold=4,
+            admin_token=TOKEN,
+            pools={"speculative": {"backends": urls}},
+            health={"interval": 0.2, "timeout": 2.0},
+            cluster=cluster,
+        )
+        for _ in range(2)
+    ]
+    leader = next(gw for gw in group if gw.state.topology.coordination.leader)
+    follower = next(gw for gw in group if gw is not leader)
+
+    def moved(gw, url: str) -> float:
+        return gw.metric("crossover_backend_gate_moved_total", backend=url)
+
+    def read_back(gw, gate: int) -> bool:
+        views = gw.state.topology.gates.view()["backend_gates"].values()
+        return all(view["zero_steps_above_bs"] == gate and view["in_sync"] for view in views)
+
+    # PUTs through either replica: the leader writes every gate, the follower reads each one back.
+    for threshold, through in ((12, leader), (7, follower), (20, leader), (9, follower)):
+        assert put(through, "/admin/threshold", {"threshold": threshold}).status_code == 200
+        wait_until(lambda t=threshold: read_back(follower, t), what=f"the follower reading gate {threshold} back")
+    assert [moved(gw, url) for gw in group for url in urls] == [0, 0, 0, 0]
+    assert "moved by someone else" not in caplog.text, caplog.text
+
+    # A gate moved by hand is counted, here too: the leader's restore is held until the follower has read it.
+    (engine, faults, url), _ = backends
+    faults.hang_writes.set()
+    httpx.post(engine.url + GATE, json={"zero_steps_above_bs": 3}, timeout=10, trust_env=False)
+    wait_until(lambda: moved(follower, url) == 1 and moved(leader, url) == 1, what="both replicas counting the move")
+    faults.release.set()
+    wait_until(lambda: read_back(follower, 9), what="the leader restoring the gate, the follower reading it back")
+    assert [moved(gw, u) for gw in (follower, leader) for u in urls] == [1, 0, 1, 0]
+    assert "moved by someone else: 9 -> 3 (generation" in caplog.text
+    assert caplog.text.count("the replica that leads restores 9") == 1, caplog.text

@@ -124,6 +124,21 @@ class AgentBox:
             f"{self.agent_url}/servers/{name}", headers={"authorization": f"Bearer {AGENT_TOKEN}"}, timeout=10
         ).json()
 
+    def operate(self, name: str, operation: str) -> dict:
+        """POST an operation as a gateway without a cluster does (no fencing token)."""
+        return httpx.post(
+            f"{self.agent_url}/servers/{name}/{operation}",
+            headers={"authorization": f"Bearer {AGENT_TOKEN}"},
+            timeout=60,
+        ).json()
+
+    def operations(self, operation: str) -> float:
+        """How many `operation`s (start, stop, ...) this agent was asked for since it started, whatever the outcome
+        (crossover_agent_operations_total)."""
+        text = httpx.get(self.agent_url + "/metrics", timeout=10, trust_env=False).text
+        prefix = f'crossover_agent_operations_total{{operation="{operation}",'
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
 
 @pytest.fixture
 def agent_box(tmp_path):
@@ -221,6 +236,29 @@ def restart_gateway(gateway):
         )
 
     return start
+
+
+@pytest.mark.parametrize(
+    ("comes_up", "serving", "reason"),
+    [
+        pytest.param(True, "plain", "adopted", id="it-comes-up-and-serves"),
+        # The stand-in loads for 600 s, its ready timeout is 2 s: the agent's start fails, and the gateway recovers as
+        # from no serving mode (the initial mode brought up).
+        pytest.param(False, "speculative", "startup", id="it-fails-the-initial-mode-comes-up"),
+    ],
+)
+def test_a_gateway_that_finds_a_start_under_way_waits_for_it(agent_box, restart_gateway, comes_up, serving, reason):
+    box = agent_box(plain_startup_s=3.0 if comes_up else 600.0, plain_ready_timeout_s=30.0 if comes_up else 2.0)
+    box.operate("speculative", "stop")
+    wait_until(lambda: box.status("speculative")["state"] == "stopped", what="speculative stopped")
+    box.operate("plain", "start")  # as a gateway lost mid-switch leaves it: the target starting, nothing serving
+    assert box.status("plain")["state"] == "starting"
+    gw = restart_gateway(box)
+    state = wait_phase(gw, "active", serving, timeout=90)
+    assert (state["last_switch"]["reason"], state["last_switch"]["outcome"]) == (reason, "ok"), state
+    assert box.status(serving)["state"] == "ready"
+    # The test's stop and start; then nothing (it came up), or the recovery's stop of plain and start of speculative.
+    assert (box.operations("stop"), box.operations("start")) == ((1, 1) if comes_up else (2, 2))
 
 
 def test_a_restart_switch_through_the_agent_and_back(agent_box, restart_gateway):
