@@ -27,8 +27,8 @@ What is shared:
 - the lease: one member at a time acts on the GPU set (the switch controller's decisions and mechanism calls, the
   in-engine gates); each new acquisition gets a larger fencing token (gateway/engines/fence.py) that its calls carry.
   The token never goes back, whatever the store forgets: a resource that refuses one names the highest it accepted,
-  and the member it refused raises the store's counter past that and takes the lease again at its next sync - a
-  Redis restarted empty, or the workers of a host restarted, cost one refused call, not one lease per token.
+  and the member it refused raises the store's counter past that and keeps the lease under a new token at its next
+  sync - a Redis restarted empty, or the workers of a host restarted, cost one refused call, not one lease per token.
 - the in-flight counts: each member publishes its per-backend counts (expiring, so a dead member's vanish) and
   writes the others' sum onto each `Backend.elsewhere`, which the pools' load adds to its own count. Nothing per
   request asks the coordination anything. Beside the counts (key `VERSION_KEY`) each member says which control
@@ -142,8 +142,8 @@ class Cluster:
         self._token: int | None = None
         self._valid_until = -1.0
         # The highest token a resource said it accepted when it refused ours, and the token it refused while the
-        # store may still hold our lease under it: at the next sync the counter is raised past the one and the
-        # other given back, so the lease is taken again under a token that passes.
+        # store may still hold our lease under it: at the next sync the counter is raised past the one, and the
+        # lease kept under a new token that passes (`_past_refused`).
         self._floor = 0
         self._refused: int | None = None
         # Fields changed here by a change the store did not take (its PUT answered 503): written when the store is
@@ -303,8 +303,8 @@ class Cluster:
 
     async def _lease(self) -> None:
         asked = self.clock()  # the lease runs from before the store heard us: never longer than the store's
-        if self._floor:
-            await self._past_refused()
+        if self._floor and await self._past_refused(asked):
+            return
         if self._token is not None:
             if await self.store.renew(self.member, self._token, self.lease_s):
                 self._valid_until = asked + self.lease_s
@@ -315,15 +315,19 @@ class Cluster:
             return  # the lease would lapse before the next renewal: taken once a round is quick again
         token = await self.store.acquire(self.member, self.lease_s)
         if token is not None:
-            self._token, self._valid_until = token, asked + self.lease_s
-            self.took_lease_round = self.rounds
-            log.info("took the GPU set's lease (token %d)", token)
+            self._took(token, asked)
 
-    async def _past_refused(self) -> None:
+    def _took(self, token: int, asked: float) -> None:
+        self._token, self._valid_until = token, asked + self.lease_s
+        self.took_lease_round = self.rounds
+        log.info("took the GPU set's lease (token %d)", token)
+
+    async def _past_refused(self, asked: float) -> bool:
         """A resource refused our token naming a higher one: no token this store hands out below that can pass.
-        Raised first, then the refused lease given back: whoever takes it next - this member, now - gets a token
-        that passes. Where another member holds the lease already, this changes nothing for it (raising the
-        counter only affects tokens still to come)."""
+        The counter is raised past it; then, if the store still holds the lease under the refused token (it
+        counted lower than the GPU set has seen: restarted empty, or a host's workers restarted), this member keeps
+        it under a new token that passes - and so runs again what the refusal stopped. Where another member took
+        the lease since, this changes nothing for it. True if this member leads again."""
         floor, refused = self._floor, self._refused
         await self.store.raise_fence(floor)
         log.warning(
@@ -332,9 +336,12 @@ class Cluster:
             floor,
         )
         self._floor = 0 if self._floor == floor else self._floor
-        if refused is not None:
-            await self.store.release(self.member, refused)
-            self._refused = None
+        self._refused = None
+        token = None if refused is None else await self.store.retoken(self.member, refused, self.lease_s)
+        if token is None:
+            return False
+        self._took(token, asked)
+        return True
 
     async def _control(self) -> None:
         local, seen = self._local(), self.seen

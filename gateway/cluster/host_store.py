@@ -87,6 +87,17 @@ class HostStore:
         self._lease_fd, self._token = fd, token
         return token
 
+    async def retoken(self, member: str, token: int, ttl_s: float) -> int | None:
+        if self._token != token:
+            return None
+        try:
+            with self._locked(TOKEN_LOCK, fcntl.LOCK_EX):
+                self._token = self._counted() + 1
+                write_bytes_atomically(self.folder / TOKEN, str(self._token).encode())
+        except (OSError, ValueError) as exc:
+            raise StoreUnavailable(f"the host's lease token cannot be raised: {exc}") from exc
+        return self._token
+
     async def raise_fence(self, at_least: int) -> None:
         try:
             with self._locked(TOKEN_LOCK, fcntl.LOCK_EX):

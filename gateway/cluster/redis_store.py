@@ -84,6 +84,13 @@ local current = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 if current < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
 return 1
 """
+# The holder's lease under a new token (the counter raised past the one a resource refused).
+RETOKEN = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] .. ' ' .. ARGV[2] then return false end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. token, 'PX', ARGV[3])
+return token
+"""
 # Compare-and-extend: only the holder, under the token it got, extends the lease.
 RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
@@ -122,6 +129,7 @@ class RedisStore:
         self._members, self._inflight = f"{name}:members", f"{name}:inflight:"
         self._acquire = self._redis.register_script(ACQUIRE)
         self._raise_fence = self._redis.register_script(RAISE_FENCE)
+        self._retoken = self._redis.register_script(RETOKEN)
         self._renew = self._redis.register_script(RENEW)
         self._release = self._redis.register_script(RELEASE)
         self._put_control = self._redis.register_script(PUT_CONTROL)
@@ -169,6 +177,10 @@ class RedisStore:
 
     async def raise_fence(self, at_least: int) -> None:
         await self._call(self._raise_fence(keys=[self._fence], args=[at_least]))
+
+    async def retoken(self, member: str, token: int, ttl_s: float) -> int | None:
+        token = await self._call(self._retoken(keys=[self._lease, self._fence], args=[member, token, _ms(ttl_s)]))
+        return None if token is None else int(token)
 
     async def renew(self, member: str, token: int, ttl_s: float) -> bool:
         return bool(await self._call(self._renew(keys=[self._lease], args=[f"{member} {token}", _ms(ttl_s)])))

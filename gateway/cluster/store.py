@@ -104,6 +104,10 @@ class Store(Protocol):
         """Make every later token larger than `at_least` (a token a resource of the GPU set accepted: the store
         counted lower, having lost its counter). Never lowers it."""
 
+    async def retoken(self, member: str, token: int, ttl_s: float) -> int | None:
+        """If `member` still holds the lease under `token`: the same lease for `ttl_s` under a new token (larger than
+        every earlier one), else None and nothing changed."""
+
     async def renew(self, member: str, token: int, ttl_s: float) -> bool:
         """Extend the lease `member` holds under `token` by `ttl_s`; False if it no longer holds it."""
 

@@ -62,14 +62,14 @@ def fence_of(gw) -> int | None:
 
 
 def forgotten(server: RedisServer, replicas) -> None:
-    """Redis restarted empty, and a replica leading under a token from its counter started again at 1 (until then
-    the old leader's lease may still be valid by its own clock: its calls carry the old token and pass)."""
+    """Redis restarted empty, and only a token from its counter started again at 1 leads (until then the old
+    leader's lease may still be valid by its own clock: its calls carry the old token, and pass)."""
     server.stop()
     server.restart()
 
     def fresh_leader() -> bool:
-        views = [admin_state(gw)["cluster"] for gw in replicas]
-        return any(view["role"] == "leader" and view["fence"] < REACHED for view in views)
+        fences = [view["fence"] for gw in replicas if (view := admin_state(gw)["cluster"])["role"] == "leader"]
+        return bool(fences) and all(fence < REACHED for fence in fences)
 
     wait_until(
         fresh_leader,

@@ -92,3 +92,15 @@ def test_the_token_is_raised_past_a_refused_one_and_never_lowered(tmp_path):
         assert await other.acquire("other", 1.0) == 51
 
     asyncio.run(scenario())
+
+
+def test_the_holder_keeps_its_lease_under_a_new_token(tmp_path):
+    async def scenario() -> None:
+        one, other = stores(tmp_path)
+        first = await one.acquire("one", 1.0)
+        await one.raise_fence(50)
+        assert await other.retoken("other", first, 1.0) is None
+        assert await one.retoken("one", first, 1.0) == 51
+        assert await other.acquire("other", 1.0) is None  # still one's
+
+    asyncio.run(scenario())

@@ -141,3 +141,15 @@ def test_a_token_counter_that_is_no_number_is_replaced_by_the_raise(redis_server
         assert await other.acquire("b", 5.0) == 13
 
     run(redis_server, "garbage-fence", body)
+
+
+def test_the_holder_keeps_its_lease_under_a_new_token_and_nobody_else_can(redis_server):
+    async def body(store, other):
+        first = await store.acquire("a", 5.0)
+        await store.raise_fence(40)
+        assert await other.retoken("b", first, 5.0) is None  # not b's lease
+        assert await store.retoken("a", first, 5.0) == 41
+        assert await store.renew("a", 41, 5.0) and not await store.renew("a", first, 5.0)
+        assert await other.acquire("b", 5.0) is None
+
+    run(redis_server, "retoken", body)
