@@ -336,3 +336,25 @@ def test_every_command_the_banners_print_runs_with_base_dependencies_only(demo, 
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
+
+
+@pytest.mark.parametrize("mechanism", ["restart", "sleep"])
+def test_the_demo_configs_switch_back_pays_whatever_its_first_switch_cost(mechanism, monkeypatch):
+    """The banner's promise, on no clock: after the load step, back to speculative, even where the first switch's
+    measured cost (which the policy learns from it) took its whole drain deadline on a busy machine."""
+    from crossover.gateway.config import SwitchSettings, load_settings
+    from crossover.gateway.policies.switcher import LoadSample
+    from crossover.servers.demo import gateway_config_path
+
+    monkeypatch.setenv("CROSSOVER_AGENT_TOKEN", "t")
+    settings = load_settings(gateway_config_path())
+    switch = SwitchSettings.of(settings)
+    switcher = switch.switcher(mechanism)
+    first = settings.switching.drain_deadline + 2 * switch.prior_s(mechanism)  # slow, under the step's load
+    switcher.switched(first)
+    policy = switch.policy()
+    step_ended = 100.0
+    for second in range(int(policy.window_s) + 1):
+        switcher.samples.append(LoadSample(t=step_ended + second, load=1))
+    decision = switcher.decide(step_ended + policy.window_s + 1, mode="plain", mode_since=0.0, settings=policy)
+    assert decision.switch and decision.mode == "speculative", decision
