@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from crossover.gateway.admission import Admission
-from crossover.gateway.backends import Pools
+from crossover.gateway.backends import LEVEL_NAMES, Pools
 from crossover.gateway.config import POOL_NAMES
 from crossover.gateway.errors import (  # noqa: F401  (the outcomes: re-exported with the other label values)
     BACKEND_ERROR,
@@ -142,7 +142,10 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        # The live rate table (gateway/backends/rates.py): filled at each request's end, read at scrape.
+        self.rates = pools.rates
         registry.register(_StateCollector(pools, routing, admission))
+        registry.register(_RateCollector(pools))
 
     def refused(self, reason: str) -> None:
         self.refused_requests.labels(reason).inc()
@@ -153,11 +156,16 @@ class Metrics:
     def first_event(self, pool: str, seconds: float) -> None:
         self.ttft.observe((pool,), seconds)
 
-    def request_ended(self, pool: str, outcome: str, seconds: float, output_tokens: int) -> None:
+    def request_ended(
+        self, pool: str, outcome: str, seconds: float, output_tokens: int, level: int = 0, prompt_tokens: int = 0
+    ) -> None:
+        """`level`: its backend's in-flight count as it began there; `prompt_tokens`: its usage's (the rate table)."""
         self.requests.inc((pool, outcome))
         self.duration.observe((pool,), seconds)
         if output_tokens:
             self.output_tokens.inc((pool,), output_tokens)
+            if outcome == OK:
+                self.rates.add(pool, level, prompt_tokens, output_tokens, seconds)
 
 
 class Tally(Collector):
@@ -255,12 +263,56 @@ class _StateCollector(Collector):
             "Running + queued requests the engine last reported.",
             labels=["pool", "backend"],
         )
+        accept = GaugeMetricFamily(
+            "crossover_backend_accept_length",
+            "Tokens per speculative verify step (the bonus token included) the engine last reported: SGLang's "
+            "sglang:spec_accept_length, vLLM's 1 + accepted / drafts between two scrapes. Only backends reporting it.",
+            labels=["pool", "backend"],
+        )
         for backend in self.pools.all():
             labels = [backend.pool, backend.url]
             healthy.add_metric(labels, 1.0 if backend.healthy else 0.0)
             backend_inflight.add_metric(labels, self.pools.count(backend))
             if backend.scraped is not None:
                 scraped.add_metric(labels, backend.scraped)
+            accept_length = self.pools.accept_length(backend)
+            if accept_length is not None:
+                accept.add_metric(labels, accept_length)
         yield healthy
         yield backend_inflight
         yield scraped
+        yield accept
+
+
+class _RateCollector(Collector):
+    """The rate table's sums by pool and level (over prompt lengths): `rate(tokens) / rate(seconds)` is the per-stream
+    tokens/s at that level over any window, added up over a host's workers (counters sum; a ratio would not)."""
+
+    def __init__(self, pools: Pools) -> None:
+        self.rates = pools.rates
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["pool", "level"]
+        requests = CounterMetricFamily(
+            "crossover_pool_stream_requests",
+            "Requests that ended well with a usage count, by pool and in-flight level on their backend as they began.",
+            labels=labels,
+        )
+        tokens = CounterMetricFamily(
+            "crossover_pool_stream_tokens", "Their completion tokens, by pool and level.", labels=labels
+        )
+        seconds = CounterMetricFamily(
+            "crossover_pool_stream_seconds",
+            "Their durations (arrival to last byte) added up, by pool and level: tokens / seconds is the per-stream "
+            "rate at that level.",
+            labels=labels,
+        )
+        for pool in POOL_NAMES:
+            for level, (count, total, duration) in zip(LEVEL_NAMES, self.rates.by_level(pool), strict=True):
+                if count:
+                    requests.add_metric([pool, level], count)
+                    tokens.add_metric([pool, level], total)
+                    seconds.add_metric([pool, level], duration)
+        yield requests
+        yield tokens
+        yield seconds

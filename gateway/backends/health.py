@@ -11,7 +11,9 @@ True or False (ejected until `ejected_until`, then back through a passing probe)
   failure that was the request's, or the gateway's own, is never evidence.
 
 Engine load is running + queued requests, read where the backend's engine reports it (gateway/engines/adapters.py:
-SGLang's `/v1/loads`, `/get_load` or `/metrics`; vLLM's `/metrics`).
+SGLang's `/v1/loads`, `/get_load` or `/metrics`; vLLM's `/metrics`). A speculative backend's acceptance is read from
+its `/metrics` on the same schedule (every `load_interval`, within the health timeout), whatever the load signal:
+from the load scrape's own answer where that was `/metrics`, else with one GET of it.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from crossover.gateway.backends.pools import Backend, Pools
-from crossover.gateway.config import HealthSettings
-from crossover.gateway.engines import adapter
+from crossover.gateway.config import SPECULATIVE, HealthSettings
+from crossover.gateway.engines import METRICS_PATH, adapter
 from crossover.gateway.wire import bearer
 
 log = logging.getLogger("crossover.health")
@@ -168,7 +170,7 @@ class HealthMonitor:
         health round is the caller's (`check_all` before serving): repeating it at once would hold the pooled
         connections it left while the first requests want them, for nothing learned."""
         loops = [self._every(self.settings.interval, self.check_all, first_after=self.settings.interval)]
-        if self.scrape:
+        if self.scrape or self.pools.speculative:
             loops.append(self._every(self.settings.load_interval, self.scrape_all))
         await asyncio.gather(*loops)
 
@@ -211,9 +213,35 @@ class HealthMonitor:
             self.pools.learned_models(backend, tuple(str(entry["id"]) for entry in response.json()["data"]))
 
     async def scrape_all(self) -> None:
-        await asyncio.gather(*(self.scrape_load(backend) for backend in self.pools.all()))
+        await asyncio.gather(*(self.scrape_backend(backend) for backend in self.pools.all()))
 
-    async def scrape_load(self, backend: Backend) -> None:
+    async def scrape_backend(self, backend: Backend) -> None:
+        """Its load (when routing reads scraped load) and, on a speculative backend, its acceptance."""
+        reachable, metrics = await self.scrape_load(backend) if self.scrape else (True, None)
+        if backend.pool != SPECULATIVE or not reachable:
+            return
+        if metrics is None:
+            try:
+                response = await self.client.get(
+                    backend.url + METRICS_PATH, timeout=self.settings.timeout, headers=bearer(backend.api_key)
+                )
+                response.raise_for_status()
+            except httpx.HTTPError:
+                return  # the last reading goes stale
+            metrics = response.text
+        self.read_acceptance(backend, metrics)
+
+    def read_acceptance(self, backend: Backend, metrics: str) -> None:
+        try:
+            reading = adapter(backend.engine).acceptance(metrics, backend.acceptance)
+        except (ValueError, TypeError, AttributeError):
+            return  # not Prometheus text: the last reading goes stale
+        backend.acceptance = reading
+        if reading is not None:
+            backend.acceptance_at = time.monotonic()
+
+    async def scrape_load(self, backend: Backend) -> tuple[bool, str | None]:
+        """(whether the backend answered, its /metrics text if that is where the load was read)."""
         sources = adapter(backend.engine).load_sources
         first = self._load_source.get(backend, 0)
         for index in [*range(first, len(sources)), *range(first)]:
@@ -225,9 +253,10 @@ class HealthMonitor:
                 response.raise_for_status()
                 load = source.parse(response)
             except (httpx.ConnectError, httpx.TimeoutException):
-                return  # the backend itself is unreachable; its load goes stale and routing falls back to local
+                return False, None  # the backend is unreachable; its load goes stale, routing falls back to local
             except (httpx.HTTPError, ValueError, TypeError, AttributeError):
                 continue  # this engine release lacks the endpoint or the format: try the next source
             backend.scraped, backend.scraped_at = load, time.monotonic()
             self._load_source[backend] = index
-            return
+            return True, response.text if source.path == METRICS_PATH else None
+        return True, None

@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from crossover.gateway.backends.rates import RateTable
 from crossover.gateway.config import PLAIN, POOL_NAMES, SPECULATIVE, HealthSettings, Settings
-from crossover.gateway.engines import DEFAULT_ENGINE, EngineName
+from crossover.gateway.engines import DEFAULT_ENGINE, EngineName, SpecReading
 from crossover.gateway.modes import other as other_mode
 from crossover.gateway.policies import least_loaded
 
@@ -34,6 +35,9 @@ class Backend:
     ejected_until: float = 0.0
     scraped: int | None = None
     scraped_at: float = float("-inf")
+    # Its speculative acceptance as its /metrics last said (gateway/backends/health.py reads it), and when.
+    acceptance: SpecReading | None = None
+    acceptance_at: float = float("-inf")
     models: tuple[str, ...] = ()
     # In-engine topology: held out until its speculation gate is the gateway's again (gateway/topology/gates.py).
     gate_pending: bool = False
@@ -52,7 +56,7 @@ class Backend:
     def usable(self) -> bool:
         return self.healthy is not False and not self.gate_pending and self.gate_read_outages in (None, self.outages)
 
-    def state(self, inflight: int) -> dict:
+    def state(self, inflight: int, accept_length: float | None = None) -> dict:
         now = time.monotonic()
         return {
             "url": self.url,
@@ -62,6 +66,7 @@ class Backend:
             "consecutive_failures": self.failures,
             "ejected_for_s": round(max(0.0, self.ejected_until - now), 3),
             "scraped_load": self.scraped,
+            "accept_length": None if accept_length is None else round(accept_length, 4),
             "models": list(self.models),
         }
 
@@ -75,6 +80,8 @@ class Pools:
     load_signal: str
     health: HealthSettings
     served_model_names: frozenset[str] = frozenset()
+    # What the requests each pool served delivered, by load and prompt length (gateway/backends/rates.py).
+    rates: RateTable = field(default_factory=RateTable)
     _rotation: int = field(default=0, repr=False)
     _names: frozenset[str] = field(default=frozenset(), repr=False)
 
@@ -118,6 +125,14 @@ class Pools:
         if self.load_signal == "scraped":
             return counted if scraped is None else scraped
         return max(counted, scraped or 0)
+
+    def accept_length(self, backend: Backend) -> float | None:
+        """Its speculative acceptance as last read, unless the reading is stale (as scraped load goes stale)."""
+        reading = backend.acceptance
+        stale_after = STALE_AFTER_INTERVALS * self.health.load_interval
+        if reading is None or time.monotonic() - backend.acceptance_at > stale_after:
+            return None
+        return reading.accept_length
 
     def pool_load(self, name: str) -> int:
         pool = self.pool(name)
@@ -179,7 +194,10 @@ class Pools:
             name: {
                 "inflight": self.inflight(name),
                 "load": self.pool_load(name),
-                "backends": [backend.state(self.count(backend)) for backend in self.pool(name)],
+                "backends": [
+                    backend.state(self.count(backend), self.accept_length(backend)) for backend in self.pool(name)
+                ],
+                "rate_table": self.rates.state(name),
             }
             for name in POOL_NAMES
         }
@@ -187,13 +205,15 @@ class Pools:
 
 class Lease:
     """One request in flight on a backend, from the attempt until its last byte: `release` (or the end of a
-    `with` block) gives it back, once, however the request ended."""
+    `with` block) gives it back, once, however the request ended. `level`: the backend's in-flight count as it
+    began, itself included (the rate table's load, gateway/backends/rates.py)."""
 
-    __slots__ = ("backend",)
+    __slots__ = ("backend", "level")
 
     def __init__(self, backend: Backend) -> None:
-        backend.inflight += 1
+        level = backend.inflight = backend.inflight + 1
         self.backend: Backend | None = backend
+        self.level = level
 
     def release(self) -> None:
         if self.backend is not None:

@@ -357,6 +357,7 @@ class HostLease(Lease):
         # Lease.__init__ inlined: one lease per request.
         inflight = backend.inflight = backend.inflight + 1
         self.backend: Backend | None = backend
+        self.level = inflight
         self.row, self.column = row, column
         row[column] = inflight
 

@@ -22,7 +22,15 @@ from crossover.gateway.engines.agent_contract import (
     ServerState,
     ServerStatus,
 )
-from crossover.gateway.engines.calls import ControlCall, EngineError, control, error_message, generate_once
+from crossover.gateway.engines.calls import (
+    METRICS_PATH,
+    ControlCall,
+    EngineError,
+    SpecReading,
+    control,
+    error_message,
+    generate_once,
+)
 from crossover.gateway.engines.fence import (
     FENCE_HEADER,
     FENCE_JUMP,
@@ -56,6 +64,7 @@ __all__ = [
     "FENCE_HEADER",
     "FENCE_JUMP",
     "MAX_FENCE_JUMP",
+    "METRICS_PATH",
     "OPERATIONS",
     "SERVER_STATES",
     "TOKEN_ENV",
@@ -75,6 +84,7 @@ __all__ = [
     "ServerList",
     "ServerState",
     "ServerStatus",
+    "SpecReading",
     "adapter",
     "busy",
     "control",

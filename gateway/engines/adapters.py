@@ -11,6 +11,8 @@ and bodies are is its own module's (`sglang.py`, `vllm.py`); what they have in c
   names it serves come from `/v1/models`; a 1-token completion (`generate_once`) proves it generates.
 - load: running + waiting requests, the engine's own count (SGLang `/v1/loads`; vLLM `vllm:num_requests_running`
   + `vllm:num_requests_waiting` on `/metrics`, summed over their labels).
+- acceptance (a speculative server's tokens per verify step, on `/metrics`): SGLang's gauge
+  `sglang:spec_accept_length`; vLLM's counters, 1 + accepted / drafts between two readings.
 - errors: both answer `{"error": {"message", "code", ...}}` (SGLang also a flat `{"object": "error", ...}`);
   busy is 503 - SGLang's "queue full" event, vLLM's `QueueOverflowError` past `--max-num-queued-reqs` - and
   gateway/errors.py reshapes either into the gateway's OpenAI error.
@@ -29,14 +31,22 @@ from typing import Literal, get_args
 import httpx
 
 from crossover.gateway.engines import sglang, vllm
-from crossover.gateway.engines.calls import ControlCall, EngineError, control, error_message, generate_once
+from crossover.gateway.engines.calls import (
+    METRICS_PATH,
+    ControlCall,
+    EngineError,
+    SpecReading,
+    control,
+    error_message,
+    generate_once,
+)
 
 EngineName = Literal["sglang", "vllm"]
 ENGINE_NAMES: tuple[EngineName, ...] = get_args(EngineName)
 DEFAULT_ENGINE: EngineName = "sglang"
 
 
-__all__ = ["ControlCall", "EngineError", "control", "error_message", "generate_once"]
+__all__ = ["METRICS_PATH", "ControlCall", "EngineError", "SpecReading", "control", "error_message", "generate_once"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +72,9 @@ class EngineAdapter:
     busy_status: int
     # A run-time speculation gate (the in-engine topology): SGLang patched with patches/sglang-0.5.23 only.
     has_gate: bool
+    # A speculative server's acceptance from its /metrics text and the previous reading (vLLM's is a window between
+    # two): SGLang's gauge, vLLM's counters. None: the text has none.
+    acceptance: Callable[[str, SpecReading | None], SpecReading | None]
     # Where the engine says whether it sleeps (vLLM's /is_sleeping); None: it cannot say (SGLang).
     sleeping_path: str | None = None
 
@@ -104,8 +117,9 @@ SGLANG = EngineAdapter(
     load_sources=(
         LoadSource(sglang.LOADS_PATH, lambda response: sglang.load_from_loads(response.json())),
         LoadSource(sglang.LEGACY_LOAD_PATH, lambda response: sglang.load_from_loads(response.json())),
-        LoadSource("/metrics", lambda response: sglang.load_from_metrics(response.text)),
+        LoadSource(METRICS_PATH, lambda response: sglang.load_from_metrics(response.text)),
     ),
+    acceptance=sglang.acceptance_from_metrics,
     release=sglang.RELEASE,
     resume=sglang.RESUME,
     pause=sglang.PAUSE,
@@ -116,7 +130,8 @@ SGLANG = EngineAdapter(
 
 VLLM = EngineAdapter(
     name="vllm",
-    load_sources=(LoadSource(vllm.METRICS_PATH, lambda response: vllm.load_from_metrics(response.text)),),
+    load_sources=(LoadSource(METRICS_PATH, lambda response: vllm.load_from_metrics(response.text)),),
+    acceptance=vllm.acceptance_from_metrics,
     release=vllm.SLEEP,
     resume=vllm.WAKE_UP,
     pause=None,

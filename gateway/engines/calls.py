@@ -1,6 +1,7 @@
 """What every engine's HTTP runtime calls have in common: a control POST, an error's message, the 1-token
-generation that proves a server serves. Each engine's module (`sglang.py`, `vllm.py`) names its own endpoints
-and bodies as `ControlCall`s; the calls themselves are made here, once.
+generation that proves a server serves, what a speculative server's acceptance reads as (`SpecReading`). Each
+engine's module (`sglang.py`, `vllm.py`) names its own endpoints and bodies as `ControlCall`s; the calls themselves
+are made here, once.
 
     await control(client, url, RELEASE, headers=headers, timeout=30)          # EngineError unless 200
     problem = await generate_once(client, url, headers=headers, timeout=30)   # None: it generated a token
@@ -21,6 +22,23 @@ class ControlCall:
     name: str
     path: str
     body: dict
+
+
+# Where both engines publish Prometheus text (their load, vLLM's; their acceptance, both).
+METRICS_PATH = "/metrics"
+
+
+@dataclass(frozen=True, slots=True)
+class SpecReading:
+    """A backend's speculative acceptance as last read from its `/metrics` (each engine's module reads its own).
+
+    `accept_length`: tokens per verify step, the bonus token included (1.0: no draft accepted); None while no window
+    has one. `counts`: (drafts, accepted drafts) since the engine started, for an engine that counts rather than
+    averages (vLLM): where the next window starts.
+    """
+
+    accept_length: float | None
+    counts: tuple[float, float] | None = None
 
 
 # The 1-token generation that proves a server serves (`/health` says only that its HTTP server is up).

@@ -4,6 +4,7 @@
     await control(client, url, RELEASE, headers=headers, timeout=30)     # release / resume / pause / continue
     problem = await generate_once(client, url, headers=headers, timeout=30)  # None: it generated a token
     gate = await write_gate(client, url, 32, headers=headers, timeout=5)  # patched servers: the speculation gate
+    reading = acceptance_from_metrics((await client.get(url + METRICS_PATH)).text)  # spec_accept_length
 
 Checked against SGLang 0.5.23 (`../shared/reference/sglang.md`). The next release that moves an endpoint or
 changes a body touches this file only.
@@ -17,13 +18,19 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from crossover.gateway.engines.calls import ControlCall
+from crossover.gateway.engines.calls import ControlCall, SpecReading
 from crossover.gateway.engines.calls import EngineError as SGLangError
 from crossover.gateway.engines.fence import FENCED, Fenced, fence_headers, is_fenced
 
 # Load endpoints: `/v1/loads` (0.5.x), `/get_load` (older releases), both JSON.
 LOADS_PATH = "/v1/loads"
 LEGACY_LOAD_PATH = "/get_load"
+
+
+# The scheduler's mean tokens per verify step (bonus included) over its last decode-log window (`--decode-log-interval`,
+# 40 decode batches): accepted tokens / verify rounds of those batches, held until the next window. 0 on a server
+# without speculation, and until its first window.
+SPEC_ACCEPT_LENGTH = "sglang:spec_accept_length"
 
 
 # The memory saver (servers started with --enable-memory-saver): weights and KV cache out of / back into GPU
@@ -67,6 +74,19 @@ def load_from_metrics(text: str) -> int:
     if not by_rank:
         raise ValueError("no sglang:num_running_reqs gauge")
     return int(sum(by_rank.values()))
+
+
+def acceptance_from_metrics(text: str, previous: SpecReading | None = None) -> SpecReading | None:
+    """Prometheus text: `sglang:spec_accept_length`, averaged over the ranks that report one (TP ranks repeat their
+    DP rank's); None when no rank does (no speculation, or no window yet). A gauge: `previous` is not needed."""
+    values = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == SPEC_ACCEPT_LENGTH
+        for sample in family.samples
+        if sample.value > 0  # NaN and 0 are no reading
+    ]
+    return SpecReading(sum(values) / len(values)) if values else None
 
 
 # The run-time speculation gate of a server patched with patches/sglang-0.5.23 (`/speculative/adaptive`).

@@ -35,7 +35,6 @@ from crossover.gateway.request.failover import Failure, classify_error, classify
 from crossover.gateway.request.failover import endpoint as backend_target
 from crossover.gateway.request.lifecycle import Request, check_body, check_head, first_wait_s, no_answer_in_time
 from crossover.gateway.request.proxy import PARSED, Exchange, ProxyEndpoint
-from crossover.gateway.request.sse import usage_tokens
 from crossover.gateway.wire import ClientLink, Dispatch, Http1Transport, request_headers, request_id
 
 log = logging.getLogger("crossover.proxy")
@@ -149,7 +148,7 @@ class InlineExchange(Request):
         endpoint = self.endpoint
         endpoint.failover.answered(backend, status)
         self.routed(self.route_pool, self.reason)
-        self.end(usage_tokens(body) if status == 200 else 0)
+        self.end(self.usage(body) if status == 200 else 0)
 
     def _backend_failed(self, failure: Failure) -> None:
         """The backend failed the request before the client saw a byte: handed to a coroutine that goes on from the

@@ -37,6 +37,7 @@ from crossover.gateway.errors import (
 from crossover.gateway.metrics import NO_POOL
 from crossover.gateway.policies import FALLBACK
 from crossover.gateway.request.auth import authorize_client
+from crossover.gateway.request.sse import usage_prompt_tokens, usage_tokens
 from crossover.gateway.request.validation import Generation, parse_generation
 from crossover.gateway.wire import POOL, SHOULD_RETRY, response_headers
 
@@ -115,6 +116,7 @@ class Request:
         "opened",
         "outcome",
         "pool",
+        "prompt_tokens",
         "request_id",
         "response_ended",
         "response_started",
@@ -140,6 +142,8 @@ class Request:
         # Whether the client's response began, and whether it is complete: what a failure can still tell it.
         self.response_started = self.response_ended = False
         self.timer = None
+        # Its answer's `usage.prompt_tokens` (read with its completion tokens, `usage`): the rate table's input length.
+        self.prompt_tokens = 0
 
     def end(self, tokens: int) -> None:
         """However the request ended, once: synchronous accounting first, what it held given back last - even if
@@ -158,7 +162,15 @@ class Request:
                 link.callback = None  # the connection's scope would keep this request alive until its next one
                 # Its cycle, scope and link refer to one another: let them go now rather than to the cyclic collector.
                 link.cycle = None
-            endpoint.metrics.request_ended(self.pool, self.outcome, time.perf_counter() - self.started, tokens)
+            lease = self.opened.lease if self.opened is not None else self.lease
+            endpoint.metrics.request_ended(
+                self.pool,
+                self.outcome,
+                time.perf_counter() - self.started,
+                tokens,
+                0 if lease is None else lease.level,
+                self.prompt_tokens,
+            )
         except Exception:
             log.exception("request %s: its accounting failed", self.request_id.decode(errors="replace"))
         finally:
@@ -188,6 +200,13 @@ class Request:
         requests = self.endpoint.live.requests
         requests.discard(self)
         requests.add(other)
+
+    def usage(self, data: bytes) -> int:
+        """The completion tokens of an answer's `usage` (a body, or a stream's tail), and its prompt tokens kept."""
+        tokens = usage_tokens(data)
+        if tokens:
+            self.prompt_tokens = usage_prompt_tokens(data)
+        return tokens
 
     def routed(self, route_pool: str, reason: str) -> None:
         """Counted where it went, once a backend of `self.pool` answered: why, or that it fell back to that pool."""

@@ -65,7 +65,6 @@ from crossover.gateway.request.sse import (
     error_event,
     error_in,
     split_events,
-    usage_tokens,
 )
 from crossover.gateway.topology import SwitchUnavailable, Topology
 from crossover.gateway.wire import CHUNK, CLIENT_LINK, backend_timeout, pump, request_id, response_headers
@@ -364,7 +363,7 @@ class Exchange(Request):
             await self._write({"type": "http.response.start", "status": status, "headers": headers})
             await self._write({"type": "http.response.body", "body": body})
         self.response_ended = True
-        return usage_tokens(body) if status == 200 else 0
+        return self.usage(body) if status == 200 else 0
 
     async def _send_stream(self, opened: Opened) -> int:
         response = opened.response
@@ -390,12 +389,12 @@ class Exchange(Request):
         self.endpoint.metrics.first_event(self.pool, time.perf_counter() - self.started)
         if ended:
             self._stream_ended()
-            return usage_tokens(head)
+            return self.usage(head)
         self.pending = pending
         self._relay_now()
         await pump(opened.chunks, self._deliver, self if self.link is not None else None)
         self._stream_ended()
-        return usage_tokens(self.previous_chunk + self.last_chunk)
+        return self.usage(self.previous_chunk + self.last_chunk)
 
     def _stream_ended(self) -> None:
         """How a stream read to its end counts: as the backend's error event, if it sent one, or as a client that

@@ -92,6 +92,16 @@ def usage_tokens(data: bytes) -> int:
     return int(match[1]) if match else 0
 
 
+def usage_prompt_tokens(data: bytes) -> int:
+    """`usage.prompt_tokens`, found as `usage_tokens` finds its count; 0 if none."""
+    at = data.rfind(b'"prompt_tokens"')
+    if at < 0:
+        return 0
+    match = _PROMPT_TOKENS.match(data, at)
+    return int(match[1]) if match else 0
+
+
 # At most 18 digits: a count longer than that is no count (and int() refuses one of over 4,300 digits), so it
 # counts as none rather than raising on every such answer.
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,18})(?!\d)')
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,18})(?!\d)')

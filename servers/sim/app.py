@@ -44,7 +44,7 @@ from crossover.servers.sim.openai_format import (
     ErrorShape,
     error_body,
 )
-from crossover.servers.sim.profile import Profile
+from crossover.servers.sim.profile import Profile, ProfileError
 from crossover.servers.sim.speculation_gate import GateMetrics, StandInGate, bearer_matches, gate_routes
 from crossover.servers.sim.vllm_surface import VLLM_VERSION, Route, vllm_routes
 
@@ -92,6 +92,10 @@ class SimSettings:
     engine: EngineName = DEFAULT_ENGINE
     # vLLM's --enable-sleep-mode (with VLLM_SERVER_DEV_MODE=1): /sleep, /wake_up and /is_sleeping.
     sleep_mode: bool = False
+
+
+# The stand-in's acceptance, changed live (tests, and whatever plays a traffic shift).
+ACCEPTANCE_PATH = "/sim/acceptance"
 
 
 def run(settings: SimSettings, *, log_level: str = "warning") -> None:
@@ -307,8 +311,27 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
         # vLLM's /server_info (dev mode) dumps its config; the stand-in's says what it simulates, as SGLang's does.
         return json_response({"version": VLLM_VERSION, **simulation_report(settings, live)})
 
+    async def acceptance(request: Request) -> Response:
+        """The stand-in's own control (no engine has it): GET the acceptance later draws have, POST
+        `{"accept_length": 1.5}` to change it live - the traffic changed. SGLang's gauge and vLLM's counters follow."""
+        engine = live.engine
+        if engine.acceptance is None:
+            return json_response(error_body("this profile does not speculate: it has no acceptance"), 400)
+        if request.method == "POST":
+            if refused := unauthorized(request):
+                return refused
+            try:
+                value = (await _optional_json(request)).get("accept_length")
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise BadRequest(f"'accept_length' must be a number, got {value!r}")
+                engine.set_accept_length(float(value))
+            except (BadRequest, TooLarge, ProfileError) as exc:
+                return json_response(error_body(str(exc)), 400)
+        return json_response({"accept_length": engine.acceptance.mean, "num_steps": engine.acceptance.num_steps})
+
     def vllm_surface() -> list[Route]:
         return [
+            (ACCEPTANCE_PATH, acceptance, ["GET", "POST"]),
             *vllm_routes(live, model_card(profile, settings.engine), sleep_mode=settings.sleep_mode),
             ("/metrics", metrics_endpoint, ["GET"]),
             ("/server_info", vllm_server_info, ["GET"]),
@@ -333,6 +356,7 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
             routes += gate_routes(gate)
         return [
             *routes,
+            (ACCEPTANCE_PATH, acceptance, ["GET", "POST"]),
             ("/health", health, ["GET"]),
             ("/health_generate", health, ["GET"]),
             ("/ready", health, ["GET"]),
@@ -484,7 +508,7 @@ def load_report(live: LiveEngine, profile: Profile, include: set[str]) -> dict[s
             }
         )
     if (every or "spec" in include) and profile.speculative is not None:
-        accept = engine.avg_accept_length
+        accept = engine.window_accept_length
         report["speculative"] = {
             "accept_length": accept,
             "accept_rate": (accept - 1) / profile.speculative.num_steps if accept else 0.0,

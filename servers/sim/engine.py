@@ -24,6 +24,11 @@ from typing import Any, Literal
 
 from crossover.servers.sim.costs import Acceptance, Costs, make_costs
 from crossover.servers.sim.profile import Profile
+from crossover.servers.sim.profile_file import check_accept_length
+
+# SGLang's --decode-log-interval default: its scheduler logs (and sets the spec_accept_length gauge) every this many
+# decode batches, from the acceptance of those batches alone.
+DECODE_LOG_INTERVAL = 40
 
 QUEUE_FULL_MESSAGE = "The request queue is full."  # SGLang's words (managers/scheduler.py)
 PauseMode = Literal["abort", "retract", "in_place"]
@@ -103,6 +108,9 @@ class Engine:
         self.aborted_total = 0
         self.spec_accepted_total = 0
         self.spec_verify_total = 0
+        # The last full window's tokens per verify (DECODE_LOG_INTERVAL speculative decode batches); 0: none yet.
+        self.recent_accept_length = 0.0
+        self._window_accepted = self._window_verified = self._window_batches = 0
         # The patched engine's run-time gate (patches/sglang-0.5.23): decode batches of more than this many
         # running requests take zero draft steps. None: no gate. Only meaningful on a speculative profile.
         self.zero_steps_above_bs: int | None = None
@@ -134,6 +142,26 @@ class Engine:
     @property
     def idle(self) -> bool:
         return not (self._running or self._prefilling or self._waiting)
+
+    def set_accept_length(self, accept_length: float) -> None:
+        """Acceptance from now on (the traffic changed): the mean tokens per verify step of later draws, bonus
+        included, in [1, num_steps + 1] (ProfileError else; ValueError on a profile without speculation). The window
+        SGLang's gauge averages starts again."""
+        if self.acceptance is None:
+            raise ValueError("this profile does not speculate: it has no acceptance to change")
+        check_accept_length(accept_length, self.acceptance.num_steps, "accept_length")
+        self.acceptance = Acceptance(self.acceptance.num_steps, accept_length)
+        self.recent_accept_length = 0.0
+        self._window_accepted = self._window_verified = self._window_batches = 0
+
+    @property
+    def window_accept_length(self) -> float:
+        """SGLang's `spec_accept_length` gauge: tokens per verify over its last window of DECODE_LOG_INTERVAL decode
+        batches, held until the next one ends. Before the first full window (at start, or after `set_accept_length`)
+        the window under way's, where SGLang shows 0 or the old value: a test need not decode 40 batches first."""
+        if self.recent_accept_length:
+            return self.recent_accept_length
+        return self._window_accepted / self._window_verified if self._window_verified else 0.0
 
     @property
     def avg_accept_length(self) -> float:
@@ -343,6 +371,13 @@ class Engine:
         self.generated_total += produced
         self.spec_accepted_total += accepted
         self.spec_verify_total += verified
+        self._window_accepted += accepted
+        self._window_verified += verified
+        self._window_batches += 1
+        if self._window_batches >= DECODE_LOG_INTERVAL:
+            if self._window_verified:
+                self.recent_accept_length = self._window_accepted / self._window_verified
+            self._window_accepted = self._window_verified = self._window_batches = 0
 
     def _decode_one_each(
         self, seqs: list[Sequence], now: float, touched: list[Sequence], finished: list[Sequence]

@@ -164,7 +164,7 @@ class _SchedulerGauges(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         engine = self._live.engine
         pool = engine.limits.max_total_num_tokens
-        accept = engine.avg_accept_length
+        accept = engine.window_accept_length
         values = {
             "num_running_reqs": ("The number of running requests.", engine.num_running),
             "num_queue_reqs": ("The number of requests in the waiting queue.", engine.num_waiting),

@@ -220,3 +220,42 @@ def test_passive_failures_never_eject_the_last_healthy_backend_nor_past_the_cap(
         breaker.failed_passively(plain)
     assert plain.healthy is True
     assert len(ejected) == 1
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_the_accept_length_gauge_follows_the_stand_ins_acceptance_and_a_live_change(sim, gateway, engine):
+    """SGLang's gauge, or vLLM's counters over the window between two scrapes, read on the load scrape's schedule
+    (the load signal is local: acceptance is read anyway); only the speculative backend has the series."""
+    plays = ("--engine", engine)
+    spec, plain = sim("k25-eagle3", *SIM_SCALE, *plays), sim("k25-plain", *SIM_SCALE, *plays)
+    gw = gateway(
+        [spec.url],
+        [plain.url],
+        threshold=1000,
+        health={"interval": 0.5, "timeout": 2.0, "load_interval": 0.1},
+        pools={
+            "speculative": {"backends": [spec.url], "engine": engine},
+            "plain": {"backends": [plain.url], "engine": engine},
+        },
+    )
+    labels = {"pool": "speculative", "backend": spec.url}
+
+    with httpx.Client(timeout=60, trust_env=False) as client:
+
+        def near(target: float) -> bool:
+            client.post(gw.url + "/v1/chat/completions", json=chat(max_tokens=64)).raise_for_status()
+            value = gw.registry.get_sample_value("crossover_backend_accept_length", labels)
+            return value is not None and abs(value - target) < 0.25
+
+        assert client.get(spec.url + "/sim/acceptance").json()["accept_length"] == 2.4
+        wait_until(lambda: near(2.4), what="the gauge at the profile's acceptance")
+        client.post(spec.url + "/sim/acceptance", json={"accept_length": 1.3}).raise_for_status()
+        wait_until(lambda: near(1.3), what="the gauge at the new acceptance")
+        state = gw.state.snapshot()["pools"]
+        assert abs(state["speculative"]["backends"][0]["accept_length"] - 1.3) < 0.25
+        assert state["plain"]["backends"][0]["accept_length"] is None
+        bad = client.post(spec.url + "/sim/acceptance", json={"accept_length": 9})
+        assert bad.status_code == 400 and "between 1 and" in bad.text
+    assert (
+        gw.registry.get_sample_value("crossover_backend_accept_length", {"pool": "plain", "backend": plain.url}) is None
+    )

@@ -32,3 +32,18 @@ def test_a_gate_write_carries_the_fence_and_a_stale_one_is_gate_fenced(sim):
             assert (await write(8, 2)).zero_steps_above_bs == 8 and (await write(8, None)).generation == 3
 
     asyncio.run(scenario())
+
+
+def test_acceptance_is_the_spec_accept_length_gauge_over_the_ranks_that_report_one():
+    from crossover.gateway.engines.sglang import acceptance_from_metrics
+
+    def gauge(*values: float) -> str:
+        lines = "".join(
+            f'sglang:spec_accept_length{{model_name="m",tp_rank="{rank}"}} {value}\n'
+            for rank, value in enumerate(values)
+        )
+        return f"# HELP sglang:spec_accept_length x\n# TYPE sglang:spec_accept_length gauge\n{lines}"
+
+    assert acceptance_from_metrics(gauge(2.5, 2.5)).accept_length == 2.5
+    assert acceptance_from_metrics(gauge(0.0)) is None  # a plain server, or no window yet
+    assert acceptance_from_metrics("sglang:num_running_reqs 1\n") is None

@@ -31,3 +31,32 @@ def test_load_is_running_plus_waiting_summed_over_engines():
 def test_sleep_keeps_weights_in_host_memory_and_ends_what_runs_and_wake_up_wakes_everything():
     assert SLEEP.path == "/sleep?level=1&mode=abort" and SLEEP.name == "release"
     assert WAKE_UP.path == "/wake_up" and WAKE_UP.name == "resume"
+
+
+def spec_counters(drafts: float, accepted: float) -> str:
+    """vLLM 0.32's speculative counters, two DP engines sharing the counts."""
+    return f"""\
+# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts / 2}
+vllm:spec_decode_num_drafts_total{{engine="1",model_name="m"}} {drafts / 2}
+# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {accepted / 2}
+vllm:spec_decode_num_accepted_tokens_total{{engine="1",model_name="m"}} {accepted / 2}
+vllm:spec_decode_num_accepted_tokens_created{{engine="0",model_name="m"}} 1.7e9
+"""
+
+
+def test_acceptance_is_one_plus_accepted_over_drafts_between_two_readings_not_since_start():
+    from crossover.gateway.engines.vllm import acceptance_from_metrics
+
+    assert acceptance_from_metrics(VLLM_METRICS) is None  # no speculation
+    first = acceptance_from_metrics(spec_counters(1000, 2000))
+    assert first is not None and first.accept_length is None and first.counts == (1000, 2000)  # a window starts
+    second = acceptance_from_metrics(spec_counters(1100, 2050), first)
+    assert second is not None and second.accept_length == pytest.approx(1.5)  # 1 + 50/100, not 1 + 2050/1100
+    idle = acceptance_from_metrics(spec_counters(1100, 2050), second)
+    assert idle is not None and idle.accept_length == pytest.approx(1.5)  # nothing drafted: the last window stands
+    restarted = acceptance_from_metrics(spec_counters(10, 5), idle)
+    assert restarted is not None and restarted.accept_length is None and restarted.counts == (10, 5)
