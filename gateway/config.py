@@ -30,6 +30,7 @@ from crossover.gateway.policies import (
     SwitchCost,
     Switcher,
     ThresholdRates,
+    Tier,
 )
 from crossover.gateway.policies import PolicyName as Policy
 
@@ -45,6 +46,11 @@ DEFAULT_PORT = 8000
 DEFAULT_POLICY: Policy = "spillover"
 DEFAULT_THRESHOLD = 32
 DEFAULT_HYSTERESIS = 4
+# `service_tier: "priority"` requests go to the speculative pool while its load is below this many requests per
+# speculative server, whatever the threshold. The gateway does not know the servers' running cap
+# (SGLang's --max-running-requests, which depends on memory): set it to that; the default is twice the default
+# threshold, a cap a speculative server usually has room for.
+DEFAULT_PRIORITY_HEADROOM = 2 * DEFAULT_THRESHOLD
 # A crossover is a concurrency: anything beyond this is a typo, and it must stay an exact float for /metrics.
 MAX_THRESHOLD = 1_000_000
 # `crossover serve --workers N`: processes serving one port as one gateway.
@@ -429,11 +435,14 @@ class Settings(BaseSettings):
     policy: Policy = DEFAULT_POLICY
     threshold: int = Field(DEFAULT_THRESHOLD, ge=0, le=MAX_THRESHOLD)
     hysteresis: int = Field(DEFAULT_HYSTERESIS, ge=0, le=MAX_THRESHOLD)
+    priority_headroom: int = Field(DEFAULT_PRIORITY_HEADROOM, ge=0, le=MAX_THRESHOLD)
     load_signal: LoadSignal = "local"
     topology: TopologyName = DEFAULT_TOPOLOGY
     admin_token: str = ""
     # Keys clients must present (`Authorization: Bearer KEY`, as the OpenAI SDK sends api_key); empty: open.
     api_keys: list[str] = []
+    # The service tier of a key's requests that name none (`{"sk-batch" = "flex"}`); a request's own tier wins.
+    api_key_tiers: dict[str, Tier] = {}
     served_model_names: list[str] = []
     state_file: Path | None = None
     # Processes serving the one port (`crossover serve --workers N`), acting as one gateway.
@@ -454,6 +463,17 @@ class Settings(BaseSettings):
         for key in keys:
             check_token(key, "an API key", empty_ok=False)
         return keys
+
+    @model_validator(mode="after")
+    def _tiers_of_known_keys(self) -> Settings:
+        unknown = [key for key in self.api_key_tiers if key not in self.api_keys]
+        if unknown:
+            # At most a key's last four characters (of a long one): the message goes to logs.
+            named = ", ".join(f"'...{key[-4:] if len(key) > 8 else ''}'" for key in unknown)
+            raise ValueError(
+                f"api_key_tiers names keys that are not in api_keys ({named}): add them there, or drop them"
+            )
+        return self
 
     @field_validator("admin_token")
     @classmethod

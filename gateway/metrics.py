@@ -73,6 +73,14 @@ class Metrics:
         self.route_decisions = Tally(
             "crossover_route_decisions", "Routing decisions by chosen pool and reason.", ("pool", "reason"), registry
         )
+        # Only requests that carry a tier (theirs or their key's): a fixed set of label values (TIERS x pools).
+        self.tiers = Tally(
+            "crossover_requests_by_tier",
+            "Requests with an OpenAI service_tier (their own or their API key's), by tier and the pool that served "
+            "them.",
+            ("tier", "pool"),
+            registry,
+        )
         self.ttft = Spread(
             "crossover_time_to_first_token_seconds",
             "Arrival to the first streamed event sent to the client.",
@@ -152,6 +160,9 @@ class Metrics:
 
     def routed(self, pool: str, reason: str) -> None:
         self.route_decisions.inc((pool, reason))
+
+    def tiered(self, tier: str, pool: str) -> None:
+        self.tiers.inc((tier, pool))
 
     def first_event(self, pool: str, seconds: float) -> None:
         self.ttft.observe((pool,), seconds)

@@ -174,6 +174,10 @@ class Pools:
         """The next tie goes to the next backend."""
         self._rotation += 1
 
+    def usable(self, name: str) -> bool:
+        """Whether pool `name` has a backend that may take traffic now."""
+        return any(backend.usable for backend in self.pool(name))
+
     def any_healthy(self) -> bool:
         return any(backend.healthy for backend in self.all())
 

@@ -3,6 +3,8 @@
     spillover(speculative_load=10, threshold=32)              -> Decision("speculative", "below_threshold")
     switch(total_load=40, threshold=32, hysteresis=4, current="speculative")
                                                               -> Decision("plain", "above_threshold")
+    for_tier(Decision("plain", "above_threshold"), "priority", speculative_load=40, priority_headroom=64,
+             plain_usable=True)                               -> Decision("speculative", "priority_tier")
 
 Loads count requests in flight *before* the one being routed, so with threshold T the first T
 concurrent requests go to the speculative pool and request T + 1 goes to the plain pool.
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 from crossover.gateway.modes import PLAIN, SPECULATIVE
 
@@ -22,10 +24,22 @@ PolicyName = Literal["switch", "spillover"]
 BELOW = "below_threshold"
 ABOVE = "above_threshold"
 HYSTERESIS = "hysteresis"
+# A request's OpenAI `service_tier` moved it from the pool the load chose (`for_tier`).
+PRIORITY_TIER = "priority_tier"
+FLEX_TIER = "flex_tier"
 # The chosen pool had no usable backend, so the other pool took the request.
 FALLBACK = "fallback"
 # Topology 'in-engine': one pool; speculation is the engines' gate (gateway/topology/gates.py).
 IN_ENGINE = "in_engine"
+
+
+# OpenAI's `service_tier`. Speculation is a latency tool: `priority` may take the speculative pool above the
+# threshold (up to the priority headroom), `flex` (batch work) never takes a speculative slot while plain can serve;
+# `auto` and `default` route as a request without a tier does.
+Tier = Literal["auto", "default", "flex", "priority"]
+TIERS: tuple[Tier, ...] = get_args(Tier)
+PRIORITY: Tier = "priority"
+FLEX: Tier = "flex"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +52,8 @@ class Decision:
 _SPECULATIVE_BELOW = Decision(SPECULATIVE, BELOW)
 _PLAIN_ABOVE = Decision(PLAIN, ABOVE)
 _PLAIN_HYSTERESIS = Decision(PLAIN, HYSTERESIS)
+_SPECULATIVE_PRIORITY = Decision(SPECULATIVE, PRIORITY_TIER)
+_PLAIN_FLEX = Decision(PLAIN, FLEX_TIER)
 
 
 def spillover(speculative_load: int, threshold: int) -> Decision:
@@ -56,6 +72,20 @@ def switch(total_load: int, threshold: int, hysteresis: int, current: str) -> De
     if current == PLAIN and total_load >= threshold - hysteresis:
         return _PLAIN_HYSTERESIS
     return _SPECULATIVE_BELOW
+
+
+def for_tier(
+    decision: Decision, tier: str | None, speculative_load: int, priority_headroom: int, plain_usable: bool
+) -> Decision:
+    """The load's `decision`, moved by the request's service tier: `priority` to the speculative pool while that
+    pool's load is below `priority_headroom` (whatever the threshold says); `flex` to the plain pool whenever it has
+    a usable backend. Any other tier, or none, keeps the decision: a tier never does worse than no tier."""
+    if tier == PRIORITY:
+        if decision.pool == PLAIN and speculative_load < priority_headroom:
+            return _SPECULATIVE_PRIORITY
+    elif tier == FLEX and decision.pool == SPECULATIVE and plain_usable:
+        return _PLAIN_FLEX
+    return decision
 
 
 def least_loaded(loads: Sequence[int], start: int = 0) -> int | None:

@@ -3,12 +3,14 @@ tokens compared in constant time; they are separate, so a client key never opens
 
     keys = client_keys(settings.api_keys)                     # once, when the app is built
     authorize_client(scope["headers"], keys)                  # raises Unauthorized (401) when keys are set
+    key_tier(scope["headers"], {b"sk-batch": "flex"})         # an authorized key's default service tier, or None
     authorize_admin(request.headers.get("authorization"), settings.admin_token)
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 
 from crossover.gateway.errors import AdminDisabled, AuthenticationFailed, Unauthorized
 
@@ -40,6 +42,17 @@ def authorize_client(headers: list[tuple[bytes, bytes]], keys: list[bytes]) -> N
     given = bearer_token(next((value for name, value in headers if name == b"authorization"), None))
     if not _matches(given, keys):
         raise Unauthorized("missing or invalid API key: send 'Authorization: Bearer <key>'")
+
+
+def key_tier(headers: list[tuple[bytes, bytes]], tiers: dict[bytes, str]) -> str | None:
+    """The default service tier of the key the request carries (`settings.api_key_tiers`), or None. Asked only
+    after `authorize_client` accepted the key: a lookup by it says nothing to a caller who does not hold it."""
+    return tiers.get(bearer_token(next((value for name, value in headers if name == b"authorization"), None)) or b"")
+
+
+def key_tiers(api_key_tiers: Mapping[str, str]) -> dict[bytes, str]:
+    """`settings.api_key_tiers` as `key_tier` looks them up."""
+    return {key.encode(): tier for key, tier in api_key_tiers.items()}
 
 
 def authorize_admin(authorization: str | None, token: str) -> None:

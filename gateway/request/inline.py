@@ -72,8 +72,8 @@ class InlineExchange(Request):
             return False
         try:
             check_head(endpoint, scope["headers"])
-            generation = check_body(endpoint, body)
-            if not generation.stream and cls._send(endpoint, scope, body, link, sender):
+            generation = check_body(endpoint, body, scope["headers"])
+            if not generation.stream and cls._send(endpoint, scope, body, link, sender, generation.tier):
                 return True
         except Exception:  # before a slot was taken: answered (or logged) the ordinary way
             return False
@@ -81,14 +81,17 @@ class InlineExchange(Request):
         return False
 
     @classmethod
-    def _send(cls, endpoint: ProxyEndpoint, scope, body: bytes, link: ClientLink, sender: Http1Transport) -> bool:
+    def _send(
+        cls, endpoint: ProxyEndpoint, scope, body: bytes, link: ClientLink, sender: Http1Transport, tier: str | None
+    ) -> bool:
         """admit, route, choose and send, if none of them has to wait: True once the request is the lane's."""
-        pool, reason = endpoint.route()
+        pool, reason = endpoint.route(tier)
         # Only looked at until the request is sent: if it goes the ordinary way, that way chooses the same.
         backend = endpoint.failover.choose(pool, set(), turn=False)
         if backend is None:
             return False
         exchange = cls(endpoint, scope, request_id(scope["headers"]), link)
+        exchange.tier = tier
         if not endpoint.admission.take_free():
             return False
         exchange.admitted = True  # from here on the request is the lane's, and `end` accounts for it

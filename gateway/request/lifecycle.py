@@ -36,7 +36,7 @@ from crossover.gateway.errors import (
 )
 from crossover.gateway.metrics import NO_POOL
 from crossover.gateway.policies import FALLBACK
-from crossover.gateway.request.auth import authorize_client
+from crossover.gateway.request.auth import authorize_client, key_tier
 from crossover.gateway.request.sse import usage_prompt_tokens, usage_tokens
 from crossover.gateway.request.validation import Generation, parse_generation
 from crossover.gateway.wire import POOL, SHOULD_RETRY, response_headers
@@ -89,6 +89,8 @@ class Endpoint(Protocol):
     pools: Pools
     metrics: Metrics
     admission: Admission
+    # The service tier of a client key's requests that name none (settings' `api_key_tiers`); empty: none.
+    key_tiers: dict[bytes, str]
 
 
 def check_head(endpoint: Endpoint, headers: list[tuple[bytes, bytes]]) -> None:
@@ -98,9 +100,13 @@ def check_head(endpoint: Endpoint, headers: list[tuple[bytes, bytes]]) -> None:
     authorize_client(headers, endpoint.api_keys)
 
 
-def check_body(endpoint: Endpoint, body: bytes) -> Generation:
-    """What routing needs from the body (a model the pools serve, whether it streams), and nothing more."""
-    return parse_generation(body, endpoint.pools.model_names())
+def check_body(endpoint: Endpoint, body: bytes, headers: list[tuple[bytes, bytes]]) -> Generation:
+    """What routing needs from the body (a model the pools serve, whether it streams, its service tier - else its
+    key's), and nothing more."""
+    generation = parse_generation(body, endpoint.pools.model_names())
+    if generation.tier is None and endpoint.key_tiers:
+        return generation._replace(tier=key_tier(headers, endpoint.key_tiers))
+    return generation
 
 
 class Request:
@@ -121,6 +127,7 @@ class Request:
         "response_ended",
         "response_started",
         "started",
+        "tier",
         "timer",
     )
 
@@ -139,6 +146,7 @@ class Request:
         self.mode_lease: ModeLease | None = None
         self.pool = NO_POOL
         self.outcome = labels.BACKEND_ERROR
+        self.tier: str | None = None  # its service tier, once its body is read (None: none)
         # Whether the client's response began, and whether it is complete: what a failure can still tell it.
         self.response_started = self.response_ended = False
         self.timer = None
@@ -186,11 +194,12 @@ class Request:
     def hand_over(self, other: Request) -> None:
         """What this request holds is `other`'s from now on, and `other.end` accounts for it: a driver that passes
         its request on (the inline lane, to fail over) ends its own part uncounted and holding nothing."""
-        other.request_id, other.started, other.pool, other.outcome = (
+        other.request_id, other.started, other.pool, other.outcome, other.tier = (
             self.request_id,
             self.started,
             self.pool,
             self.outcome,
+            self.tier,
         )
         other.admitted, self.admitted = self.admitted, False
         other.lease, self.lease = self.lease, None
@@ -209,8 +218,12 @@ class Request:
         return tokens
 
     def routed(self, route_pool: str, reason: str) -> None:
-        """Counted where it went, once a backend of `self.pool` answered: why, or that it fell back to that pool."""
-        self.endpoint.metrics.routed(self.pool, reason if self.pool == route_pool else FALLBACK)
+        """Counted where it went, once a backend of `self.pool` answered: why, or that it fell back to that pool
+        (and, for a request with a service tier, by its tier)."""
+        metrics = self.endpoint.metrics
+        metrics.routed(self.pool, reason if self.pool == route_pool else FALLBACK)
+        if self.tier is not None:
+            metrics.tiered(self.tier, self.pool)
 
     def _cut(self, why: GatewayError) -> None:
         """End the request early with `why` (the first reason stands): each driver its own way."""

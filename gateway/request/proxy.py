@@ -48,7 +48,7 @@ from crossover.gateway.errors import (
     send_error,
 )
 from crossover.gateway.metrics import Metrics
-from crossover.gateway.request.auth import client_keys
+from crossover.gateway.request.auth import client_keys, key_tiers
 from crossover.gateway.request.failover import Failover, Opened, Outgoing
 from crossover.gateway.request.lifecycle import (
     Live,
@@ -104,6 +104,7 @@ class ProxyEndpoint:
         # Which pool a request goes to, and whether it must hold a place on a mode first (gateway/topology/factory.py).
         self.topology = topology
         self.api_keys = client_keys(settings.api_keys)
+        self.key_tiers = key_tiers(settings.api_key_tiers)
         self.socket_timeout = backend_timeout(settings.timeouts).as_dict()
 
     async def __call__(self, scope, receive, send) -> None:
@@ -111,9 +112,9 @@ class ProxyEndpoint:
             send = Http10Send(send)
         await Exchange(self, scope, send).run(receive)
 
-    def route(self) -> tuple[str, str]:
-        """(pool, reason) for a new request."""
-        return self.topology.route(None)
+    def route(self, tier: str | None) -> tuple[str, str]:
+        """(pool, reason) for a new request with service tier `tier`."""
+        return self.topology.route(None, tier)
 
     def target(self, scope) -> str:
         """The request target the backend gets: the path and the client's query string."""
@@ -189,7 +190,11 @@ class Exchange(Request):
                 check_head(endpoint, self.scope["headers"])
                 body = await self._read_body(receive)
                 parsed = self.scope.pop(PARSED, None)  # what the direct lane read of it, if it looked
-                generation = parsed[1] if parsed is not None and parsed[0] == body else check_body(endpoint, body)
+                if parsed is not None and parsed[0] == body:
+                    generation = parsed[1]
+                else:
+                    generation = check_body(endpoint, body, self.scope["headers"])
+                self.tier = generation.tier
             except Exception as exc:
                 await self._failed(exc, stream=False)
                 return
@@ -314,7 +319,7 @@ class Exchange(Request):
             raise RequestTimeout(f"the request body did not arrive within {self.timeouts.request_body:g} s") from None
 
     async def _admit_and_relay(self, body: bytes, stream: bool) -> int:
-        await self.endpoint.admission.acquire()
+        await self.endpoint.admission.acquire(self.tier)
         self.admitted = True
         return await self._relay(body, stream)
 
@@ -326,7 +331,7 @@ class Exchange(Request):
         now = self.loop.time()
         total_deadline = now + timeouts.total
         self._move_deadline(now + first_wait_s(timeouts, stream))
-        pool, reason = endpoint.topology.route(self.mode_lease)
+        pool, reason = endpoint.topology.route(self.mode_lease, self.tier)
         self.pool = pool  # until a backend answers: where the request was headed when it failed
         outgoing = Outgoing(
             self.target(), body, self.scope["headers"], self.request_id, stream, endpoint.socket_timeout

@@ -1,5 +1,5 @@
 """What the gateway checks in a generation request before routing it: only what routing needs - a JSON
-object, `model`, `stream`, `stream_options` - and standard JSON. The rest of the schema belongs to the
+object, `model`, `stream`, `stream_options`, `service_tier` - and standard JSON. The rest of the schema belongs to the
 backend, which owns it (SGLang's `logprobs` on /v1/completions is an integer, for one); the body is
 forwarded byte for byte.
 """
@@ -10,6 +10,7 @@ import json
 from typing import NamedTuple
 
 from crossover.gateway.errors import InvalidRequest, ModelNotFound
+from crossover.gateway.policies import TIERS
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -18,6 +19,8 @@ COMPLETIONS = "/v1/completions"
 class Generation(NamedTuple):  # a tuple: one is made per request, and a frozen dataclass costs more to make
     model: str | None
     stream: bool
+    # OpenAI's `service_tier` (one of TIERS); None: the request named none (the key's default may apply).
+    tier: str | None = None
 
 
 def _type_name(value: object) -> str:
@@ -40,6 +43,19 @@ _JSON_SPACE = " \t\n\r"
 # Built once: json.loads with an option builds a decoder per call.
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 _ABSENT = object()
+_TIERS = frozenset(TIERS)
+_TIER_CHOICES = ", ".join(f"'{tier}'" for tier in TIERS[:-1]) + f", and '{TIERS[-1]}'"
+
+
+def _tier(value: object) -> str:
+    # As OpenAI words it. (null is no tier, as the SDK's own models read it: the caller never asks.)
+    if isinstance(value, str) and value in _TIERS:
+        return value
+    raise InvalidRequest(
+        f"Invalid value: {json.dumps(value)}. Supported values are: {_TIER_CHOICES}.",
+        param="service_tier",
+        code="invalid_value",
+    )
 
 
 def parse_generation(body: bytes, models: frozenset[str]) -> Generation:
@@ -68,11 +84,14 @@ def parse_generation(body: bytes, models: frozenset[str]) -> Generation:
         raise _wrong_type("stream_options", "an object", options)
     # Absent, `model` is the backend's default (SGLang's request models default it); null is no string, and
     # SGLang would refuse it in its own words after the gateway had routed it.
+    tier = payload.get("service_tier")
+    if tier is not None:
+        tier = _tier(tier)
     model = payload.get("model", _ABSENT)
     if model is _ABSENT:
-        return Generation(model=None, stream=bool(stream))
+        return Generation(None, bool(stream), tier)
     if not isinstance(model, str):
         raise _wrong_type("model", "a string", model)
     if models and model not in models:
         raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
-    return Generation(model=model, stream=bool(stream))
+    return Generation(model, bool(stream), tier)

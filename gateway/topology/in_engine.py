@@ -47,7 +47,8 @@ class InEngine(Topology):
         await super().apply_control(control)
         await self.gates.follow(control.forced_mode, control.pinned)
 
-    def route(self, lease: ModeLease | None) -> tuple[str, str]:
+    def route(self, lease: ModeLease | None, tier: str | None = None) -> tuple[str, str]:
+        # One pool: whether a request is speculated is the engines' gate, which sees no tier.
         return SPECULATIVE, IN_ENGINE
 
     async def threshold_changed(self, fields: set[str]) -> None:

@@ -3,7 +3,7 @@
     topology = make_topology(settings, pools, routing, metrics, breaker, admission, client)   # factory.py
     await topology.start() ... await topology.stop()       # the app's lifespan (and the cluster's membership)
     lease = await topology.admit(on_cut)                    # a request: its place on the mode that serves (or None)
-    pool, reason = topology.route(lease)                    # ... and the pool it goes to
+    pool, reason = topology.route(lease, tier)              # ... and the pool it goes to (tier: its service_tier)
     topology.direct_lane                                    # may the direct lane take a request here?
     await topology.set_mode("plain", pin=True)              # PUT /admin/mode: (view, status), or NotForTopology
     await topology.share()                                  # after either PUT: live on every replica
@@ -24,6 +24,13 @@ topology and never which one it is. What a topology cannot honour it refuses wit
 - in-engine: one pool; the threshold is every engine's gate (hysteresis is kept and moves nothing), a routing
   policy is refused; a mode forces every gate until the next threshold change, pinned until `{"pin": false}`; a gate
   the engines refuse is a 400 `gate_refused` with their reason, and the previous gate stays live.
+
+A request's OpenAI `service_tier` (`route`'s `tier`): partitioned, `priority` may take the speculative pool above the
+threshold (up to `priority_headroom`) and `flex` takes plain while plain can serve (gateway/policies/route.py's
+`for_tier`). Time-shared and in-engine serve one mode at a time, so a tier cannot choose one: there it only orders
+the gateway's own admission queue (gateway/admission.py: priority first, flex last and shed first). The switch queue
+releases every held request at once when a mode serves, so ordering it would change nothing; in-engine, the engines'
+gate decides whether a request is speculated, and it sees no tier.
 """
 
 from __future__ import annotations
@@ -127,8 +134,8 @@ class Topology(ABC):
         return None
 
     @abstractmethod
-    def route(self, lease: ModeLease | None) -> tuple[str, str]:
-        """(pool, reason) for a new request."""
+    def route(self, lease: ModeLease | None, tier: str | None = None) -> tuple[str, str]:
+        """(pool, reason) for a new request; `tier`: its OpenAI `service_tier` (None: it named none)."""
 
     def open_failed(self, pool: str, error: GatewayError) -> GatewayError:
         """What the client gets when no backend of `pool` (and, where allowed, of the other) opened a response."""

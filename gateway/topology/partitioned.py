@@ -25,8 +25,8 @@ class Partitioned(Topology):
         # Every topology exposes the switch families (none serves a mode here), so dashboards need no topology.
         metrics.registry.register(SwitchCollector())
 
-    def route(self, lease: ModeLease | None) -> tuple[str, str]:
-        decision = self.routing.decide(self.pools)
+    def route(self, lease: ModeLease | None, tier: str | None = None) -> tuple[str, str]:
+        decision = self.routing.decide(self.pools, tier)
         return decision.pool, decision.reason
 
     def mode_view(self) -> dict:

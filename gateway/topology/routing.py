@@ -17,8 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crossover.gateway.backends import Pools
-from crossover.gateway.config import SPECULATIVE, Settings, ThresholdError, check_threshold, fit_hysteresis
-from crossover.gateway.policies import POLICIES, Decision
+from crossover.gateway.config import (
+    DEFAULT_PRIORITY_HEADROOM,
+    PLAIN,
+    SPECULATIVE,
+    Settings,
+    ThresholdError,
+    check_threshold,
+    fit_hysteresis,
+)
+from crossover.gateway.policies import POLICIES, Decision, for_tier
 
 log = logging.getLogger("crossover.routing")
 
@@ -33,6 +41,9 @@ class Routing:
     state_file: Path | None = None
     # Why the state file was not restored at start, or the last save failed; None once a save succeeds.
     state_file_problem: str | None = None
+    # The speculative pool's load below which a `priority` request goes there, whatever the threshold: the
+    # setting (per speculative server) times the pool's servers.
+    priority_headroom: int = DEFAULT_PRIORITY_HEADROOM
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Routing:
@@ -41,6 +52,7 @@ class Routing:
             settings.threshold,
             settings.hysteresis,
             state_file=settings.state_file,
+            priority_headroom=settings.priority_headroom * len(settings.pools.speculative.backends),
         )
         if routing.state_file is not None and routing.state_file.exists():
             try:
@@ -50,10 +62,14 @@ class Routing:
                 log.warning("%s; serving the configured threshold %d instead", exc, routing.threshold)
         return routing
 
-    def decide(self, pools: Pools) -> Decision:
+    def decide(self, pools: Pools, tier: str | None = None) -> Decision:
+        """The policy's decision for the load, then the request's service tier's (`for_tier`). The side the switch
+        policy keeps is the load's: a tiered request moves itself, not the requests after it."""
         decision = POLICIES[self.policy](pools, self.threshold, self.hysteresis, self.side)
         self.side = decision.pool
-        return decision
+        if tier is None:
+            return decision
+        return for_tier(decision, tier, pools.pool_load(SPECULATIVE), self.priority_headroom, pools.usable(PLAIN))
 
     def update(self, threshold: int | None = None, hysteresis: int | None = None, policy: str | None = None) -> None:
         """Apply a live change (all or nothing) and save it; raise ThresholdError naming the field at fault, or

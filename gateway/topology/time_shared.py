@@ -105,7 +105,8 @@ class TimeShared(Topology):
         lease.on_cut(on_cut)
         return lease
 
-    def route(self, lease: ModeLease | None) -> tuple[str, str]:
+    def route(self, lease: ModeLease | None, tier: str | None = None) -> tuple[str, str]:
+        # One mode serves: a tier cannot choose a pool here (only admission orders tiers).
         return lease.mode, ACTIVE_MODE
 
     def open_failed(self, pool: str, error: GatewayError) -> GatewayError:

@@ -95,3 +95,57 @@ def test_a_client_that_leaves_while_queued_frees_its_place_at_once(sims, gateway
     gw.settled()
     assert gw.metric("crossover_requests_total", pool="none", outcome="client_disconnect") == 1
     assert gw.metric("crossover_requests_total", pool="none", outcome="overloaded") == 0
+
+
+def test_flex_waits_behind_the_other_tiers_and_priority_goes_first():
+    async def scenario():
+        admission = Admission(max_inflight=1, max_queued=4, queue_timeout=5.0)
+        await admission.acquire()
+        order = []
+
+        async def waiter(name, tier):
+            await admission.acquire(tier)
+            order.append(name)
+            admission.release()
+
+        tasks = []
+        for name, tier in (("flex", "flex"), ("none", None), ("default", "default"), ("priority", "priority")):
+            tasks.append(asyncio.create_task(waiter(name, tier)))
+            await asyncio.sleep(0)
+        assert admission.queued == 4
+        admission.release()
+        await asyncio.gather(*tasks)
+        assert order == ["priority", "none", "default", "flex"]
+        assert admission.active == 0 and admission.queued == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_full_line_sheds_its_newest_flex_waiter_first():
+    async def scenario():
+        admission = Admission(max_inflight=1, max_queued=2, queue_timeout=5.0)
+        await admission.acquire()
+        old_flex = asyncio.create_task(admission.acquire("flex"))
+        new_flex = asyncio.create_task(admission.acquire("flex"))
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded):
+            await admission.acquire("flex")  # a flex newcomer to a full line is refused
+        ordinary = asyncio.create_task(admission.acquire())
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match="flex"):
+            await new_flex  # gave its place to the request without a tier
+        assert admission.queued == 2
+        priority = asyncio.create_task(admission.acquire("priority"))
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match="flex"):
+            await old_flex
+        with pytest.raises(Overloaded):  # no flex left to shed: the line is full for everyone
+            await admission.acquire("priority")
+        admission.release()
+        await priority
+        admission.release()
+        await ordinary
+        admission.release()
+        assert admission.active == 0 and admission.queued == 0
+
+    asyncio.run(scenario())

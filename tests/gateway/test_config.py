@@ -209,3 +209,16 @@ def test_the_clusters_key_is_read_from_a_file_only_its_owner_and_group_may_read(
     key.chmod(0o644)
     with pytest.raises(SettingsError, match="open to every user of the host: run `chmod 600"):
         load_settings(write(tmp_path, f'[cluster]\nkey_file = "{key}"\n' + POOLS))
+
+
+def test_a_keys_default_tier_names_a_configured_key_and_a_known_tier(tmp_path):
+    keys = 'api_keys = ["sk-chat-0001", "sk-batch-0002"]\n'
+    settings = load_settings(write(tmp_path, keys + 'api_key_tiers = { "sk-batch-0002" = "flex" }\n' + POOLS))
+    assert settings.api_key_tiers == {"sk-batch-0002": "flex"}
+    with pytest.raises(SettingsError, match=r"not in api_keys \('\.\.\.9999'\)") as caught:
+        load_settings(write(tmp_path, keys + 'api_key_tiers = { "sk-other-9999" = "flex" }\n' + POOLS))
+    assert "sk-other" not in str(caught.value)  # a key is a secret: only its tail is named
+    with pytest.raises(SettingsError, match="api_key_tiers"):
+        load_settings(write(tmp_path, keys + 'api_key_tiers = { "sk-batch-0002" = "batch" }\n' + POOLS))
+    with pytest.raises(SettingsError, match="priority_headroom"):
+        load_settings(write(tmp_path, "priority_headroom = -1\n" + POOLS))

@@ -21,6 +21,7 @@ DOCUMENTED = {
     "crossover_routing_threshold": "gauge",
     "crossover_routing_hysteresis": "gauge",
     "crossover_route_decisions": "counter",
+    "crossover_requests_by_tier": "counter",
     "crossover_time_to_first_token_seconds": "histogram",
     "crossover_request_duration_seconds": "histogram",
     "crossover_output_tokens": "counter",

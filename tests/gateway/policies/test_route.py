@@ -57,3 +57,37 @@ def test_every_policy_name_has_its_function_and_only_those():
     from crossover.gateway.policies import POLICIES, PolicyName
 
     assert set(POLICIES) == set(get_args(PolicyName))
+
+
+def test_a_priority_request_takes_the_speculative_pool_above_the_threshold_up_to_the_headroom():
+    from crossover.gateway.policies.route import PRIORITY_TIER, for_tier
+
+    above = spillover(40, threshold=32)
+    moved = for_tier(above, "priority", 40, priority_headroom=64, plain_usable=True)
+    assert moved == Decision("speculative", PRIORITY_TIER)
+    # At the headroom the speculative pool is full for priority too: the load's decision stands.
+    assert for_tier(above, "priority", 64, priority_headroom=64, plain_usable=True) == above
+    # Below the threshold it needs no help: the reason stays the load's.
+    below = spillover(3, threshold=32)
+    assert for_tier(below, "priority", 3, priority_headroom=64, plain_usable=True) == below
+    # Threshold 0 (everything plain): priority still gets the speculative pool.
+    assert for_tier(spillover(0, 0), "priority", 0, 64, True).pool == "speculative"
+
+
+def test_a_flex_request_takes_plain_while_plain_can_serve():
+    from crossover.gateway.policies.route import FLEX_TIER, for_tier
+
+    below = spillover(0, threshold=32)
+    assert for_tier(below, "flex", 0, 64, plain_usable=True) == Decision("plain", FLEX_TIER)
+    assert for_tier(below, "flex", 0, 64, plain_usable=False) == below  # no plain backend: speculative serves
+    above = spillover(40, threshold=32)
+    assert for_tier(above, "flex", 40, 64, True) == above
+
+
+def test_auto_default_and_no_tier_keep_the_loads_decision():
+    from crossover.gateway.policies.route import TIERS, for_tier
+
+    assert TIERS == ("auto", "default", "flex", "priority")
+    for decision in (spillover(0, 32), spillover(40, 32), switch(40, 32, 4, "plain"), switch(30, 32, 4, "plain")):
+        for tier in ("auto", "default", None):
+            assert for_tier(decision, tier, 40, 64, True) is decision

@@ -62,3 +62,12 @@ def test_the_gateway_sends_the_pool_key_to_its_backends_never_the_clients(serve,
     assert {path for path, _ in backend.probes} == {"/health", "/v1/models"}
     keyed = [headers.get(b"authorization") for _, headers in backend.probes]
     assert f"Bearer {BACKEND_KEY}".encode() in keyed
+
+
+def test_a_keys_default_tier_is_looked_up_by_the_key_it_carries():
+    from crossover.gateway.request.auth import key_tier, key_tiers
+
+    tiers = key_tiers({"sk-batch": "flex"})
+    assert key_tier([(b"authorization", b"Bearer sk-batch")], tiers) == "flex"
+    assert key_tier([(b"authorization", b"Bearer sk-other")], tiers) is None
+    assert key_tier([], tiers) is None

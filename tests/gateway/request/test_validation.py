@@ -76,3 +76,15 @@ def test_a_null_model_is_refused_before_routing(gateway, stream):
     error = response.json()["error"]
     assert (error["param"], error["code"], error["type"]) == ("model", "invalid_type", "invalid_request_error")
     assert error["message"] == "'model' must be a string, got null"
+
+
+def test_the_service_tier_is_read_once_and_an_unknown_one_is_400():
+    assert parse(CHAT_OK).tier is None
+    assert parse({**CHAT_OK, "service_tier": None}).tier is None  # null: no tier, as the SDK reads it
+    for tier in ("auto", "default", "flex", "priority"):
+        assert parse({**CHAT_OK, "service_tier": tier}).tier == tier
+    for wrong in ("scale", "PRIORITY", 1, ["flex"], {"tier": "flex"}):
+        with pytest.raises(InvalidRequest) as caught:
+            parse({**CHAT_OK, "service_tier": wrong})
+        assert (caught.value.status, caught.value.param, caught.value.code) == (400, "service_tier", "invalid_value")
+        assert "Supported values are: 'auto', 'default', 'flex', and 'priority'." in caught.value.message

@@ -247,3 +247,19 @@ def test_switch_under_held_load_holds_its_side_in_the_hysteresis_band(sims, gate
 
     assert asyncio.run(scenario()) == ["plain"] * 5 + ["speculative"]
     assert gw.metric("crossover_route_decisions_total", pool="plain", reason="hysteresis") >= 3
+
+
+def test_a_tier_moves_its_own_request_and_not_the_switch_policys_side():
+    """The headroom is per speculative server; a tiered request leaves the side the next decision starts from."""
+    two = {"speculative": {"backends": ["http://s:1", "http://s:2"]}, "plain": {"backends": ["http://p:2"]}}
+    settings = Settings(policy="switch", threshold=4, hysteresis=2, priority_headroom=3, pools=two)
+    routing, pools = Routing.from_settings(settings), Pools.from_settings(settings)
+    assert routing.priority_headroom == 6
+    pools.speculative[0].inflight = 5
+    assert (routing.decide(pools, "priority").pool, routing.side) == ("speculative", "plain")
+    pools.speculative[1].inflight = 1  # the pool holds 6: at its headroom
+    assert routing.decide(pools, "priority").pool == "plain"
+    pools.speculative[0].inflight = pools.speculative[1].inflight = 0
+    assert (routing.decide(pools, "flex").pool, routing.side) == ("plain", "speculative")
+    pools.plain[0].healthy = False
+    assert routing.decide(pools, "flex").pool == "speculative"
