@@ -91,8 +91,11 @@ def test_a_scrape_waits_for_no_worker_that_is_not_serving_and_not_past_the_wait_
 def test_a_dead_workers_counters_stay_in_the_hosts_sum_and_its_gauges_do_not(tmp_path):
     host = Host(2, 2, tmp_path)
     Worker(host, 1).serving()
-    published = {"requests": {"x": 5.0}, "crossover_cluster_leader": {"y": 1.0}}  # it led when it died
+    published = {"crossover_requests": {"x": 5.0}, "crossover_cluster_leader": {"y": 1.0}}  # it led when it died
     host.published(1).write_text(json.dumps(published))
     host.retire(1)
-    # A new leader's 1 is the host's one leader, not 2; what the dead worker served still counts.
-    assert host.read(host_module.RETIRED) == {"requests": {"x": 5.0}}
+    # A new leader's 1 is the host's one leader, not 2; what the dead worker served still counts, in its slot too.
+    assert host.read(host_module.RETIRED) == {
+        "crossover_requests": {"x": 5.0},
+        host_module.RETIRED_BY_SLOT: {"1": 5.0},
+    }
