@@ -3,7 +3,8 @@
     crossover demo                                            # partitioned: both pools serve, spillover
     crossover demo --topology time-shared                     # one GPU set; sleep/wake between the modes
     crossover demo --topology time-shared --mechanism restart # ... restart through a local GPU-host agent
-    crossover demo --engine vllm                              # the stand-ins play vLLM (either topology)
+    crossover demo --topology in-engine                       # two patched EAGLE-3 servers; the threshold is their gate
+    crossover demo --engine vllm                              # the stand-ins play vLLM (partitioned, time-shared)
 
 Partitioned: a k25-eagle3 and a k25-plain stand-in, and the gateway. Time-shared: the stand-in set of
 servers/profiles/standin-time-shared.toml and the gateway of servers/gateway_configs/standin-time-shared.toml
@@ -12,6 +13,8 @@ servers/profiles/standin-time-shared.toml and the gateway of servers/gateway_con
   the gateway releases and resumes them through SGLang's endpoints;
 - restart: the GPU-host agent (`crossover servers agent`) starts the speculative server, and the gateway
   stops one and starts the other through it.
+In-engine: two k25-eagle3 stand-ins playing the patched SGLang server (patches/sglang-0.5.23), with an admin key of
+the demo's own; the gateway sets the threshold as their zero-step gate, and a PUT /admin/threshold moves it live.
 
 Processes the demo starts itself run in their own process group and ask the kernel to SIGTERM them if the demo
 dies (PR_SET_PDEATHSIG). Servers the agent starts outlive it, as on a GPU host; the demo stops them on its way
@@ -43,8 +46,10 @@ from crossover.gateway.policies import POLICIES, PolicyName
 from crossover.servers.profile import ENGINE_TITLES, ServerMechanism
 
 HOST = "127.0.0.1"
-# The gateway's topologies but in-engine (the demo's stand-ins are two pools' servers, not one gated engine).
-TOPOLOGIES: tuple[TopologyName, ...] = tuple(t for t in get_args(TopologyName) if t != "in-engine")
+TOPOLOGIES: tuple[TopologyName, ...] = get_args(TopologyName)
+# In-engine: how many gated stand-ins, and the gate a banner's command moves to (the demo's threshold is 32).
+IN_ENGINE_SERVERS = 2
+GATE_EXAMPLE = 16
 MODEL = "moonshotai/Kimi-K2.5"  # the stand-in profiles' served name, and k25-eagle3's / k25-plain's
 PROFILES = {"speculative": "k25-eagle3", "plain": "k25-plain"}
 TIME_SHARED_PROFILE = "standin-time-shared"
@@ -76,7 +81,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--topology",
         choices=list(TOPOLOGIES),
         default="partitioned",
-        help="partitioned: both pools serve at once; time-shared: one at a time (default: partitioned)",
+        help="partitioned: both pools serve at once; time-shared: one at a time; in-engine: one pool of patched "
+        "EAGLE-3 servers whose zero-step gate is the threshold (default: partitioned)",
     )
     demo.add_argument(
         "--mechanism",
@@ -224,6 +230,41 @@ def _partitioned(
     return settings, [f"two simulated {ENGINE_TITLES[engine]} pools: {', '.join(PROFILES.values())}"]
 
 
+def _in_engine(started: _Started, threshold: int, time_scale: float, folder: Path) -> tuple[dict, list[str]]:
+    from crossover.servers import process
+
+    # The engines' admin key (their --admin-api-key): the gate's POST demands it; the gateway reads it from a file.
+    key_file = folder / "engines.admin.key"
+    key_file.write_text(secrets.token_urlsafe(18))
+    key_file.chmod(0o600)
+    urls = []
+    for _ in range(IN_ENGINE_SERVERS):
+        standin_port = process.free_port(HOST)
+        argv = _crossover("sim", "serve", "--profile", PROFILES["speculative"], "--host", HOST)
+        argv += ["--port", str(standin_port), "--speculation-gate", "--admin-api-key-file", str(key_file)]
+        argv += ["--time-scale", str(time_scale), "--startup-delay", "0"]
+        started.procs.append(process.spawn(argv))
+        urls.append(f"http://{HOST}:{standin_port}")
+    for proc, url in zip(started.procs, urls, strict=True):
+        process.wait_ready(url + "/health", proc, STANDIN_READY_TIMEOUT_S)
+    pools = {"speculative": {"backends": urls, "admin_api_key_file": str(key_file)}}
+    settings = {"topology": "in-engine", "threshold": threshold, "pools": pools}
+    return settings, urls
+
+
+def in_engine_lines(url: str, token: str, engines: list[str], threshold: int) -> list[str]:
+    put = (
+        f"curl -s -X PUT -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' "
+        f"-d '{{\"threshold\": {GATE_EXAMPLE}}}' {url}/admin/threshold"
+    )
+    return [
+        f"crossover demo: gateway on {url} ({len(engines)} simulated patched EAGLE-3 servers, "
+        f"{PROFILES['speculative']}: one pool; the threshold is their zero-step gate, now {threshold})",
+        f"  gate:        {put}   (moves every engine's gate live)",
+        f"  engine gate: curl -s {engines[0]}/speculative/adaptive   (what the first engine holds now)",
+    ]
+
+
 def _time_shared_profile(ports: dict[str, int], time_scale: float, folder: Path, engine: EngineName) -> Path:
     """The stand-in time-shared profile on the demo's own ports, time scale and engine, as a file the agent reads."""
     from crossover.servers.profile import load_profile
@@ -304,6 +345,9 @@ def run(
     from crossover.gateway.config import DEFAULT_THRESHOLD, Settings, SettingsError
     from crossover.servers import process
 
+    if topology == "in-engine" and engine != DEFAULT_ENGINE:
+        print("crossover demo: in-engine needs the patched SGLang server; vLLM has no zero-step gate", file=sys.stderr)
+        return 2
     # Before any stand-in starts: a port in use is one line, not stand-ins started for nothing.
     if (error := listen_error(HOST, port)) is not None:
         print(f"crossover demo: {error}", file=sys.stderr)
@@ -316,7 +360,12 @@ def run(
     started = _Started()
     with tempfile.TemporaryDirectory(prefix="crossover-demo-") as folder:
         try:
-            if topology == "time-shared":
+            if topology == "in-engine":
+                chosen = DEFAULT_THRESHOLD if threshold is None else threshold
+                scale = TIME_SHARED_TIME_SCALE if time_scale is None else time_scale
+                values, engines = _in_engine(started, chosen, scale, Path(folder))
+                lines = in_engine_lines(url, token, engines, chosen)
+            elif topology == "time-shared":
                 scale = TIME_SHARED_TIME_SCALE if time_scale is None else time_scale
                 values, extra = _time_shared(started, mechanism, threshold, scale, Path(folder), engine)
                 lines = time_shared_lines(url, token, mechanism, values.get("threshold", DEFAULT_THRESHOLD)) + extra

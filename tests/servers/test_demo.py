@@ -20,7 +20,9 @@ import httpx
 import openai
 import pytest
 
+from crossover.servers.demo import GATE_EXAMPLE, IN_ENGINE_SERVERS
 from crossover.servers.process import free_port
+from tests.conftest import crossover_argv
 from tests.gateway.gateway_helpers import MODEL, wait_until
 
 STARTUP_S = 60.0
@@ -312,6 +314,10 @@ def check_output(label: str, output: str, url: str) -> None:
         assert "crossover_requests_total" in output, output[:500]
     elif label == "mode":
         assert json.loads(output)["mode"] in ("speculative", "plain"), output
+    elif label == "gate":
+        assert json.loads(output)["threshold"] == GATE_EXAMPLE, output
+    elif label == "engine gate":
+        assert "zero_steps_above_bs" in json.loads(output)["state"], output
     elif label == "load step":
         report = json.loads(output)
         assert report["ok"] > 0 and report["errors"] == 0 and report["url"] == url, report
@@ -319,12 +325,14 @@ def check_output(label: str, output: str, url: str) -> None:
         raise AssertionError(f"no check for the banner's {label!r} command: add one")
 
 
-@pytest.mark.parametrize("topology", ["partitioned", "time-shared"])
+TOPOLOGY_COMMANDS = {"partitioned": set(), "time-shared": {"load step", "mode"}, "in-engine": {"gate", "engine gate"}}
+
+
+@pytest.mark.parametrize("topology", list(TOPOLOGY_COMMANDS))
 def test_every_command_the_banners_print_runs_with_base_dependencies_only(demo, base_only, topology):
     proc, url = demo("--topology", topology, "--time-scale", "20", env=base_only)
     commands = banner_commands(proc)
-    expected = {"try", "threshold", "metrics"} | ({"load step", "mode"} if topology == "time-shared" else set())
-    assert set(commands) == expected, commands
+    assert set(commands) == {"try", "threshold", "metrics"} | TOPOLOGY_COMMANDS[topology], commands
     for label, command in commands.items():
         if label == "load step":  # as printed, but a short step: what is checked is that it runs
             command = re.sub(r"--duration \d+", "--duration 1", command)
@@ -358,3 +366,39 @@ def test_the_demo_configs_switch_back_pays_whatever_its_first_switch_cost(mechan
         switcher.samples.append(LoadSample(t=step_ended + second, load=1))
     decision = switcher.decide(step_ended + policy.window_s + 1, mode="plain", mode_since=0.0, settings=policy)
     assert decision.switch and decision.mode == "speculative", decision
+
+
+def test_the_in_engine_demo_serves_the_sdk_and_its_gate_command_moves_every_engines_gate(demo):
+    proc, url = demo("--topology", "in-engine", "--admin-token", "demo-token")
+    commands = banner_commands(proc)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert reply.usage.completion_tokens == 4
+    engines = list(admin_state(url)["backend_gates"])
+    assert len(engines) == IN_ENGINE_SERVERS
+    assert {engine_gate(engine) for engine in engines} == {32}  # the demo's threshold, set at start-up
+    done = subprocess.run(["bash", "-c", commands["gate"]], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and json.loads(done.stdout)["threshold"] == GATE_EXAMPLE, done
+    assert {engine_gate(engine) for engine in engines} == {GATE_EXAMPLE}  # written before the PUT answered
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+
+
+def test_the_in_engine_demo_refuses_vllm_in_one_line():
+    done = subprocess.run(
+        [*crossover_argv(), "demo", "--topology", "in-engine", "--engine", "vllm", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "vLLM has no zero-step gate" in done.stderr, done
+
+
+def admin_state(url: str) -> dict:
+    return httpx.get(url + "/admin/state", headers=ADMIN, timeout=10, trust_env=False).json()
+
+
+def engine_gate(url: str) -> int | None:
+    return httpx.get(url + "/speculative/adaptive", timeout=10, trust_env=False).json()["state"]["zero_steps_above_bs"]
