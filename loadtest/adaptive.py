@@ -58,6 +58,7 @@ class _Level(_Loose):
     output_throughput: float
     output_throughput_interval: tuple[float, float] | None = None
     failed: int = 0
+    completed: int | None = None  # 0: no data at this level (None: a writer that did not say)
 
 
 class _Target(_Loose):
@@ -109,7 +110,7 @@ def adaptive_config(
     curves: dict[str, dict[int, float]] = {speculative: {}, plain: {}}
     intervals: dict[tuple[str, int], tuple[float, float] | None] = {}
     for level in results.levels:
-        if level.target in curves and level.output_throughput > 0:
+        if level.target in curves and level.completed != 0 and level.output_throughput > 0:  # no data is no point
             curves[level.target][level.concurrency] = level.output_throughput
             intervals[level.target, level.concurrency] = level.output_throughput_interval
     missing = [name for name, curve in curves.items() if not curve]

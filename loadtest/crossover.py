@@ -15,6 +15,12 @@ rests on the curves' shape there, which nothing measured; add levels to narrow i
 top of the sweep) give status `within_noise`: "no clear crossover between C=a and C=b", with no number and no
 switch threshold.
 
+**No data is not a verdict.** A level where either target completed nothing has verdict `no_data`: it is
+shown, and left out of the crossover and both thresholds (a 0 there is the absence of a measurement, not a
+throughput of 0 - read as one, a speculative server that failed at C=1 made plain "clearly ahead" and the
+switch threshold 0, "never speculate"). With no level where both completed something the status is `no_data`
+and nothing is recommended.
+
 **switch** (time-shared pools: all traffic goes to one configuration). The gateway sends a new request to
 the speculative pool while the total in-flight count it sees is below the threshold T. In a closed loop at
 level C a new request sees the C - 1 others, so level C is speculative iff C - 1 < T, i.e. C <= T. Speculation
@@ -34,11 +40,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from crossover.loadtest.models import Crossover, CrossoverStatus, Evidence, Level, RecommendedThreshold
-from crossover.loadtest.uncertainty import DEFAULT_RESOLUTION, Verdict, margin, verdict
+from crossover.loadtest.uncertainty import DEFAULT_RESOLUTION, NO_DATA, Verdict, margin, verdict
 
 Curve = Mapping[int, float]
 
@@ -65,31 +71,35 @@ def _log_crossing(lo: int, hi: int, d_lo: float, d_hi: float) -> float:
     return math.exp(math.log(lo) + fraction * (math.log(hi) - math.log(lo)))
 
 
-def find_crossover(speculative: Curve, plain: Curve, margins: Mapping[int, float] | None = None) -> Found:
+def find_crossover(
+    speculative: Curve, plain: Curve, margins: Mapping[int, float] | None = None, no_data: Collection[int] = ()
+) -> Found:
     """Crossover concurrency (or None), its bracketing grid levels, its interval and the per-level evidence.
 
     `margins[C]`: how far apart the curves must be at C to tell them apart (uncertainty.py); without them the
-    curves are exact (virtual-time curves) and plain meeting speculative counts as crossing.
+    curves are exact (virtual-time curves) and plain meeting speculative counts as crossing. `no_data`: levels
+    where a target completed nothing - shown with verdict no_data, judged nowhere.
     """
-    levels = common_levels(speculative, plain)
-    margin = {c: (margins or {}).get(c, 0.0) for c in levels}
+    measured = common_levels(speculative, plain)
+    margin = {c: (margins or {}).get(c, 0.0) for c in measured}
     verdicts: dict[int, Verdict] = {}
-    for c in levels:
-        judged = verdict(speculative[c], plain[c], margin[c])
+    for c in measured:
+        judged = NO_DATA if c in no_data else verdict(speculative[c], plain[c], margin[c])
         verdicts[c] = "plain" if margins is None and judged == "tie" else judged
     evidence = [
         Evidence(
             concurrency=c,
             speculative_output_throughput=speculative[c],
             plain_output_throughput=plain[c],
-            plain_over_speculative=plain[c] / speculative[c] if speculative[c] > 0 else None,
-            margin=margin[c] if margins is not None else None,
+            plain_over_speculative=plain[c] / speculative[c] if speculative[c] > 0 and c not in no_data else None,
+            margin=margin[c] if margins is not None and c not in no_data else None,
             verdict=verdicts[c],
         )
-        for c in levels
+        for c in measured
     ]
+    levels = [c for c in measured if c not in no_data]
     if not levels:
-        return Found(evidence=evidence)
+        return Found(evidence=evidence, status="no_data" if measured else "no_common_levels")
     first_plain = next((i for i, c in enumerate(levels) if verdicts[levels[i]] == "plain"), None)
     end = len(levels) if first_plain is None else first_plain
     last_speculative = next((i for i in range(end - 1, -1, -1) if verdicts[levels[i]] == "speculative"), None)
@@ -154,9 +164,19 @@ def spillover_threshold(speculative: Curve, plain: Curve) -> tuple[int, float | 
     return ranked, efficiency(ranked)[0]
 
 
+def no_data_levels(levels: Sequence[Level], speculative: str, plain: str) -> dict[int, list[str]]:
+    """Concurrency -> the targets of the pair that completed nothing there (a level with no data)."""
+    empty: dict[int, list[str]] = {}
+    for lv in levels:
+        if lv.target in (speculative, plain) and lv.completed == 0:
+            empty.setdefault(lv.concurrency, []).append(lv.target)
+    return empty
+
+
 def analyse(levels: Sequence[Level], speculative: str, plain: str, resolution: float = DEFAULT_RESOLUTION) -> Crossover:
     """The `crossover` object of results.json from the `levels` entries of two named targets."""
     by = {(lv.target, lv.concurrency): lv for lv in levels}
+    empty = no_data_levels(levels, speculative, plain)
     curves = {
         name: {lv.concurrency: lv.output_throughput for lv in levels if lv.target == name}
         for name in (speculative, plain)
@@ -171,26 +191,39 @@ def analyse(levels: Sequence[Level], speculative: str, plain: str, resolution: f
         )
         for c in common_levels(curves[speculative], curves[plain])
     }
-    found = find_crossover(curves[speculative], curves[plain], margins)
-    spill, efficiency = spillover_threshold(curves[speculative], curves[plain])
-    measured = common_levels(curves[speculative], curves[plain])
+    found = find_crossover(curves[speculative], curves[plain], margins, no_data=empty)
+    # Only levels with data on both sides inform either threshold.
+    with_data = {name: {c: v for c, v in curve.items() if c not in empty} for name, curve in curves.items()}
+    spill, efficiency = spillover_threshold(with_data[speculative], with_data[plain])
+    measured = common_levels(with_data[speculative], with_data[plain])
     for row in found.evidence:
         row.speculative_failed = by[speculative, row.concurrency].failed
         row.plain_failed = by[plain, row.concurrency].failed
     # Too close to call: any switch threshold inside the range serves about as well, so none is named.
     switch = None if found.status == "within_noise" else switch_threshold(found.concurrency, measured)
+    recommended = None if found.status == "no_data" else RecommendedThreshold(switch=switch, spillover=spill)
+    reasons = [_within_noise_reason(found)] if found.status == "within_noise" else []
+    if empty and set(empty) & set(common_levels(curves[speculative], curves[plain])):
+        reasons.append(_no_data_reason(empty, found.status == "no_data"))
     return Crossover(
         concurrency=found.concurrency,
         interval=found.interval,
-        recommended_threshold=RecommendedThreshold(switch=switch, spillover=spill),
+        recommended_threshold=recommended,
         speculative=speculative,
         plain=plain,
         status=found.status,
         bracket=found.bracket,
-        spillover_worst_case_efficiency=efficiency,
+        spillover_worst_case_efficiency=None if recommended is None else efficiency,
         evidence=found.evidence,
-        reason=_within_noise_reason(found) if found.status == "within_noise" else None,
+        reason="; ".join(reasons) or None,
     )
+
+
+def _no_data_reason(empty: Mapping[int, list[str]], nothing_left: bool) -> str:
+    levels = ", ".join(f"C={c} ({' and '.join(names)} completed nothing)" for c, names in sorted(empty.items()))
+    if nothing_left:
+        return f"no data: no level where both targets completed a request - {levels}; nothing is recommended"
+    return f"no data at {levels}: left out of the crossover and the thresholds"
 
 
 def _within_noise_reason(found: Found) -> str:

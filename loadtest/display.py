@@ -170,7 +170,7 @@ def print_crossover(console: Console, crossover: Crossover, queueing: list[Queue
             _fmt(row.plain_output_throughput),
             _fmt(row.plain_over_speculative, 3),
             _fmt(row.margin),
-            row.verdict or "",
+            "no data" if row.verdict == "no_data" else row.verdict or "",
             note,
         )
     console.print(table)
@@ -186,8 +186,12 @@ def print_crossover(console: Console, crossover: Crossover, queueing: list[Queue
         console.print(f"crossover: at or below the lowest level, C = {c:g}: plain already meets speculative there")
     elif status == "refused":
         console.print(f"crossover: refused: {crossover.reason}")
+    elif status == "no_data":
+        console.print(f"crossover: {crossover.reason}")
     else:
         console.print("crossover: not reached: speculative delivers more at every level measured")
+    if status not in ("refused", "no_data", "within_noise") and crossover.reason:
+        console.print(f"note: {crossover.reason}")
     rec = crossover.recommended_threshold
     if rec is None:
         return

@@ -31,6 +31,7 @@ CrossoverStatus = Literal[
     "no_common_levels",
     "not_computed",
     "refused",
+    "no_data",
 ]
 
 
@@ -248,7 +249,9 @@ class Evidence(_Model):
         "(combined 95% intervals, at least the resolution); null for exact curves.",
     )
     verdict: Verdict | None = Field(
-        None, description="Which target is clearly ahead at this level; tie: within the margin."
+        None,
+        description="Which target is clearly ahead at this level; tie: within the margin; no_data: a target "
+        "completed nothing here, so the level is left out of the crossover and the thresholds.",
     )
     speculative_failed: int = 0
     plain_failed: int = 0
@@ -306,7 +309,8 @@ class Crossover(_Model):
     reason: str | None = Field(
         None,
         description="Why no crossover is named although both curves were measured: refused (a stand-in fell "
-        "behind its schedule during a level of the pair) or within_noise (the curves are too close to call).",
+        "behind its schedule during a level of the pair), within_noise (the curves are too close to call) or "
+        "no_data (no level where both targets completed a request); otherwise which levels had no data.",
     )
 
 

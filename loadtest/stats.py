@@ -151,7 +151,8 @@ def summarize_passes(target: str, concurrency: int, windows: Sequence[Window]) -
         "request_throughput": len(ok) / duration,
         "input_throughput": input_tokens / duration,
         "output_throughput": output_tokens / duration,
-        "output_throughput_interval": batch_means_interval(batch_rates),
+        # Nothing completed: no data, not a throughput known to be 0 (an interval of [0, 0] would read as one).
+        "output_throughput_interval": batch_means_interval(batch_rates) if ok else None,
         "pass_output_throughputs": pass_rates if len(windows) > 1 else None,
         "total_input_tokens": input_tokens,
         "total_output_tokens": round(output_tokens),

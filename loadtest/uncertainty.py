@@ -38,8 +38,10 @@ _T_975 = {
 # Relative difference below which two throughputs at one level are not told apart.
 DEFAULT_RESOLUTION = 0.03
 
-# Which mode's target is clearly ahead at a level, or neither.
-Verdict = Literal[Mode, "tie"]
+# Which mode's target is clearly ahead at a level, or neither; "no_data": a target completed nothing there, so
+# the level says nothing either way (never an interval of [0, 0], never a lead for the other).
+NO_DATA = "no_data"
+Verdict = Literal[Mode, "tie", "no_data"]
 
 
 def batch_means_interval(batch_throughputs: Sequence[float]) -> tuple[float, float] | None:

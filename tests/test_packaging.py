@@ -63,7 +63,7 @@ def test_every_subcommand_answers_help_without_the_extras(fresh_venv, tmp_path):
     top = run(fresh_venv, "crossover", "--help", cwd=tmp_path)
     assert top.returncode == 0, top.stderr
     commands = subcommands(top.stdout)
-    assert set(commands) == {"serve", "demo", "sim", "servers", "patches", "bench"}
+    assert set(commands) == {"serve", "demo", "sim", "servers", "patches", "bench", "advise"}
     checked = 0
     for command in commands:
         done = run(fresh_venv, "crossover", command, "--help", cwd=tmp_path)

@@ -126,3 +126,47 @@ def test_a_sharp_crossing_is_named_with_the_levels_that_bound_it():
 def test_ties_at_the_top_of_the_sweep_are_too_close_to_call_not_speculative_everywhere():
     section = analyse(levels_of({1: 200.0, 4: 400.0}, {1: 100.0, 4: 401.0}), "speculative", "plain")
     assert (section.status, section.bracket) == ("within_noise", (1, 4))
+
+
+# --- no data is never a verdict --------------------------------------------------------------------------------
+
+
+def test_a_target_that_completed_nothing_at_a_level_gives_no_data_there_not_a_lead_for_the_other():
+    # The run that once read "plain clearly ahead at C=1, threshold 0 (never speculate)": speculative failed
+    # every request at C=1 (0 tok/s, no interval), and led clearly from C=2 on.
+    levels = levels_of({1: 0.0, 2: 300.0, 8: 500.0, 16: 320.0}, {1: 90.0, 2: 250.0, 8: 440.0, 16: 640.0}, 0.01)
+    levels[0] = make_level("speculative", 1, 0.0, completed=0, failed=12, output_throughput_interval=None)
+    section = analyse(levels, "speculative", "plain")
+    row = section.evidence[0]
+    assert (row.concurrency, row.verdict, row.margin, row.plain_over_speculative) == (1, "no_data", None, None)
+    assert section.status == "crossed" and section.bracket == (8, 16)
+    assert section.recommended_threshold.switch == math.ceil(section.concurrency) - 1 >= 8
+    assert section.reason == (
+        "no data at C=1 (speculative completed nothing): left out of the crossover and the thresholds"
+    )
+
+
+def test_no_data_at_the_lowest_level_does_not_move_the_crossover_there():
+    levels = levels_of({1: 95.0, 2: 150.0, 4: 200.0}, {1: 92.0, 2: 170.0, 4: 260.0}, 0.005)
+    levels[3] = make_level("plain", 1, 0.0, completed=0, output_throughput_interval=None)
+    section = analyse(levels, "speculative", "plain")
+    assert [r.verdict for r in section.evidence] == ["no_data", "plain", "plain"]
+    # Judged on the levels with data: plain ahead from the lowest of them (C=2), so speculative below it.
+    assert (section.status, section.recommended_threshold.switch) == ("at_or_below_lowest_level", 1)
+
+
+def test_no_level_with_data_on_both_sides_recommends_nothing():
+    levels = levels_of({1: 0.0, 2: 0.0}, {1: 90.0, 2: 150.0})
+    levels[0] = make_level("speculative", 1, 0.0, completed=0, output_throughput_interval=None)
+    levels[1] = make_level("speculative", 2, 0.0, completed=0, output_throughput_interval=None)
+    section = analyse(levels, "speculative", "plain")
+    assert section.status == "no_data" and section.recommended_threshold is None
+    assert section.concurrency is None and section.spillover_worst_case_efficiency is None
+    assert [r.verdict for r in section.evidence] == ["no_data", "no_data"]
+    assert section.reason.startswith("no data: no level where both targets completed a request")
+
+
+def test_find_crossover_judges_no_level_it_is_told_has_no_data():
+    found = find_crossover({1: 0.0, 4: 400.0}, {1: 90.0, 4: 380.0}, {1: 5.0, 4: 5.0}, no_data={1})
+    assert [e.verdict for e in found.evidence] == ["no_data", "speculative"]
+    assert found.status == "not_reached"

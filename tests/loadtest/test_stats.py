@@ -74,3 +74,13 @@ def test_a_window_where_everything_failed_has_no_latencies_and_no_throughput():
     assert (level.completed, level.failed, level.output_throughput) == (0, 4, 0.0)
     for name in LATENCY_METRICS:
         assert getattr(level, f"median_{name}") is None
+
+
+def test_a_level_where_nothing_completed_has_no_interval_not_zero_to_zero():
+    from crossover.loadtest.client import RequestResult
+    from crossover.loadtest.stats import Window, summarize_passes
+
+    failed = [RequestResult(success=False, error="HTTP 500", start=0.1 * i, end=0.1 * i + 0.05) for i in range(5)]
+    level = summarize_passes("speculative", 1, [Window(failed, failed, 0.0, 1.0)])
+    assert (level.completed, level.failed) == (0, 5)
+    assert level.output_throughput_interval is None
