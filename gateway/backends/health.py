@@ -12,8 +12,9 @@ True or False (ejected until `ejected_until`, then back through a passing probe)
 
 Engine load is running + queued requests, read where the backend's engine reports it (gateway/engines/adapters.py:
 SGLang's `/v1/loads`, `/get_load` or `/metrics`; vLLM's `/metrics`). A speculative backend's acceptance is read from
-its `/metrics` on the same schedule (every `load_interval`, within the health timeout), whatever the load signal:
-from the load scrape's own answer where that was `/metrics`, else with one GET of it.
+its `/metrics` on the same schedule (every `load_interval`, within the health timeout) wherever load is scraped
+(`load_signal` scraped or max) or something asks for it: from the load scrape's own answer where that was
+`/metrics`, else with one GET of it. With the default local load signal, nothing extra is asked of the engines.
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ class HealthMonitor:
         settings: HealthSettings,
         scrape: bool,
         on_eject: Callable[[Backend, str], None] = lambda backend, source: None,
+        *,
+        acceptance: bool = False,
     ) -> None:
         self.pools = pools
         # The breaker asks this monitor for probes: made here, so neither is wired to the other afterwards.
@@ -148,6 +151,8 @@ class HealthMonitor:
         self.client = client
         self.settings = settings
         self.scrape = scrape
+        # Read the speculative backends' acceptance: beside a load scrape, or where something needs it without one.
+        self.acceptance = scrape or acceptance
         self._load_source: dict[Backend, int] = {}
         self._probing: dict[Backend, asyncio.Task] = {}
         self._stopped = False
@@ -170,7 +175,7 @@ class HealthMonitor:
         health round is the caller's (`check_all` before serving): repeating it at once would hold the pooled
         connections it left while the first requests want them, for nothing learned."""
         loops = [self._every(self.settings.interval, self.check_all, first_after=self.settings.interval)]
-        if self.scrape or self.pools.speculative:
+        if self.scrape or (self.acceptance and self.pools.speculative):
             loops.append(self._every(self.settings.load_interval, self.scrape_all))
         await asyncio.gather(*loops)
 
@@ -218,7 +223,7 @@ class HealthMonitor:
     async def scrape_backend(self, backend: Backend) -> None:
         """Its load (when routing reads scraped load) and, on a speculative backend, its acceptance."""
         reachable, metrics = await self.scrape_load(backend) if self.scrape else (True, None)
-        if backend.pool != SPECULATIVE or not reachable:
+        if backend.pool != SPECULATIVE or not reachable or not self.acceptance:
             return
         if metrics is None:
             try:

@@ -224,14 +224,15 @@ def test_passive_failures_never_eject_the_last_healthy_backend_nor_past_the_cap(
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_the_accept_length_gauge_follows_the_stand_ins_acceptance_and_a_live_change(sim, gateway, engine):
-    """SGLang's gauge, or vLLM's counters over the window between two scrapes, read on the load scrape's schedule
-    (the load signal is local: acceptance is read anyway); only the speculative backend has the series."""
+    """SGLang's gauge, or vLLM's counters over the window between two scrapes, read on the load scrape's schedule;
+    only the speculative backend has the series."""
     plays = ("--engine", engine)
     spec, plain = sim("k25-eagle3", *SIM_SCALE, *plays), sim("k25-plain", *SIM_SCALE, *plays)
     gw = gateway(
         [spec.url],
         [plain.url],
         threshold=1000,
+        load_signal="max",
         health={"interval": 0.5, "timeout": 2.0, "load_interval": 0.1},
         pools={
             "speculative": {"backends": [spec.url], "engine": engine},
@@ -259,3 +260,22 @@ def test_the_accept_length_gauge_follows_the_stand_ins_acceptance_and_a_live_cha
     assert (
         gw.registry.get_sample_value("crossover_backend_accept_length", {"pool": "plain", "backend": plain.url}) is None
     )
+
+
+def test_with_the_local_load_signal_nothing_is_asked_of_the_engines_for_acceptance(serve, gateway):
+    """The default: no load scrape, so no /metrics GET either (the engines see health probes only)."""
+    seen: list[str] = []
+
+    async def backend(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        seen.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b'{"object": "list", "data": []}'})
+
+    url = serve(backend).url
+    gw = gateway([url], [url], health={"interval": 0.2, "timeout": 2.0, "load_interval": 0.05})
+    probed = len(seen)
+    wait_until(lambda: len(seen) >= probed + 4, what="four more health probes")
+    assert "/metrics" not in seen, seen
+    assert gw.state.monitor.acceptance is False
