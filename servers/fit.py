@@ -21,6 +21,7 @@ import socket
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from crossover.servers.profile import Profile, Server
@@ -157,7 +158,7 @@ def check_fit(
         if spec is not None and spec.adaptive_config and not Path(spec.adaptive_config).is_file():
             report.problems.append(
                 f"server {server.name!r}: adaptive config {spec.adaptive_config} does not exist "
-                "(write it with `crossover servers adaptive-config`)"
+                f"({_slots_remedy(profile, spec.adaptive_config)})"
             )
     if profile.sleeps:
         _check_host_memory(profile, available_gb, report)
@@ -218,3 +219,11 @@ def _check_host_memory(profile: Profile, available_gb: Callable[[], float], repo
             f"headroom) but only {have:.1f} GB is available - {need - have:.1f} GB short; use mechanism "
             "'restart' or a host with more memory (there may be no swap to fall back on)"
         )
+
+
+def _slots_remedy(profile: Profile, wanted: str) -> str:
+    """What the profile's own comment says to do: copy the slots file shipped beside it, where there is one."""
+    shipped = resources.files("crossover.servers").joinpath("profiles", f"{profile.name}.slots.json")
+    if shipped.is_file():
+        return f"copy the shipped one: cp servers/profiles/{profile.name}.slots.json {wanted}"
+    return f"write it with `crossover servers adaptive-config {profile.name}`"

@@ -277,8 +277,8 @@ class Cluster:
             if self._slow:
                 self._too_slow(took)
                 return
-            if not self.connected:
-                log.info("cluster store reachable again")
+            if not self.connected and self.rounds:
+                log.info("cluster store reachable again")  # not at start-up: it was never unreachable then
             # Connected, and still something to say: keys that do not read as they should (left out meanwhile).
             malformed = self.store.malformed
             self.connected, self.problem = True, "; ".join(malformed.values()) if malformed else None
@@ -320,7 +320,7 @@ class Cluster:
     def _took(self, token: int, asked: float) -> None:
         self._token, self._valid_until = token, asked + self.lease_s
         self.took_lease_round = self.rounds
-        log.info("took the GPU set's lease (token %d)", token)
+        log.info("took the cluster's lease (token %d): this member acts for the cluster", token)
 
     async def _past_refused(self, asked: float) -> bool:
         """A resource refused our token naming a higher one: no token this store hands out below that can pass.

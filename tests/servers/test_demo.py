@@ -402,3 +402,11 @@ def admin_state(url: str) -> dict:
 
 def engine_gate(url: str) -> int | None:
     return httpx.get(url + "/speculative/adaptive", timeout=10, trust_env=False).json()["state"]["zero_steps_above_bs"]
+
+
+def test_no_two_stand_in_profiles_share_a_port():
+    """Each can run beside any other (`servers up` of two, or a demo beside one)."""
+    from crossover.servers.profile import load_profile
+
+    ports = [(server.port, profile) for profile in STANDIN_PROFILES for server in load_profile(profile).servers]
+    assert len({port for port, _ in ports}) == len(ports), sorted(ports)

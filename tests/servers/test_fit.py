@@ -206,3 +206,11 @@ def test_servers_up_straight_after_down_with_connections_that_were_open(standin_
     again = run_cli("up", str(profile), "--state-dir", str(state_dir))
     assert again.returncode == 0 and "in use" not in again.stderr, again.stderr
     assert run_cli("down", str(profile), "--state-dir", str(state_dir)).returncode == 0
+
+
+def test_a_missing_slots_file_names_the_remedy_the_profile_itself_gives():
+    report = check_fit(load_profile("kimi-k25-in-engine"), gpus=lambda: None, port_free=always_free)
+    (problem,) = [p for p in report.problems if "adaptive config" in p]
+    shipped = "servers/profiles/kimi-k25-in-engine.slots.json"
+    assert f"cp {shipped} /etc/crossover/kimi-k25-in-engine.slots.json" in problem, problem
+    assert f"cp {shipped} /etc/crossover/" in (SHIPPED / "kimi-k25-in-engine.toml").read_text()

@@ -591,3 +591,20 @@ def test_a_member_whose_rounds_outlast_a_third_of_the_lease_takes_no_lease_until
             await b.stop()
 
     asyncio.run(main())
+
+
+def test_a_member_that_reaches_its_store_at_start_logs_no_reconnection(redis_server, request, caplog):
+    """Nothing was ever unreachable at start-up: "reachable again" there only misleads an operator."""
+    caplog.set_level(logging.INFO, "crossover.coordination")
+
+    async def main():
+        member = Member(redis_server.url, request.node.name[:60], 20)
+        await member.start()
+        try:
+            await member.sync()
+        finally:
+            await member.cluster.stop()
+
+    asyncio.run(main())
+    assert "reachable again" not in caplog.text
+    assert "took the cluster's lease (token" in caplog.text
