@@ -5,11 +5,17 @@ Windows are counted by the controller itself (`windows`): the tests wait on its 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
+from crossover.gateway.app import build_state
+from crossover.gateway.config import Settings
+from crossover.gateway.engines.calls import SpecReading
 from crossover.gateway.policies.adaptive import DOWN, TOWARD_CROSSOVER
 from tests.gateway.gateway_helpers import SIM_SCALE, chat, wait_until
 
@@ -147,3 +153,33 @@ def test_put_adaptive_is_an_admin_route_with_openai_style_errors(adaptive_gatewa
         assert client.put(off.url + "/admin/threshold", headers=AUTH, json={"threshold": 9}).status_code == 200
         state = client.get(off.url + "/admin/state", headers=AUTH).json()["adaptive"]
         assert not state["enabled"] and not state["paused"] and state["windows"] == 0
+
+
+def test_only_the_leader_decides_and_a_pause_holds(table):
+    """The controller on a gateway's state, stepped by hand: a follower and a paused leader move nothing; the leader
+    moves through the routing state, counts and says why. Acceptance as the load scrape would have read it."""
+    settings = Settings(
+        threshold=START,
+        pools={"speculative": {"backends": ["http://127.0.0.1:9"]}, "plain": {"backends": ["http://127.0.0.1:10"]}},
+        adaptive={"enabled": True, "table": str(table), "bench_accept_length": BENCH_ACCEPT, "max_step": MAX_STEP,
+                  "min": MINIMUM, "max": MAXIMUM},
+    )  # fmt: skip
+    registry = CollectorRegistry()
+    state = build_state(settings, registry)
+    controller, coordination = state.adaptive, state.topology.coordination
+    assert asyncio.run(controller.step()).reason == "no_acceptance"  # nothing read yet: hold
+    (backend,) = state.pools.pool("speculative")
+    backend.acceptance, backend.acceptance_at = SpecReading(1.2), time.monotonic()
+
+    coordination.leader = False  # a follower: the leader's moves reach it through the cluster's state
+    assert asyncio.run(controller.step()) is None and state.routing.threshold == START
+    coordination.leader = True
+    controller.pause("test")
+    assert asyncio.run(controller.step()) is None and state.routing.threshold == START
+    assert controller.view()["paused_why"] == "test"
+    controller.resume()
+    decision = asyncio.run(controller.step())
+    assert (decision.previous, decision.threshold, decision.direction) == (START, START - MAX_STEP, DOWN)
+    assert state.routing.threshold == START - MAX_STEP and controller.windows == 4
+    assert registry.get_sample_value("crossover_adaptive_moves_total", {"direction": "down"}) == 1
+    assert registry.get_sample_value("crossover_adaptive_accept_length") == 1.2
