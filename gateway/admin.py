@@ -4,6 +4,10 @@
     curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"threshold": 24}' http://127.0.0.1:8000/admin/threshold
     curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"mode": "plain"}' http://127.0.0.1:8000/admin/mode
     curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"mode": "plain", "pin": true}' .../admin/mode  # until unpinned
+    curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"enabled": true}' .../admin/adaptive  # after a threshold PUT
+
+With [adaptive] enabled, a PUT of the threshold pins it: the adaptive controller pauses until PUT /admin/adaptive
+{"enabled": true} (`false` pauses it without moving the threshold).
 
 With no admin token configured the API answers 403: it is never open.
 """
@@ -20,7 +24,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from crossover.gateway.config import MAX_THRESHOLD, POOL_NAMES, Mode, Policy, ThresholdError
-from crossover.gateway.errors import BodyTooLarge, InvalidRequest, RequestTimeout, StateNotSaved
+from crossover.gateway.errors import AdaptiveOff, BodyTooLarge, InvalidRequest, RequestTimeout, StateNotSaved
 from crossover.gateway.request import authorize_admin
 from crossover.gateway.state import GatewayState
 
@@ -65,6 +69,15 @@ class ModeUpdate(BaseModel):
         return self
 
 
+class AdaptiveUpdate(BaseModel):
+    """PUT /admin/adaptive: `enabled` true resumes the adaptive controller (after an operator's threshold paused it),
+    false pauses it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: StrictBool
+
+
 def parse_body(model: type[_Body], body: bytes) -> _Body:
     """The admin body as `model`, or InvalidRequest naming the first field at fault."""
     try:
@@ -105,6 +118,7 @@ def admin_routes(state: GatewayState) -> list[Route]:
     it refuses with a 409."""
     token = state.settings.admin_token
     topology = state.topology
+    adaptive = state.adaptive
 
     async def get_threshold(request: Request) -> JSONResponse:
         authorize_admin(request.headers.get("authorization"), token)
@@ -122,6 +136,8 @@ def admin_routes(state: GatewayState) -> list[Route]:
             raise InvalidRequest(str(exc), param=exc.field, code="invalid_value") from None
         except OSError as exc:
             raise StateNotSaved(f"the change is live but could not be saved to the state file: {exc}") from None
+        if "threshold" in fields:
+            adaptive.pause("an operator's PUT /admin/threshold")  # before `share`: every replica's pause
         await topology.threshold_changed(fields)
         await topology.share()
         return JSONResponse(threshold_view(state))
@@ -145,10 +161,33 @@ def admin_routes(state: GatewayState) -> list[Route]:
         await topology.share()
         return JSONResponse(view, status_code=status)
 
+    async def get_adaptive(request: Request) -> JSONResponse:
+        authorize_admin(request.headers.get("authorization"), token)
+        await topology.refresh()
+        return JSONResponse(adaptive.view())
+
+    async def put_adaptive(request: Request) -> JSONResponse:
+        authorize_admin(request.headers.get("authorization"), token)
+        update = parse_body(AdaptiveUpdate, await read_admin_body(request))
+        if not state.settings.adaptive.enabled:
+            raise AdaptiveOff(
+                "the adaptive controller is off in this gateway's settings ([adaptive] enabled = false): there is "
+                "nothing to resume or pause",
+                param="enabled",
+            )
+        if update.enabled:
+            adaptive.resume()
+        else:
+            adaptive.pause("an operator's PUT /admin/adaptive")
+        await topology.share()
+        return JSONResponse(adaptive.view())
+
     return [
         Route("/admin/threshold", get_threshold, methods=["GET"]),
         Route("/admin/threshold", put_threshold, methods=["PUT"]),
         Route("/admin/state", get_state, methods=["GET"]),
         Route("/admin/mode", get_mode, methods=["GET"]),
         Route("/admin/mode", put_mode, methods=["PUT"]),
+        Route("/admin/adaptive", get_adaptive, methods=["GET"]),
+        Route("/admin/adaptive", put_adaptive, methods=["PUT"]),
     ]

@@ -38,7 +38,7 @@ from crossover.gateway.request import (
     client_keys,
 )
 from crossover.gateway.state import GatewayState
-from crossover.gateway.topology import Routing, make_topology
+from crossover.gateway.topology import AdaptiveController, Routing, make_topology
 from crossover.gateway.wire import ClientLink, RequestIdMiddleware, make_client, make_transport, proxy_sender
 
 
@@ -68,8 +68,20 @@ def build_state(
     breaker = monitor.breaker
     failover = Failover(pools, breaker, metrics, limits.max_failovers, proxy_sender(backend_transport))
     topology = make_topology(settings, pools, routing, metrics, breaker, admission, client, worker)
+    adaptive = AdaptiveController(settings.adaptive, pools, routing, metrics, topology)
     return GatewayState(
-        settings, pools, routing, metrics, admission, breaker, failover, monitor, client, topology, worker=worker
+        settings,
+        pools,
+        routing,
+        metrics,
+        admission,
+        breaker,
+        failover,
+        monitor,
+        client,
+        topology,
+        adaptive,
+        worker=worker,
     )
 
 
@@ -93,11 +105,13 @@ def create_app(
             tasks = [asyncio.create_task(state.monitor.run())]
             try:
                 await state.topology.start()  # what it raises refuses to serve (in-engine: NotPatched)
+                await state.adaptive.start()
                 if worker is not None:
                     tasks.append(asyncio.create_task(worker.publish_every(state.metrics.registry, state.admission)))
                     worker.serving()
                 yield
             finally:
+                await state.adaptive.stop()
                 await state.topology.stop()
                 state.monitor.stop()
                 for task in tasks:

@@ -9,6 +9,7 @@ Every default is named here; `gateway/example.toml` documents each field.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -26,9 +27,12 @@ from crossover.gateway.policies import (
     DEFAULT_MIN_DWELL_S,
     DEFAULT_PRIOR_PHASE_S,
     DEFAULT_WINDOW_S,
+    AdaptiveLimits,
+    BenchTable,
     PolicySettings,
     SwitchCost,
     Switcher,
+    TableError,
     ThresholdRates,
     Tier,
 )
@@ -126,6 +130,12 @@ DEFAULT_BACKOFF_S = 5.0
 DEFAULT_BACKOFF_MAX_S = 300.0
 # An operator's PUT /admin/mode at most this often (a script in a loop must not thrash the GPU set).
 DEFAULT_OPERATOR_INTERVAL_S = 10.0
+# [adaptive]: the threshold follows the live acceptance in bounded, explained steps (gateway/policies/adaptive.py).
+DEFAULT_ADAPTIVE_WINDOW_S = 30.0
+DEFAULT_ADAPTIVE_MAX_STEP = 4
+DEFAULT_ADAPTIVE_MIN = 1
+DEFAULT_ADAPTIVE_MAX = 256
+DEFAULT_ADAPTIVE_DEADBAND = 1
 
 
 class _Section(BaseModel):
@@ -405,6 +415,48 @@ class ClusterSettings(_Section):
         return self
 
 
+class AdaptiveSettings(_Section):
+    """`[adaptive]`: every `window` seconds the threshold moves toward the crossover predicted at the speculative
+    backends' live acceptance from a bench table, at most `max_step`, within [min, max], holding within `deadband`."""
+
+    enabled: bool = False
+    # A `crossover bench` results.json: both pools' throughput by concurrency. None: the controller holds.
+    table: Path | None = None
+    # The accept length the engine reported during that bench, where the file does not record it.
+    bench_accept_length: float | None = Field(None, ge=1, allow_inf_nan=False)
+    window: float = Field(DEFAULT_ADAPTIVE_WINDOW_S, gt=0, allow_inf_nan=False)
+    max_step: int = Field(DEFAULT_ADAPTIVE_MAX_STEP, ge=1, le=MAX_THRESHOLD)
+    min: int = Field(DEFAULT_ADAPTIVE_MIN, ge=0, le=MAX_THRESHOLD)
+    max: int = Field(DEFAULT_ADAPTIVE_MAX, ge=0, le=MAX_THRESHOLD)
+    deadband: int = Field(DEFAULT_ADAPTIVE_DEADBAND, ge=0, le=MAX_THRESHOLD)
+
+    @model_validator(mode="after")
+    def _bounds_and_table(self) -> AdaptiveSettings:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be at most max ({self.max})")
+        if self.table is not None:
+            self.bench_table()  # refused at load, in the settings' words, not at the first window
+        return self
+
+    def limits(self) -> AdaptiveLimits:
+        return AdaptiveLimits(self.max_step, self.min, self.max, self.deadband)
+
+    def bench_table(self) -> BenchTable | None:
+        """The table `table` names (None: none named); ValueError saying what is wrong with the file."""
+        if self.table is None:
+            return None
+        try:
+            results = json.loads(self.table.read_text())
+        except OSError as exc:
+            raise ValueError(f"table {self.table} cannot be read: {exc.strerror or exc}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"table {self.table} is not JSON (a `crossover bench` results.json): {exc}") from None
+        try:
+            return BenchTable.from_results(results, accept_length=self.bench_accept_length)
+        except TableError as exc:
+            raise ValueError(f"table {self.table} is not a bench table: {exc}") from None
+
+
 class ThresholdError(ValueError):
     """A threshold or hysteresis that cannot route; `field` names the one at fault."""
 
@@ -456,6 +508,7 @@ class Settings(BaseSettings):
     health: HealthSettings = HealthSettings()
     switching: SwitchingSettings = SwitchingSettings()
     cluster: ClusterSettings = ClusterSettings()
+    adaptive: AdaptiveSettings = AdaptiveSettings()
 
     @field_validator("api_keys")
     @classmethod

@@ -16,6 +16,7 @@ GatewayError ..................... 500  api_error              backend_error
 ├── ClientGone ................... 499  -                      client_disconnect (never sent: nobody listens)
 ├── SwitchConflict ............... 409  invalid_request_error  bad_request       (PUT /admin/mode mid-switch)
 ├── NotForTopology ............... 409  invalid_request_error  bad_request       (admin API: meaningless here)
+├── AdaptiveOff .................. 409  invalid_request_error  bad_request       (PUT /admin/adaptive, [adaptive] off)
 ├── Overloaded ................... 429  rate_limit_error       overloaded        (over max_inflight + max_queued)
 ├── SwitchRateLimited ............ 429  rate_limit_error       bad_request       (PUT /admin/mode too soon)
 ├── StatusError .................. any  by status              by status         (bad_request below 500)
@@ -216,6 +217,12 @@ class NotForTopology(GatewayError):
     one GPU set): refused, never answered 200 with nothing done. `code` says which."""
 
     status, type, code, outcome = 409, "invalid_request_error", "not_for_topology", BAD_REQUEST
+
+
+class AdaptiveOff(GatewayError):
+    """PUT /admin/adaptive on a gateway whose settings leave the adaptive controller off."""
+
+    status, type, code, outcome = 409, "invalid_request_error", "adaptive_off", BAD_REQUEST
 
 
 class SwitchRateLimited(GatewayError):

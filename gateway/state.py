@@ -15,7 +15,7 @@ from crossover.gateway.cluster import Worker
 from crossover.gateway.config import Settings
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.request import Failover
-from crossover.gateway.topology import Routing, Topology
+from crossover.gateway.topology import AdaptiveController, Routing, Topology
 
 
 @dataclass
@@ -32,6 +32,8 @@ class GatewayState:
     # Its connections open on the serving loop; the app's lifespan closes it.
     client: httpx.AsyncClient
     topology: Topology
+    # Moves the threshold toward the crossover at the live acceptance ([adaptive]); idle unless enabled.
+    adaptive: AdaptiveController
     started_at: float = field(default_factory=time.time)
     # Set at SIGTERM: /health answers 503 so load balancers stop sending before connections close.
     draining: bool = False
@@ -51,6 +53,7 @@ class GatewayState:
             "models": sorted(self.pools.model_names()),
             "pools": self.pools.state(),
             "topology": self.topology.name,
+            "adaptive": self.adaptive.view(),
             **self.topology.coordination.view(),
         }
         if self.worker is not None:

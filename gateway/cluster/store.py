@@ -54,6 +54,8 @@ class Control(BaseModel):
     target: Mode | None = None
     mode_request: ModeRequest | None = None
     mode_answer: ModeAnswer | None = None
+    # An operator's PUT /admin/threshold paused the adaptive controller (until PUT /admin/adaptive resumes it).
+    adaptive_paused: bool = False
     # The operator switches the leader started: a follower that sees one applies the same rate limit from then.
     operator_switches: int = 0
     generation: int = 0

@@ -1,9 +1,20 @@
-"""The pure decisions: which pool a request goes to (route.py), and when a time-shared GPU set switches
-(switcher.py). Plain data in, a decision out, the clock injected: the live gateway and `crossover sim replay` run
-the same code."""
+"""The pure decisions: which pool a request goes to (route.py), when a time-shared GPU set switches
+(switcher.py), and where the adaptive threshold moves (adaptive.py). Plain data in, a decision out, the clock
+injected: the live gateway and `crossover sim replay` run the same code."""
 
 from __future__ import annotations
 
+from crossover.gateway.policies.adaptive import (
+    ADAPTIVE_REASONS,
+    DIRECTIONS,
+    AdaptiveDecision,
+    AdaptiveLimits,
+    BenchTable,
+    Prediction,
+    TableError,
+    mean_acceptance,
+)
+from crossover.gateway.policies.adaptive import decide as decide_threshold
 from crossover.gateway.policies.route import (
     FALLBACK,
     FLEX,
@@ -36,10 +47,12 @@ from crossover.gateway.policies.switcher import (
 )
 
 __all__ = [
+    "ADAPTIVE_REASONS",
     "DEFAULT_ADVANTAGE",
     "DEFAULT_MIN_DWELL_S",
     "DEFAULT_PRIOR_PHASE_S",
     "DEFAULT_WINDOW_S",
+    "DIRECTIONS",
     "FALLBACK",
     "FLEX",
     "FLEX_TIER",
@@ -48,18 +61,25 @@ __all__ = [
     "PRIORITY",
     "PRIORITY_TIER",
     "TIERS",
+    "AdaptiveDecision",
+    "AdaptiveLimits",
+    "BenchTable",
     "Decision",
     "Loads",
     "PolicyName",
     "PolicySettings",
+    "Prediction",
     "RoutePolicy",
     "SwitchCost",
     "SwitchDecision",
     "Switcher",
+    "TableError",
     "ThresholdRates",
     "Tier",
+    "decide_threshold",
     "for_tier",
     "least_loaded",
+    "mean_acceptance",
     "spillover",
     "switch",
 ]

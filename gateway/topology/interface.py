@@ -100,10 +100,16 @@ class Topology(ABC):
     def control(self) -> Control:
         """What of this replica's state every replica shares."""
         routing = self.routing
-        return Control(threshold=routing.threshold, hysteresis=routing.hysteresis, policy=routing.policy)
+        return Control(
+            threshold=routing.threshold,
+            hysteresis=routing.hysteresis,
+            policy=routing.policy,
+            adaptive_paused=routing.adaptive_paused,
+        )
 
     async def apply_control(self, control: Control) -> None:
         """What another replica changed; never raises (a bad value is logged and the old one serves)."""
+        self.routing.adaptive_paused = control.adaptive_paused
         try:
             self.routing.update(control.threshold, control.hysteresis, control.policy)
         except ThresholdError as exc:

@@ -44,6 +44,8 @@ class Routing:
     # The speculative pool's load below which a `priority` request goes there, whatever the threshold: the
     # setting (per speculative server) times the pool's servers.
     priority_headroom: int = DEFAULT_PRIORITY_HEADROOM
+    # An operator's PUT /admin/threshold pinned the threshold: the adaptive controller holds until resumed.
+    adaptive_paused: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Routing:

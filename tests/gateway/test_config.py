@@ -110,6 +110,15 @@ def test_environment_overrides_the_file_with_nesting(tmp_path, monkeypatch):
         ('[cluster]\nredis_url = "http://r:6379/0"\n' + POOLS, "cluster.redis_url", "redis://, rediss://, unix://"),
         ('[cluster]\nkey = "short"\n' + POOLS, "cluster.key", "use at least 32"),
         ('[cluster]\nkey_file = "/nonexistent/key"\n' + POOLS, "cluster", "key_file /nonexistent/key cannot be read"),
+        ("[adaptive]\nmin = 10\nmax = 5\n" + POOLS, "adaptive", "min (10) must be at most max (5)"),
+        ("[adaptive]\nmax_step = 0\n" + POOLS, "adaptive.max_step", "greater than or equal to 1"),
+        ("[adaptive]\nwindow = 0\n" + POOLS, "adaptive.window", "greater than 0"),
+        (
+            "[adaptive]\nbench_accept_length = 0.5\n" + POOLS,
+            "adaptive.bench_accept_length",
+            "greater than or equal to 1",
+        ),
+        ('[adaptive]\ntable = "/nonexistent/results.json"\n' + POOLS, "adaptive", "cannot be read"),
     ],
 )
 def test_invalid_settings_name_the_field(tmp_path, text, field, words):
@@ -161,6 +170,27 @@ def test_the_example_file_is_valid_and_shows_every_field():
         for sub in getattr(section, "model_fields", {}):
             if name != "pools":  # a field whose default is unset shows commented out (TOML has no null)
                 assert f"\n{sub} =" in text or f"\n# {sub} =" in text, f"{name}.{sub}"
+
+
+def test_the_adaptive_table_is_read_at_load_and_refused_in_words(tmp_path):
+    import json
+
+    table = tmp_path / "results.json"
+    levels = [
+        {"target": target, "concurrency": c, "completed": 5, "output_throughput": tok}
+        for target, points in (("eagle", ((1, 100), (16, 800))), ("plain", ((1, 60), (16, 900))))
+        for c, tok in points
+    ]
+    table.write_text(json.dumps({"levels": levels, "crossover": {"speculative": "eagle", "plain": "plain"}}))
+    section = f'[adaptive]\nenabled = true\ntable = "{table}"\n'
+    with pytest.raises(SettingsError, match=r"records no acceptance.*set adaptive\.bench_accept_length"):
+        load_settings(write(tmp_path, section + POOLS))
+    settings = load_settings(write(tmp_path, section + "bench_accept_length = 2.5\n" + POOLS))
+    assert settings.adaptive.bench_table().accept_length == 2.5
+    assert settings.adaptive.limits().max_step == settings.adaptive.max_step
+    table.write_text("not json")
+    with pytest.raises(SettingsError, match="is not JSON"):
+        load_settings(write(tmp_path, section + "bench_accept_length = 2.5\n" + POOLS))
 
 
 def test_switch_settings_are_what_the_gateway_runs(tmp_path):

@@ -47,6 +47,9 @@ DOCUMENTED = {
     "crossover_cluster_connected": "gauge",
     "crossover_cluster_leader": "gauge",
     "crossover_cluster_fenced": "counter",
+    "crossover_adaptive_moves": "counter",
+    "crossover_adaptive_predicted_crossover": "gauge",
+    "crossover_adaptive_accept_length": "gauge",
 }
 
 

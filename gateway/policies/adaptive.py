@@ -1,0 +1,262 @@
+"""Where the crossover lies at the live acceptance, and how far the threshold moves toward it: pure, the clock nowhere.
+
+    table = BenchTable.from_results(json.loads(path.read_text()), accept_length=2.4)
+    limits = AdaptiveLimits(max_step=4, minimum=1, maximum=256, deadband=1)
+    decision = decide(threshold, mean_acceptance(readings), table, limits)   # every window
+    if decision.moved:
+        ...                                 # the live controller: PUT /admin/threshold's path; the replay: its own
+
+The model. A `crossover bench` results file gives each pool's output tok/s by concurrency (its `levels`, read as
+`CurveRates.from_levels` reads them), measured at the acceptance the bench saw: tokens per speculative step, the
+bonus token included (a level's `accept_length` on the speculative target where the file records it, else the
+setting `[adaptive] bench_accept_length`). A speculative step has a fixed cost and yields `accept_length` tokens per
+stream, so speculative throughput at concurrency c scales with live_accept / bench_accept; plain throughput does not
+depend on acceptance. The predicted crossover is the lowest concurrency where plain >= the scaled speculative curve,
+linear between the bench's levels (each curve linear between its points and flat beyond its ends, as `CurveRates`):
+at the lowest level if plain is ahead there already; beyond the highest level if plain never catches up (`above_range`:
+then the crossover is at least the highest level, and that is what the threshold moves toward). Its interval comes from
+the levels' 95% intervals (`output_throughput_interval`): from the crossover of speculative's low end against plain's
+high end (the earliest plain may be ahead) to that of speculative's high end against plain's low end; None where a
+level of the pair has no interval.
+
+What it leaves out: a speculative step's cost does grow with the tokens it verifies, and acceptance differs by
+context length and batch - so it is a prior that the bench calibrates at one acceptance, trusted near it.
+
+The decision (`decide`), in order (the first that applies gives the reason, a stable string):
+1. `no_acceptance`: no speculative backend reports its acceptance - hold (nothing to predict from).
+2. `no_table`: no bench table - hold. The fallback is to do nothing: scaling a threshold that was never measured by a
+   ratio would be a guess presented as a measurement.
+3. The target is the predicted crossover, rounded, within [minimum, maximum]. A threshold outside those bounds moves
+   toward them whatever else holds (`into_bounds`).
+4. `within_deadband`: the threshold is within `deadband` of the target; `within_interval`: it lies inside the
+   prediction's interval (the curves are within the bench's noise there) - hold.
+5. `toward_crossover`: move toward the target by at most `max_step`, never past it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from crossover.gateway.modes import PLAIN, SPECULATIVE
+from crossover.gateway.policies.switcher import CurveRates
+
+# Reasons (stable strings: log messages and /admin/state).
+NO_ACCEPTANCE = "no_acceptance"
+NO_TABLE = "no_table"
+WITHIN_DEADBAND = "within_deadband"
+WITHIN_INTERVAL = "within_interval"
+INTO_BOUNDS = "into_bounds"
+TOWARD_CROSSOVER = "toward_crossover"
+ADAPTIVE_REASONS = (NO_ACCEPTANCE, NO_TABLE, WITHIN_DEADBAND, WITHIN_INTERVAL, INTO_BOUNDS, TOWARD_CROSSOVER)
+# Directions of a move (the `direction` label of crossover_adaptive_moves_total).
+UP, DOWN = "up", "down"
+DIRECTIONS = (UP, DOWN)
+
+
+class TableError(ValueError):
+    """A results file that cannot be a bench table; the message says what it lacks."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """The crossover (a concurrency) at `accept_length`, with its interval (None: the bench gave none)."""
+
+    crossover: float
+    interval: tuple[float, float] | None
+    accept_length: float
+    # Plain never met speculative within the bench's levels: the crossover is at least `crossover` (the top level).
+    above_range: bool = False
+
+    def view(self) -> dict:
+        return {
+            "crossover": round(self.crossover, 2),
+            "interval": None if self.interval is None else [round(x, 2) for x in self.interval],
+            "accept_length": round(self.accept_length, 4),
+            "above_range": self.above_range,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BenchTable:
+    """Both pools' throughput by concurrency as a bench measured them, at `accept_length`; `low`/`high`: the curves
+    at the ends of the levels' intervals (None: not in the file)."""
+
+    rates: CurveRates
+    accept_length: float
+    low: CurveRates | None = None
+    high: CurveRates | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.accept_length) and self.accept_length >= 1):
+            raise TableError(f"the bench's accept_length must be a number >= 1, got {self.accept_length}")
+
+    @classmethod
+    def from_results(cls, results: Mapping[str, Any], *, accept_length: float | None = None) -> BenchTable:
+        """From a parsed `crossover bench` results.json: the pair its `crossover` names, each target's levels that
+        completed something. The acceptance: the speculative target's levels' mean `accept_length` where recorded,
+        else `accept_length`; TableError when neither says."""
+        crossover = results.get("crossover") if isinstance(results, Mapping) else None
+        pair = crossover if isinstance(crossover, Mapping) else {}
+        speculative, plain = pair.get("speculative"), pair.get("plain")
+        levels = results.get("levels") if isinstance(results, Mapping) else None
+        if not isinstance(speculative, str) or not isinstance(plain, str) or not isinstance(levels, list):
+            raise TableError(
+                "it names no speculative and plain pair (crossover.speculative, crossover.plain) or no levels"
+            )
+        names = (speculative, plain)
+        try:
+            rates = CurveRates.from_levels(levels, speculative=speculative, plain=plain)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise TableError(f"its levels are not two throughput curves: {exc}") from None
+        used = [
+            level
+            for level in levels
+            if isinstance(level, Mapping) and level.get("target") in names and rates_point(level) is not None
+        ]
+        recorded = [
+            float(level["accept_length"])
+            for level in used
+            if level.get("target") == speculative and isinstance(level.get("accept_length"), int | float)
+        ]
+        bench_accept = sum(recorded) / len(recorded) if recorded else accept_length
+        if bench_accept is None:
+            raise TableError(
+                "it records no acceptance (a speculative level's accept_length): set adaptive.bench_accept_length "
+                "to the accept length the engine reported during the bench"
+            )
+        low: CurveRates | None = None
+        high: CurveRates | None = None
+        intervals: list[tuple[float, float]] = [
+            tuple(i) for level in used if isinstance(i := level.get("output_throughput_interval"), list | tuple)
+        ]
+        if used and len(intervals) == len(used) and all(len(i) == 2 for i in intervals):
+            ends: dict[str, dict[str, list[tuple[float, float]]]] = {
+                "low": {SPECULATIVE: [], PLAIN: []},
+                "high": {SPECULATIVE: [], PLAIN: []},
+            }
+            for level, (lo, hi) in zip(used, intervals, strict=True):
+                mode = SPECULATIVE if level["target"] == speculative else PLAIN
+                # `low`: the earliest plain may be ahead (speculative low, plain high); `high` the reverse.
+                ends["low"][mode].append((level["concurrency"], lo if mode == SPECULATIVE else hi))
+                ends["high"][mode].append((level["concurrency"], hi if mode == SPECULATIVE else lo))
+            try:
+                low, high = CurveRates.from_points(**ends["low"]), CurveRates.from_points(**ends["high"])
+            except ValueError:
+                low = high = None  # an interval reaching 0: no interval rather than a nonsense one
+        return cls(rates, float(bench_accept), low, high)
+
+    def predict(self, accept_length: float) -> Prediction:
+        """The crossover at `accept_length` (see the module docstring)."""
+        ratio = accept_length / self.accept_length
+        at, above = crossing(self.rates, ratio)
+        interval = None
+        if self.low is not None and self.high is not None:
+            interval = (crossing(self.low, ratio)[0], crossing(self.high, ratio)[0])
+        return Prediction(at, interval, accept_length, above)
+
+
+def rates_point(level: Mapping[str, Any]) -> float | None:
+    """A level's throughput if `CurveRates.from_levels` takes it as a point."""
+    throughput = level.get("output_throughput")
+    if level.get("completed") and isinstance(throughput, int | float) and throughput > 0:
+        return float(throughput)
+    return None
+
+
+def crossing(rates: CurveRates, ratio: float = 1.0) -> tuple[float, bool]:
+    """(the lowest load where plain >= speculative x `ratio`, linear between the curves' points; whether plain never
+    got there, the load then being the highest point)."""
+    loads = sorted({x for x, _ in rates.speculative} | {x for x, _ in rates.plain})
+    previous: tuple[float, float] | None = None
+    for load in loads:
+        ahead = rates.throughput(PLAIN, load) - ratio * rates.throughput(SPECULATIVE, load)
+        if ahead >= 0:
+            if previous is None:
+                return load, False
+            x0, behind = previous
+            return x0 + (load - x0) * -behind / (ahead - behind), False
+        previous = (load, ahead)
+    return loads[-1], True
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveLimits:
+    """How far and where the threshold may move: at most `max_step` per window, within [minimum, maximum], and not
+    at all within `deadband` of the target."""
+
+    max_step: int
+    minimum: int
+    maximum: int
+    deadband: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_step < 1:
+            raise ValueError(f"max_step must be >= 1, got {self.max_step}")
+        if not 0 <= self.minimum <= self.maximum:
+            raise ValueError(f"need 0 <= minimum <= maximum, got {self.minimum}, {self.maximum}")
+        if self.deadband < 0:
+            raise ValueError(f"deadband must be >= 0, got {self.deadband}")
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveDecision:
+    """`threshold` is the one to serve: a move when it differs from `previous`."""
+
+    previous: int
+    threshold: int
+    reason: str
+    accept_length: float | None = None
+    prediction: Prediction | None = None
+    target: int | None = None  # the prediction rounded, within the bounds
+
+    @property
+    def moved(self) -> bool:
+        return self.threshold != self.previous
+
+    @property
+    def direction(self) -> str | None:
+        return None if not self.moved else UP if self.threshold > self.previous else DOWN
+
+    def view(self) -> dict:
+        return {
+            "from": self.previous,
+            "to": self.threshold,
+            "reason": self.reason,
+            "accept_length": None if self.accept_length is None else round(self.accept_length, 4),
+            "prediction": None if self.prediction is None else self.prediction.view(),
+            "target": self.target,
+        }
+
+
+def mean_acceptance(readings: Iterable[float | None]) -> float | None:
+    """The mean over the backends that report an acceptance (None: none does)."""
+    values = [value for value in readings if value is not None and math.isfinite(value)]
+    return sum(values) / len(values) if values else None
+
+
+def decide(
+    threshold: int, accept_length: float | None, table: BenchTable | None, limits: AdaptiveLimits
+) -> AdaptiveDecision:
+    """Hold or move the threshold one bounded step toward the predicted crossover (rules: the module docstring)."""
+    if accept_length is None:
+        return AdaptiveDecision(threshold, threshold, NO_ACCEPTANCE)
+    if table is None:
+        return AdaptiveDecision(threshold, threshold, NO_TABLE, accept_length)
+    prediction = table.predict(accept_length)
+    target = min(max(round(prediction.crossover), limits.minimum), limits.maximum)
+    inside = limits.minimum <= threshold <= limits.maximum
+    held = None
+    if inside and abs(target - threshold) <= limits.deadband:
+        held = WITHIN_DEADBAND
+    elif inside and prediction.interval is not None:
+        low, high = prediction.interval
+        if low <= threshold <= high:
+            held = WITHIN_INTERVAL
+    if held is not None:
+        return AdaptiveDecision(threshold, threshold, held, accept_length, prediction, target)
+    step = max(-limits.max_step, min(limits.max_step, target - threshold))
+    reason = TOWARD_CROSSOVER if inside else INTO_BOUNDS
+    return AdaptiveDecision(threshold, threshold + step, reason, accept_length, prediction, target)

@@ -1,0 +1,219 @@
+"""The adaptive controller: every window, the threshold moves toward the crossover predicted at the live acceptance.
+
+    adaptive = AdaptiveController(settings.adaptive, pools, routing, metrics, topology)   # app.py's build_state
+    await adaptive.start() ... await adaptive.stop()      # the app's lifespan, after the topology starts
+    adaptive.pause("PUT /admin/threshold")                # an operator's threshold wins until ...
+    adaptive.resume()                                     # ... PUT /admin/adaptive {"enabled": true}
+
+The decision is gateway/policies/adaptive.py's (pure: the replay can step it too); this module reads its inputs
+(the speculative backends' acceptance as the load scrape last read it, the live threshold), and moves the threshold
+where PUT /admin/threshold moves it: `Routing.update`, then the topology (in-engine: every gate; time-shared: the
+switch threshold, its cost guard unchanged), then the cluster's store, so every replica serves the move. Only where
+the threshold is moved today does it act: the process holding the cluster's lease (`coordination.leader`: one
+process alone always does). It holds while paused; the pause is the cluster's (`Control.adaptive_paused`), so an
+operator's PUT on any replica pauses the leader's controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Iterator
+
+from prometheus_client import Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from crossover.gateway.backends import Pools
+from crossover.gateway.config import SPECULATIVE, AdaptiveSettings, ThresholdError
+from crossover.gateway.errors import GatewayError
+from crossover.gateway.metrics import Metrics
+from crossover.gateway.policies import (
+    DIRECTIONS,
+    AdaptiveDecision,
+    BenchTable,
+    decide_threshold,
+    mean_acceptance,
+)
+from crossover.gateway.topology.interface import THRESHOLD, Topology
+from crossover.gateway.topology.routing import Routing
+
+log = logging.getLogger("crossover.adaptive")
+
+# Moves kept for /admin/state and tests (the log and the counter have them all).
+KEPT_MOVES = 64
+
+
+class AdaptiveController:
+    """Reads the acceptance, asks `decide_threshold`, and moves the threshold the way an operator's PUT does."""
+
+    def __init__(
+        self, settings: AdaptiveSettings, pools: Pools, routing: Routing, metrics: Metrics, topology: Topology
+    ) -> None:
+        self.settings = settings
+        self.pools = pools
+        self.routing = routing
+        self.topology = topology
+        self.limits = settings.limits()
+        self.table: BenchTable | None = settings.bench_table() if settings.enabled else None
+        self.windows = 0  # windows passed since start (deciding or not)
+        self.last: AdaptiveDecision | None = None
+        self.moves: deque[tuple[float, AdaptiveDecision]] = deque(maxlen=KEPT_MOVES)
+        self.moved = dict.fromkeys(DIRECTIONS, 0)  # as crossover_adaptive_moves_total counts them
+        self.paused_why: str | None = None
+        self._task: asyncio.Task | None = None
+        self.moves_total = Counter(
+            "crossover_adaptive_moves",
+            "Threshold moves by the adaptive controller, by direction.",
+            ["direction"],
+            registry=metrics.registry,
+        )
+        for direction in DIRECTIONS:
+            self.moves_total.labels(direction)
+        metrics.registry.register(AdaptiveCollector(self))
+
+    # -- lifespan -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if not self.settings.enabled:
+            return
+        if self.table is None:
+            log.warning("[adaptive] is enabled without a table: the threshold holds (set adaptive.table)")
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.window)
+            try:
+                await self.step()
+            except Exception:  # one bad window must not end the controller
+                log.exception("the adaptive controller's window failed; the threshold holds")
+
+    # -- one window -----------------------------------------------------------------------------
+
+    def acceptance(self) -> float | None:
+        """The mean accept length over the speculative backends that report one (fresh readings only)."""
+        return mean_acceptance(self.pools.accept_length(backend) for backend in self.pools.pool(SPECULATIVE))
+
+    async def step(self) -> AdaptiveDecision | None:
+        """One window: None where this process does not decide (a follower, or paused)."""
+        self.windows += 1  # every window, deciding or not: what a wait on "a window passed" reads
+        if not self.topology.coordination.leader or self.paused:
+            return None
+        decision = decide_threshold(self.routing.threshold, self.acceptance(), self.table, self.limits)
+        self.last = decision
+        if decision.moved:
+            await self._move(decision)
+        return decision
+
+    async def _move(self, decision: AdaptiveDecision) -> None:
+        try:
+            self.routing.update(threshold=decision.threshold)
+        except ThresholdError as exc:
+            log.error("the adaptive move %d -> %d does not apply: %s", decision.previous, decision.threshold, exc)
+            return
+        except OSError:
+            pass  # live, not saved: Routing said so (state_file_problem)
+        self.moves.append((time.time(), decision))
+        assert decision.direction is not None
+        self.moves_total.labels(decision.direction).inc()
+        self.moved[decision.direction] += 1
+        prediction = decision.prediction
+        interval = None if prediction is None else prediction.interval
+        log.info(
+            "adaptive: threshold %d -> %d (predicted crossover %s, interval %s, accept length %.3f vs the bench's "
+            "%.3f): %s",
+            decision.previous,
+            decision.threshold,
+            "unknown" if prediction is None else f"{prediction.crossover:.1f}",
+            "none" if interval is None else f"{interval[0]:.1f}-{interval[1]:.1f}",
+            decision.accept_length or 0.0,
+            self.table.accept_length if self.table is not None else 0.0,
+            decision.reason,
+        )
+        try:
+            await self.topology.threshold_changed({THRESHOLD})
+        except GatewayError as exc:
+            log.warning("adaptive: the threshold %d is live, but not everywhere yet: %s", decision.threshold, exc)
+        try:
+            await self.topology.share()
+        except GatewayError as exc:
+            log.warning("adaptive: %s", exc)
+
+    # -- the operator ---------------------------------------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self.routing.adaptive_paused
+
+    def pause(self, why: str) -> None:
+        """An operator's threshold wins: nothing moves until `resume` (shared with the next `topology.share()`)."""
+        if not self.settings.enabled or self.paused:
+            return
+        self.routing.adaptive_paused, self.paused_why = True, why
+        log.info("adaptive: paused (%s) at threshold %d", why, self.routing.threshold)
+
+    def resume(self) -> None:
+        if self.paused:
+            log.info("adaptive: resumed at threshold %d", self.routing.threshold)
+        self.routing.adaptive_paused, self.paused_why = False, None
+
+    # -- views ----------------------------------------------------------------------------------
+
+    def view(self) -> dict:
+        """/admin/state's `adaptive`: the settings, the inputs, the last decision and the last move, and why."""
+        settings, last = self.settings, self.last
+        moved = self.moves[-1] if self.moves else None
+        return {
+            "enabled": settings.enabled,
+            "paused": self.paused,
+            "paused_why": self.paused_why if self.paused else None,
+            "deciding": settings.enabled and self.topology.coordination.leader,
+            "window_s": settings.window,
+            "max_step": settings.max_step,
+            "min": settings.min,
+            "max": settings.max,
+            "deadband": settings.deadband,
+            "table": None if settings.table is None else str(settings.table),
+            "bench_accept_length": None if self.table is None else self.table.accept_length,
+            "accept_length": self.acceptance(),
+            "windows": self.windows,
+            "moves": dict(self.moved),
+            "last_decision": None if last is None else last.view(),
+            "last_move": None if moved is None else {"at": moved[0], **moved[1].view()},
+        }
+
+
+class AdaptiveCollector(Collector):
+    """The adaptive controller's last inputs and prediction, at scrape time (only once it has decided)."""
+
+    def __init__(self, controller: AdaptiveController) -> None:
+        self.controller = controller
+
+    def collect(self) -> Iterator[Metric]:
+        last = self.controller.last
+        predicted = GaugeMetricFamily(
+            "crossover_adaptive_predicted_crossover",
+            "The crossover concurrency the adaptive controller predicted at its last window, from the bench table at "
+            "the live acceptance.",
+        )
+        accept = GaugeMetricFamily(
+            "crossover_adaptive_accept_length",
+            "The speculative backends' mean accept length the adaptive controller read at its last window.",
+        )
+        if last is not None and last.prediction is not None:
+            predicted.add_metric([], last.prediction.crossover)
+        if last is not None and last.accept_length is not None:
+            accept.add_metric([], last.accept_length)
+        yield predicted
+        yield accept
