@@ -64,6 +64,7 @@ def build_state(
         settings.health,
         scrape=settings.load_signal != "local",
         on_eject=lambda backend, source: metrics.ejections.labels(backend.pool, backend.url, source).inc(),
+        acceptance=settings.adaptive.enabled,  # the controller reads it whatever the load signal
     )
     breaker = monitor.breaker
     failover = Failover(pools, breaker, metrics, limits.max_failovers, proxy_sender(backend_transport))
