@@ -223,7 +223,7 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> Results:
 
 def run(plan: BenchPlan) -> int:
     """Run the sweep and everything after it; returns the process exit code."""
-    from crossover.loadtest.display import SweepDisplay, print_crossover, print_summary
+    from crossover.loadtest.display import SweepDisplay, print_crossover, print_errors, print_summary
 
     if plan.plots:
         plots.require_matplotlib()
@@ -249,9 +249,11 @@ def run(plan: BenchPlan) -> int:
         series, markers = plots.series_of(run_results)
         meta = run_results.metadata
         title = f"{meta.model}: {meta.input_len} in / {meta.output_len} out tokens"
-        written += plots.draw(plan.out_dir, series, markers, title=title)
+        notice = plots.refusal_notice(run_results)
+        written += plots.draw(plan.out_dir, series, markers, title=title, notices=[notice] if notice else [])
     console = display.out
     print_summary(console, run_results.levels)
+    print_errors(console, run_results.levels)
     print_crossover(console, run_results.crossover, run_results.queueing)
     if plan.in_engine_url is not None:
         # gate-0 against gate-off is the run's crossover; against any other target (a plain server), both
@@ -262,8 +264,7 @@ def run(plan: BenchPlan) -> int:
             print_crossover(console, section, [])
     console.print("wrote " + ", ".join(str(p) for p in written))
     applied = apply_recommendation(console, run_results.crossover, plan.apply_url, plan.admin_token)
-    # A refused crossover is a failed run for a script that wanted one: the results are kept, not trusted.
-    return max(applied, 1 if run_results.crossover.status == "refused" else 0)
+    return max(applied, results.exit_status(run_results))
 
 
 def apply_recommendation(console: Console, crossover: Crossover, url: str | None, token: str | None) -> int:

@@ -163,6 +163,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "report",
         help="re-draw and compare saved runs",
         description="Print, re-draw and compare results of earlier `crossover bench` runs.",
+        epilog="Exit status: 0 done; 1 a results file unreadable, --apply failed, or a run's crossover was refused "
+        "(as its bench exited; its plots say REFUSED); 2 bad arguments.",
     )
     report.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="run directories (or results.json)")
     report.add_argument(

@@ -51,6 +51,7 @@ class SweepDisplay:
             # In a log (not a terminal) the per-level lines say it all; bars would only repeat them.
             disable=not errors.is_terminal,
         )
+        self._error_kinds_seen: set[tuple[str, int, str]] = set()  # (target, C, kind) already explained
 
     def __enter__(self) -> Self:
         self.progress.start()
@@ -70,10 +71,19 @@ class SweepDisplay:
                 tokens += result.output_tokens
             else:
                 failed += 1
+                self.first_error(target.name, concurrency, result)
             rate = tokens / max(time.perf_counter() - started, 1e-9)
             self.progress.update(task, advance=1, failed=failed, rate=f"{rate:,.0f}")
 
         return on_result
+
+    def first_error(self, target: str, concurrency: int, result: RequestResult) -> None:
+        """The first failure of each kind at a level, with its message (the level's count comes with the level)."""
+        kind = result.error_kind or "other"
+        if (target, concurrency, kind) in self._error_kinds_seen:
+            return
+        self._error_kinds_seen.add((target, concurrency, kind))
+        self.progress.console.print(f"{target:>12} C={concurrency:<4} first {kind}: {result.error}")
 
     def level_done(self, level: Level, passes: list[LevelSchedule] | None = None) -> None:
         """One line per level; for a stand-in, whether it kept up with its schedule during the passes that count."""
@@ -130,13 +140,31 @@ def print_summary(console: Console, levels: list[Level], title: str = "crossover
         ("ITL/token p50 ms", "median_token_itl_ms", 2),
         ("E2E p50 ms", "median_e2e_latency_ms", 0),
         ("tok/chunk", "mean_tokens_per_chunk", 2),
+        ("errors", "error_kinds", None),
     ]
     for header, *_ in columns:
         table.add_column(header, justify="left" if header == "target" else "right")
     for level in sorted(levels, key=lambda lv: (lv.target, lv.concurrency)):
         values = [(getattr(level, key), digits) for _, key, digits in columns]
+        values[-1] = (describe_errors(level), None)
         table.add_row(*(str(value) if digits is None else _fmt(value, digits) for value, digits in values))
     console.print(table)
+
+
+def describe_errors(level: Level) -> str:
+    """`ReadError 104, HTTP 503 2`: a level's failures by kind ("-" for none; by reason in older files)."""
+    counts = level.error_kinds or level.errors
+    return ", ".join(f"{kind} {count}" for kind, count in counts.items()) or "-"
+
+
+def print_errors(console: Console, levels: list[Level]) -> None:
+    """Each level with failures: its count by kind, and the first failure of each kind with its message."""
+    for level in sorted(levels, key=lambda lv: (lv.target, lv.concurrency)):
+        if not level.failed:
+            continue
+        console.print(f"errors: {level.target} C={level.concurrency}: {level.failed} failed ({describe_errors(level)})")
+        for kind, message in level.first_errors.items():
+            console.print(f"  first {kind}: {message}")
 
 
 def print_crossover(console: Console, crossover: Crossover, queueing: list[Queueing]) -> None:
@@ -185,7 +213,7 @@ def print_crossover(console: Console, crossover: Crossover, queueing: list[Queue
     elif status == "at_or_below_lowest_level":
         console.print(f"crossover: at or below the lowest level, C = {c:g}: plain already meets speculative there")
     elif status == "refused":
-        console.print(f"crossover: refused: {crossover.reason}")
+        console.print(f"crossover: REFUSED: {crossover.reason}")
     elif status == "no_data":
         console.print(f"crossover: {crossover.reason}")
     else:

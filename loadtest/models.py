@@ -234,6 +234,16 @@ class Level(_Model):
     p90_e2e_latency_ms: float | None = _latency("p90", "e2e_latency_ms")
     p99_e2e_latency_ms: float | None = _latency("p99", "e2e_latency_ms")
     errors: dict[str, int] = Field(description="Failure reason -> count (the most frequent reasons).")
+    error_kinds: dict[str, int] = Field(
+        default_factory=dict,
+        description="Failure kind (an httpx error's class such as ReadError, `HTTP 503`, `timeout`, `cut before "
+        "[DONE]`, ...) -> count, every failure counted; empty in files written before kinds were counted.",
+    )
+    first_errors: dict[str, str] = Field(
+        default_factory=dict,
+        description="Failure kind -> the message of the first failure of that kind in the window (for an "
+        "httpx error: the cause underneath it and what the kind usually means).",
+    )
 
 
 class Evidence(_Model):

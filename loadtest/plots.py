@@ -1,8 +1,10 @@
 """throughput.png and latency.png: output tok/s, TTFT and TPOT against concurrency, one line per target.
 
 What a reader could misread is on the plot itself: each level's 95% interval (error bars), the crossover's
-interval (a shaded band), levels with failed requests (marked and counted), and a stand-in's time scale (its
-tok/s are wall-clock, i.e. its profile's x the time scale, and its label says so).
+interval (a shaded band), levels with failed requests (marked and counted), a stand-in's time scale (its
+tok/s are wall-clock, i.e. its profile's x the time scale, and its label says so), and a refused run: its
+curves are kept as evidence but are not the profile's or the engine's, so every plot of it says REFUSED and
+why, in its title, across its axes and in the PNG's Title/Description text chunks.
 
 Uses matplotlib's object API (`Figure`, no pyplot): no global figure state and no GUI backend needed.
 """
@@ -10,6 +12,8 @@ Uses matplotlib's object API (`Figure`, no pyplot): no global figure state and n
 from __future__ import annotations
 
 import math
+import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +23,7 @@ from crossover.loadtest.models import Level, Results
 THROUGHPUT_PNG = "throughput.png"
 LATENCY_PNG = "latency.png"
 FIGURE_DPI = 120
+NOTICE_WIDTH = 90  # characters per line of a refusal written across a plot
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,30 @@ def series_of(results: Results, prefix: str = "") -> tuple[list[Series], list[Ma
         low, high = cross.bracket
         markers.append(Marker(f"{prefix}no clear crossover C={low}-{high}", math.sqrt(low * high), (low, high)))
     return series, markers
+
+
+def refusal_notice(results: Results, prefix: str = "") -> str | None:
+    """`REFUSED: why` for a run whose crossover was refused (its curves must not be read as a verdict)."""
+    cross = results.crossover
+    if cross.status != "refused":
+        return None
+    return f"{prefix}REFUSED: {cross.reason or 'see results.json'}"
+
+
+def _notice(ax, notices: Sequence[str]) -> None:
+    text = "\n".join(textwrap.fill(n, NOTICE_WIDTH) for n in notices)
+    ax.text(
+        0.5,
+        0.5,
+        text,
+        transform=ax.transAxes,
+        ha="center",
+        va="center",
+        fontsize="small",
+        color="red",
+        bbox={"facecolor": "white", "edgecolor": "red", "alpha": 0.85},
+        zorder=10,
+    )
 
 
 def _plot(ax, series: list[Series], field: str, markers: list[Marker], ylabel: str, log_y: bool = False) -> None:
@@ -109,23 +138,37 @@ def _plot(ax, series: list[Series], field: str, markers: list[Marker], ylabel: s
     ax.legend(fontsize="small")
 
 
-def draw(out_dir: Path, series: list[Series], markers: list[Marker], title: str = "") -> list[Path]:
-    """Write both PNGs into `out_dir`; returns their paths."""
+def draw(
+    out_dir: Path, series: list[Series], markers: list[Marker], title: str = "", notices: Sequence[str] = ()
+) -> list[Path]:
+    """Write both PNGs into `out_dir`; returns their paths. `notices` (a refusal: `refusal_notice`) are written
+    across every plot and its title starts with REFUSED."""
     figure_cls = require("matplotlib.figure", "drawing plots").Figure
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    def titled(default: str) -> str:
+        return ("REFUSED - " if notices else "") + (title or default)
+
+    def save(fig, path: Path, heading: str) -> None:
+        fig.suptitle(heading, color="red" if notices else None)
+        fig.savefig(path, metadata={"Title": heading, "Description": "\n".join(notices)})
+
     fig = figure_cls(figsize=(8, 5), dpi=FIGURE_DPI, layout="constrained")
-    _plot(fig.subplots(), series, "output_throughput", markers, "output throughput (tok/s, wall clock; bars: 95%)")
-    fig.suptitle(title or "output throughput")
+    ax = fig.subplots()
+    _plot(ax, series, "output_throughput", markers, "output throughput (tok/s, wall clock; bars: 95%)")
+    if notices:
+        _notice(ax, notices)
     throughput = out_dir / THROUGHPUT_PNG
-    fig.savefig(throughput)
+    save(fig, throughput, titled("output throughput"))
 
     fig = figure_cls(figsize=(12, 5), dpi=FIGURE_DPI, layout="constrained")
     ttft_ax, tpot_ax = fig.subplots(1, 2)
     # TTFT spans orders of magnitude once requests queue behind a running cap: log scale keeps both visible.
     _plot(ttft_ax, series, "median_ttft_ms", markers, "median TTFT (ms)", log_y=True)
     _plot(tpot_ax, series, "median_tpot_ms", markers, "median TPOT (ms)")
-    fig.suptitle(title or "latency")
+    if notices:
+        _notice(ttft_ax, notices)
+        _notice(tpot_ax, notices)
     latency = out_dir / LATENCY_PNG
-    fig.savefig(latency)
+    save(fig, latency, titled("latency"))
     return [throughput, latency]

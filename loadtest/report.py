@@ -1,6 +1,7 @@
 """`crossover bench report DIR...`: re-draw and compare saved runs without touching any server.
 
-One run: its tables and crossover again, plots re-drawn into the run directory (or `--out`).
+One run: its tables and crossover again, plots re-drawn into the run directory (or `--out`). A run whose
+crossover was refused is said to be (in its plots too) and the report exits as its bench did (1).
 Several runs: each run's tables, a side-by-side comparison, and plots with every run's targets on the same
 axes (labelled `run/target`) in `--out` (default `crossover-report`).
 """
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 from crossover.loadtest import plots
 from crossover.loadtest.bench import apply_recommendation
 from crossover.loadtest.models import Results
-from crossover.loadtest.results import ResultsError, crossover_section, load_results
+from crossover.loadtest.results import ResultsError, crossover_section, exit_status, load_results
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -36,7 +37,7 @@ def run_report(
     apply_url: str | None,
     admin_token: str | None,
 ) -> int:
-    from crossover.loadtest.display import make_console, print_crossover, print_summary
+    from crossover.loadtest.display import make_console, print_crossover, print_errors, print_summary
 
     console = make_console()
     if draw:
@@ -64,20 +65,33 @@ def run_report(
     labels = _labels(dirs)
     for label, run in zip(labels, runs, strict=False):
         print_summary(console, run.levels, title=f"{label}: {run.metadata.model}")
+        print_errors(console, run.levels)
         print_crossover(console, run.crossover, run.queueing)
     if len(runs) > 1:
         _compare(console, labels, runs)
 
     if draw:
         target_dir = out or (dirs[0] if len(dirs) == 1 and dirs[0].is_dir() else DEFAULT_COMPARE_DIR)
-        series, markers = [], []
+        series, markers, notices = [], [], []
         for label, run in zip(labels, runs, strict=False):
-            s, m = plots.series_of(run, prefix=f"{label}/" if len(runs) > 1 else "")
+            prefix = f"{label}/" if len(runs) > 1 else ""
+            s, m = plots.series_of(run, prefix=prefix)
             series += s
             markers += m
-        written = plots.draw(target_dir, series, markers, title=" vs ".join(labels))
+            if (notice := plots.refusal_notice(run, prefix=f"{label}: " if prefix else "")) is not None:
+                notices.append(notice)
+        written = plots.draw(target_dir, series, markers, title=" vs ".join(labels), notices=notices)
         console.print("wrote " + ", ".join(str(p) for p in written))
-    return apply_recommendation(console, runs[0].crossover, apply_url, admin_token)
+    refused = [label for label, run in zip(labels, runs, strict=False) if exit_status(run)]
+    if refused:
+        print(
+            f"crossover bench report: REFUSED: {', '.join(refused)}: no crossover was named (see its reason above); "
+            "exiting as its bench did",
+            file=sys.stderr,
+        )
+    applied = apply_recommendation(console, runs[0].crossover, apply_url, admin_token)
+    # The status the bench itself exited with: a refused run stays a failed one, however often it is re-read.
+    return max([applied, *(exit_status(run) for run in runs)])
 
 
 def _compare(console: Console, labels: list[str], runs: list[Results]) -> None:

@@ -20,6 +20,10 @@ from crossover.loadtest.saturation import find_queueing
 from crossover.loadtest.standin import refusal
 from crossover.loadtest.stats import LATENCY_METRICS
 
+# The exit status of a run (and of `bench report` on its file) whose crossover was refused: the results are
+# kept, not trusted, and a script that wanted a crossover must not read success.
+REFUSED_EXIT_STATUS = 1
+
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
 
@@ -40,6 +44,7 @@ CSV_FIELDS = [
     "mean_tokens_per_chunk",
     *(f"{stat}_{name}" for name in LATENCY_METRICS for stat in ("mean", "median", "std", "p90", "p99")),
     "errors",
+    "error_kinds",
 ]
 
 
@@ -91,6 +96,11 @@ def build_results(metadata: Metadata, levels: Sequence[Level], speculative: str,
     )
 
 
+def exit_status(results: Results) -> int:
+    """What `crossover bench` exits with for these results before --apply: REFUSED_EXIT_STATUS if refused."""
+    return REFUSED_EXIT_STATUS if results.crossover.status == "refused" else 0
+
+
 def write_results(out_dir: Path, results: Results) -> list[Path]:
     """Write results.json and results.csv into `out_dir` (created if needed); returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -103,7 +113,7 @@ def write_results(out_dir: Path, results: Results) -> list[Path]:
         for level in results.levels:
             low, high = level.output_throughput_interval or (None, None)
             row = {**level.model_dump(), "output_throughput_low": low, "output_throughput_high": high}
-            writer.writerow({**row, "errors": json.dumps(level.errors)})
+            writer.writerow({**row, "errors": json.dumps(level.errors), "error_kinds": json.dumps(level.error_kinds)})
     return [json_path, csv_path]
 
 

@@ -161,5 +161,11 @@ def summarize_passes(target: str, concurrency: int, windows: Sequence[Window]) -
     }
     for name in LATENCY_METRICS:
         level.update(describe(name, samples[name]))
-    level["errors"] = dict(Counter(r.error for r in ended if not r.success).most_common(MAX_ERROR_KINDS))
+    failures = sorted((r for r in ended if not r.success), key=lambda r: r.end)
+    level["errors"] = dict(Counter(r.error for r in failures).most_common(MAX_ERROR_KINDS))
+    level["error_kinds"] = dict(Counter(r.error_kind or "other" for r in failures).most_common())
+    first: dict[str, str] = {}
+    for r in failures:
+        first.setdefault(r.error_kind or "other", r.error)
+    level["first_errors"] = first
     return Level.model_validate(level)

@@ -75,11 +75,24 @@ def test_a_sweep_writes_valid_results_plots_and_counts_failures_as_failures(scri
             "HTTP 503: 503: no healthy backend",
             "stream error event: 503: The request queue is full.",
         }
+        # Counted by kind, every one, and the first of each kind kept with its message.
+        assert sum(lv["error_kinds"].values()) == lv["failed"]
+        assert set(lv["error_kinds"]) <= {"HTTP 503", "stream error event"}
+        assert {kind: lv["first_errors"][kind] for kind in lv["error_kinds"]} == {
+            kind: {"HTTP 503": "HTTP 503: 503: no healthy backend"}.get(
+                kind, "stream error event: 503: The request queue is full."
+            )
+            for kind in lv["error_kinds"]
+        }
     assert run["crossover"]["status"] != "not_computed"
     for png in ("throughput.png", "latency.png"):
         assert (out / png).read_bytes().startswith(b"\x89PNG")
-    printed = capsys.readouterr().out
+    printed, progress = capsys.readouterr()
     assert "crossover evidence: plain vs speculative" in printed and "recommended threshold: switch =" in printed
+    # The table and the closing lines count the failures by kind; the log explained the first of each kind.
+    assert "errors: plain C=3: " in printed and "  first HTTP 503: HTTP 503: 503: no healthy backend" in printed
+    assert "C=1    first HTTP 503: HTTP 503: 503: no healthy backend" in progress
+    assert "C=1    first stream error event: stream error event" in progress
 
 
 def test_a_target_that_fails_its_probe_stops_the_run(backend, tmp_path, capsys):

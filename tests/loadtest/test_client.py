@@ -9,7 +9,7 @@ import socket
 import httpx
 import pytest
 
-from crossover.loadtest.client import run_request
+from crossover.loadtest.client import describe_transport_error, run_request
 from tests.loadtest.scripted_backend import CHUNKS, PROMPT_TOKENS, TOKENS_PER_CHUNK
 
 TIMEOUT_S = 10.0
@@ -59,6 +59,33 @@ def test_failures_are_failures_with_a_reason(backend, model, reason):
     assert result.end >= result.start
 
 
+@pytest.mark.parametrize(
+    ("model", "kind"),
+    [
+        ("http-503", "HTTP 503"),
+        ("error-mid", "stream error event"),
+        ("cut", "cut before [DONE]"),
+        ("no-usage", "no usage"),
+        ("unknown-model", "HTTP 404"),
+    ],
+)
+def test_each_failure_has_a_kind_a_level_counts_it_by(backend, model, kind):
+    assert request(backend, model).error_kind == kind
+
+
+def test_a_transport_error_names_the_cause_under_its_empty_message():
+    # httpx's ReadError usually says nothing itself: the OSError it wraps, and what the kind means, explain it.
+    reset = ConnectionResetError(104, "Connection reset by peer")
+    try:
+        try:
+            raise reset
+        except OSError as exc:
+            raise httpx.ReadError("") from exc
+    except httpx.ReadError as exc:
+        message = describe_transport_error(exc)
+    assert message.startswith("ReadError: [Errno 104] Connection reset by peer (the connection failed while")
+
+
 def test_a_stalled_stream_times_out_as_a_failure(backend):
     result = request(backend, "stall", total_timeout=0.5)
     assert not result.success
@@ -70,4 +97,4 @@ def test_an_unreachable_server_is_a_failure():
         s.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
         result = request(f"http://127.0.0.1:{s.getsockname()[1]}", "ok")
     assert not result.success
-    assert result.error.startswith("ConnectError")
+    assert result.error.startswith("ConnectError") and result.error_kind == "ConnectError"

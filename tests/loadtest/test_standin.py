@@ -29,6 +29,19 @@ def stand_in_info(schedule: dict | None) -> dict:
     return info if schedule is None else {**info, "schedule": schedule}
 
 
+def png_text(path) -> dict[str, str]:
+    """The tEXt chunks of a PNG (matplotlib writes savefig's metadata there)."""
+    data, chunks, at = path.read_bytes(), {}, 8
+    while at < len(data):
+        length = int.from_bytes(data[at : at + 4], "big")
+        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
+        if kind == b"tEXt":
+            key, _, value = body.partition(b"\0")
+            chunks[key.decode("latin-1")] = value.decode("latin-1")
+        at += 12 + length
+    return chunks
+
+
 def bench(out, speculative: str, plain: str, *extra: str) -> int:
     return crossover(
         "bench",
@@ -110,12 +123,19 @@ def test_a_lagging_stand_in_is_recorded_and_no_crossover_is_named(stand_ins, tmp
     assert crossing.concurrency is None and crossing.recommended_threshold is None
     assert "plain (a stand-in at time scale 100) fell behind its schedule at C = 2, 4" in crossing.reason
     assert [row.concurrency for row in crossing.evidence] == [1, 2, 4]  # the evidence is kept
-    assert "crossover: refused: plain (a stand-in" in printed
+    assert "crossover: REFUSED: plain (a stand-in" in printed
     assert "LAGGING stand-in (lag 2.50 s" in progress
 
-    # Re-analysed later, the same file still refuses, and --apply has nothing to send.
-    assert crossover("bench", "report", str(tmp_path / "run"), "--no-plots") == 0
-    assert "crossover: refused" in capsys.readouterr().out
+    # Re-analysed later, the same file still refuses and exits as its bench did, and --apply has nothing to send.
+    assert crossover("bench", "report", str(tmp_path / "run"), "--no-plots") == 1
+    printed, said = capsys.readouterr()
+    assert "crossover: REFUSED" in printed and "REFUSED: run" in said
+    # Its plots say so too, in the title and across the axes (read back from the PNGs' text chunks).
+    assert crossover("bench", "report", str(tmp_path / "run"), "--out", str(tmp_path / "plots")) == 1
+    for png in ("throughput.png", "latency.png"):
+        text = png_text(tmp_path / "plots" / png)
+        assert text["Title"].startswith("REFUSED - ")
+        assert text["Description"].startswith("REFUSED: plain (a stand-in at time scale 100) fell behind")
     code = crossover(
         "bench", "report", str(tmp_path / "run"), "--no-plots", "--apply", "http://127.0.0.1:1", "--admin-token", "t"
     )
