@@ -291,6 +291,10 @@ class LiveEngine:
             "generated_tokens": self.engine.generated_total,
         }
 
+    def schedule_ratio(self) -> float:
+        """`speed_ratio` of the schedule report (1.0 before start())."""
+        return self.schedule_report()["speed_ratio"] if self.schedule is not None else 1.0
+
     def schedule_lag_s(self) -> float:
         return self.schedule.lag_s(asyncio.get_running_loop().time()) if self.schedule is not None else 0.0
 

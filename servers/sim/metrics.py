@@ -233,3 +233,12 @@ class _StandInMetrics(Collector):
         )
         lag.add_metric(self._values, self._live.schedule_lag_s())
         yield lag
+        ratio = GaugeMetricFamily(
+            "crossover_sim_schedule_ratio",
+            "Simulated seconds advanced / (wall seconds x time scale) over the stand-in's recent window (its "
+            "/server_info schedule.speed_ratio): 1 keeps its schedule; below 0.9 its throughput is this "
+            "machine's, not its profile's.",
+            labels=self._names,
+        )
+        ratio.add_metric(self._values, self._live.schedule_ratio())
+        yield ratio

@@ -5,6 +5,9 @@ and the real stand-in at an absurd time scale (once it reports its schedule)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import httpx
 import jsonschema
@@ -229,3 +232,50 @@ def test_the_real_stand_in_at_an_absurd_time_scale_is_refused(sim, tmp_path, cap
     assert any(s.lagging_levels() == {64} for s in simulations.values())
     assert (run.crossover.status, code) == ("refused", 1)
     assert "fell behind its schedule at C = 64" in capsys.readouterr().out
+
+
+STARVED_TIME_SCALE = "100"  # the pinned stand-in needs most of a core at this scale: half of one starves it
+
+
+def test_a_stand_in_starved_by_a_burner_pinned_beside_it_is_re_run_or_refused_never_a_verdict(sim, tmp_path):
+    # The plain stand-in and a busy loop share one core, the speculative stand-in runs where it likes: every
+    # level where the starved one fell behind its own clock is measured again or refused, never judged.
+    speculative = sim("k25-eagle3", "--time-scale", STARVED_TIME_SCALE, "--log-level", "warning")
+    plain = sim("k25-plain", "--time-scale", STARVED_TIME_SCALE, "--log-level", "warning")
+    core = min(os.sched_getaffinity(0))
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(burner.pid, {core})
+        os.sched_setaffinity(plain.proc.pid, {core})
+        code = crossover(
+            "bench",
+            "--target",
+            f"speculative={speculative.url}",
+            "--target",
+            f"plain={plain.url}",
+            "--concurrency",
+            "32",
+            "--output-len",
+            "128",
+            "--input-len",
+            "16",
+            "--duration-per-level",
+            "2",
+            "--passes",
+            "1",
+            "--out",
+            str(tmp_path / "run"),
+            "--no-plots",
+        )
+    finally:
+        burner.kill()
+        burner.wait()
+    run = load_results(tmp_path / "run")
+    passes = run.metadata.targets["plain"].simulation.levels
+    print(passes)  # the evidence, shown when a check fails
+    lagged = [entry for entry in passes if entry.lagging]
+    assert lagged, "pinning did not starve the stand-in on this host"
+    # Every pass it lagged in was measured again, or (reruns spent) the level refuses the crossover.
+    assert all(entry.rerun for entry in lagged) or (run.crossover.status, code) == ("refused", 1)
+    if run.crossover.status != "refused":
+        assert passes[-1].lagging is False and not passes[-1].rerun  # the pass that counts kept up

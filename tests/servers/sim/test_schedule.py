@@ -103,6 +103,8 @@ def test_a_live_stand_in_whose_loop_is_starved_says_so(sim_app, caplog):
             assert after["speed_ratio"] < LAGGING_SPEED_RATIO and after["max_lag_s"] > 0.2
             metrics = client.get(server.url + "/metrics").text
             assert 'crossover_sim_schedule_lag_seconds{model_name="moonshotai/Kimi-K2.5"}' in metrics
+            ratio = 'crossover_sim_schedule_ratio{model_name="moonshotai/Kimi-K2.5"} '
+            assert float(metrics.split(ratio)[1].split()[0]) < LAGGING_SPEED_RATIO
         finally:
             stream.close()
     assert sum("falling behind" in r.getMessage() for r in caplog.records) == 1
