@@ -24,7 +24,7 @@ from crossover.gateway.cli import (
     positive_int_list,
 )
 from crossover.gateway.engines import DEFAULT_ENGINE, ENGINE_NAMES, MAX_FENCE_JUMP
-from crossover.servers.sim.replay import DEFAULT_STOP_S, MECHANISMS
+from crossover.servers.sim.replay import DEFAULT_MECHANISMS, DEFAULT_STOP_S, MECHANISMS
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_INPUT_LEN = 256
@@ -143,9 +143,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     replay.add_argument(
         "--mechanism",
-        default=",".join(MECHANISMS),
+        default=",".join(DEFAULT_MECHANISMS),
         metavar="M1,M2,...",
-        help=f"any of {', '.join(MECHANISMS)} (default: all)",
+        help=f"any of {', '.join(MECHANISMS)} (default: all but adaptive). adaptive: partitioned pools, the threshold "
+        "moved every window by the gateway's adaptive controller at the trace's acceptance, beside the best fixed "
+        "threshold and the per-window oracle",
     )
     replay.add_argument(
         "--gateway-config",
@@ -192,6 +194,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     replay.add_argument(
         "--expected-phase-s", type=positive_float, metavar="S", help="the gateway's switching.expected_phase"
     )
+    replay.add_argument(
+        "--accept-drop",
+        type=accept_drop,
+        metavar="T:A",
+        help="the speculative accept length is A from T seconds into the trace on (adaptive only)",
+    )
+    # The gateway's own [adaptive] settings (gateway/config.py AdaptiveSettings), for --mechanism adaptive.
+    for name, kind, field in (
+        ("--adaptive-window-s", positive_float, "window"),
+        ("--adaptive-max-step", positive_int, "max_step"),
+        ("--adaptive-min", non_negative_int, "min"),
+        ("--adaptive-max", non_negative_int, "max"),
+        ("--adaptive-deadband", non_negative_int, "deadband"),
+    ):
+        replay.add_argument(name, type=kind, help=f"the gateway's adaptive.{field}")
     replay.add_argument("--input-len", type=positive_int, default=DEFAULT_INPUT_LEN, help="(default: %(default)s)")
     replay.add_argument("--output-len", type=positive_int, default=DEFAULT_OUTPUT_LEN, help="(default: %(default)s)")
     replay.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
@@ -224,6 +241,17 @@ def _load(args: argparse.Namespace):
         max_queued_requests=getattr(args, "max_queued_requests", None),
         model_name=getattr(args, "model_name", None),
     )
+
+
+def accept_drop(text: str) -> tuple[float, float]:
+    """`T:A` (--accept-drop): seconds into the trace, and the accept length from then on."""
+    at, sep, value = text.partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"must be SECONDS:ACCEPT_LENGTH, e.g. 3600:1.6, got {text!r}")
+    accept = positive_float(value)
+    if accept < 1:
+        raise argparse.ArgumentTypeError(f"the accept length must be >= 1 (the bonus token included), got {value}")
+    return non_negative_float(at), accept
 
 
 def _replay(args: argparse.Namespace) -> int:

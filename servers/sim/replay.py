@@ -47,9 +47,16 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from crossover.gateway.config import MAX_THRESHOLD, Mechanism, SwitchSettings, TopologyName, fit_hysteresis
+from crossover.gateway.config import (
+    MAX_THRESHOLD,
+    AdaptiveSettings,
+    Mechanism,
+    SwitchSettings,
+    TopologyName,
+    fit_hysteresis,
+)
 from crossover.gateway.modes import PLAIN, SPECULATIVE, Mode
 from crossover.gateway.policies import PolicySettings
 from crossover.servers.sim.costs import ZERO_STEP_MODEL, make_costs
@@ -57,7 +64,10 @@ from crossover.servers.sim.curve import CurvePoint, run_level
 from crossover.servers.sim.engine import Engine, Sequence
 from crossover.servers.sim.lazy_engine import LazyEngine
 from crossover.servers.sim.profile import Profile
-from crossover.servers.sim.trace import TracePhase
+from crossover.servers.sim.trace import TracePhase, shifts_acceptance
+
+if TYPE_CHECKING:
+    from crossover.servers.sim.replay_adaptive import AdaptiveReplay
 
 ALWAYS_SPECULATIVE = "always-speculative"
 ALWAYS_PLAIN = "always-plain"
@@ -65,7 +75,12 @@ RESTART: Mechanism = "restart"
 SLEEP: Mechanism = "sleep"
 ORACLE = "oracle"
 IN_ENGINE: TopologyName = "in-engine"
-MECHANISMS = (ALWAYS_SPECULATIVE, ALWAYS_PLAIN, RESTART, SLEEP, IN_ENGINE, ORACLE)
+# Partitioned pools, the threshold moved by the adaptive controller (replay_adaptive.py); not one the oracle picks
+# from (the others time-share one mode), and the only one that replays a trace's shifts of acceptance.
+ADAPTIVE = "adaptive"
+MECHANISMS = (ALWAYS_SPECULATIVE, ALWAYS_PLAIN, RESTART, SLEEP, IN_ENGINE, ORACLE, ADAPTIVE)
+# What `crossover sim replay` replays without --mechanism.
+DEFAULT_MECHANISMS = (ALWAYS_SPECULATIVE, ALWAYS_PLAIN, RESTART, SLEEP, IN_ENGINE, ORACLE)
 
 DEFAULT_INPUT_LEN = 256
 DEFAULT_OUTPUT_LEN = 512
@@ -154,6 +169,8 @@ class ReplaySetup:
     output_len: int = DEFAULT_OUTPUT_LEN
     seed: int = 0
     fast_forward: bool = True  # repeat measured steady stretches instead of stepping them (STEADY_*)
+    # The gateway's `[adaptive]` (window, limits) that `adaptive` runs; its table is the replay's own.
+    adaptive: AdaptiveSettings = field(default_factory=AdaptiveSettings)
 
     @cached_property
     def settings(self) -> PolicySettings:
@@ -171,10 +188,12 @@ class ReplaySetup:
         input_len: int = DEFAULT_INPUT_LEN,
         output_len: int = DEFAULT_OUTPUT_LEN,
         seed: int = 0,
+        adaptive: AdaptiveSettings | None = None,
         **overrides: float | None,
     ) -> ReplaySetup:
         """`switch`: a gateway's (SwitchSettings.of(load_settings(path))); None: the gateway's defaults with
-        the threshold at the profiles' crossover. `overrides`: SwitchSettings fields (None: not given)."""
+        the threshold at the profiles' crossover. `adaptive`: a gateway's `[adaptive]` (None: its defaults).
+        `overrides`: SwitchSettings fields (None: not given)."""
         given = {name: value for name, value in overrides.items() if value is not None}
         if switch is None and "threshold" not in given:
             top = max(phase.concurrency for phase in trace)
@@ -187,7 +206,8 @@ class ReplaySetup:
             given["hysteresis"] = fit_hysteresis(int(given["threshold"]), switch.hysteresis)  # as the gateway does
         switch = SwitchSettings.model_validate({**switch.model_dump(), **given})
         times = times or SwitchTimes.from_profiles(speculative, plain)
-        return cls(speculative, plain, switch, times, input_len, output_len, seed)
+        adaptive = adaptive or AdaptiveSettings()
+        return cls(speculative, plain, switch, times, input_len, output_len, seed, adaptive=adaptive)
 
 
 def free_switch_bound(setup: ReplaySetup, trace: list[TracePhase], known: dict[str, ReplayResult]) -> float:
@@ -222,6 +242,7 @@ class ReplayResult:
     switch_log: tuple[SwitchEvent, ...] = ()  # each switch the policy decided
     running_peak: int = 0  # the most requests running at once on the serving engine (its cap bounds it)
     in_engine: InEngineAssumptions | None = None  # what the in-engine replay assumed (None: another mechanism)
+    adaptive: AdaptiveReplay | None = None  # adaptive's threshold and what it is compared with (None: another)
 
     def as_json(self, best_output_tokens: int | None = None, free_switch_tokens: float | None = None) -> dict:
         """Every column of the table; `vs_best_percent` against `best_output_tokens` (default: its own),
@@ -248,6 +269,7 @@ class ReplayResult:
             "switch_log": [event._asdict() for event in self.switch_log],
             "running_peak": self.running_peak,
             "in_engine": None if self.in_engine is None else self.in_engine._asdict(),
+            "adaptive": None if self.adaptive is None else self.adaptive.as_json(),
         }
 
 
@@ -651,11 +673,22 @@ def replay(
     if not trace:
         raise ValueError("the trace has no phases")
     setup.times.check(mechanism)
+    if mechanism != ADAPTIVE and shifts_acceptance(trace):
+        raise ValueError(
+            f"{mechanism} replays at the profile's accept length, and this trace changes it (accept_length, "
+            "--accept-drop): only adaptive replays a shift of acceptance - give --mechanism adaptive"
+        )
     known = {} if known is None else known
     if mechanism not in known:
-        known[mechanism] = (
-            _oracle(setup, trace, known) if mechanism == ORACLE else _Replay(setup, trace, mechanism).run()
-        )
+        if mechanism == ADAPTIVE:
+            # Imported here: replay_adaptive builds on this module (ReplaySetup, steady_level).
+            from crossover.servers.sim.replay_adaptive import replay_adaptive
+
+            known[mechanism] = replay_adaptive(setup, trace)
+        elif mechanism == ORACLE:
+            known[mechanism] = _oracle(setup, trace, known)
+        else:
+            known[mechanism] = _Replay(setup, trace, mechanism).run()
     return known[mechanism]
 
 
@@ -675,7 +708,7 @@ def _oracle(setup: ReplaySetup, trace: list[TracePhase], known: dict[str, Replay
     """The best of all: the mechanism that served the most (`follows` names it)."""
     candidates = []
     for mechanism in MECHANISMS:
-        if mechanism == ORACLE:
+        if mechanism in (ORACLE, ADAPTIVE):
             continue
         try:
             setup.times.check(mechanism)

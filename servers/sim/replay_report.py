@@ -8,7 +8,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from crossover.gateway.config import SettingsError, SwitchSettings, load_settings
+from pydantic import ValidationError
+
+from crossover.gateway.config import AdaptiveSettings, SettingsError, SwitchSettings, load_settings
 from crossover.gateway.modes import PLAIN, SPECULATIVE
 from crossover.servers.sim.profile import ProfileError, load_profile, with_overrides
 from crossover.servers.sim.replay import (
@@ -24,7 +26,8 @@ from crossover.servers.sim.replay import (
     free_switch_bound,
     replay_all,
 )
-from crossover.servers.sim.trace import TraceError, TracePhase, load_trace
+from crossover.servers.sim.replay_adaptive import AdaptiveReplay
+from crossover.servers.sim.trace import TraceError, TracePhase, load_trace, shifts_acceptance, with_accept_drop
 
 
 def run_command(args) -> int:
@@ -40,9 +43,12 @@ def run_command(args) -> int:
         return 2
     try:
         switch = None
+        adaptive = AdaptiveSettings()
         if args.gateway_config is not None:
             # The gateway's own loader, environment overrides included: what `crossover serve` would run.
-            switch = SwitchSettings.of(load_settings(Path(args.gateway_config)))
+            settings = load_settings(Path(args.gateway_config))
+            switch, adaptive = SwitchSettings.of(settings), settings.adaptive
+        adaptive = adaptive_overrides(adaptive, args)
         speculative = with_overrides(
             load_profile(args.speculative),
             accept_length=args.accept_length,
@@ -50,6 +56,9 @@ def run_command(args) -> int:
         )
         plain = load_profile(args.plain)
         trace = load_trace(args.trace)
+        if args.accept_drop is not None:
+            at_s, accept_length = args.accept_drop
+            trace = with_accept_drop(trace, at_s=at_s, accept_length=accept_length)
         times = SwitchTimes.from_profiles(
             speculative,
             plain,
@@ -67,6 +76,7 @@ def run_command(args) -> int:
             input_len=args.input_len,
             output_len=args.output_len,
             seed=args.seed,
+            adaptive=adaptive,
             threshold=args.threshold,
             hysteresis=args.hysteresis,
             dwell=args.min_dwell_s,
@@ -77,7 +87,8 @@ def run_command(args) -> int:
         setup = replace(setup, fast_forward=not args.exact)
         known: dict[str, ReplayResult] = {}
         results = replay_all(setup, trace, mechanisms, known)
-        free = free_switch_bound(setup, trace, known)
+        # The bound replays the fixed modes, which run at the profile's acceptance only.
+        free = None if shifts_acceptance(trace) else free_switch_bound(setup, trace, known)
     except (ProfileError, TraceError, SettingsError, ValueError) as exc:
         print(f"crossover sim replay: error: {exc}", file=sys.stderr)
         return 2
@@ -89,7 +100,59 @@ def run_command(args) -> int:
     if IN_ENGINE in mechanisms:
         print(describe_in_engine(InEngineAssumptions.of(setup)))
     print(format_table(results, free))
+    for result in results:
+        if result.adaptive is not None:
+            print(describe_adaptive(result.output_tokens, result.adaptive))
     return 0
+
+
+def adaptive_overrides(adaptive: AdaptiveSettings, args) -> AdaptiveSettings:
+    """`[adaptive]` with the --adaptive-* options that were given (checked as the gateway checks its file)."""
+    given = {
+        name: value
+        for name, value in (
+            ("window", args.adaptive_window_s),
+            ("max_step", args.adaptive_max_step),
+            ("min", args.adaptive_min),
+            ("max", args.adaptive_max),
+            ("deadband", args.adaptive_deadband),
+        )
+        if value is not None
+    }
+    if not given:
+        return adaptive
+    try:
+        return AdaptiveSettings.model_validate({**adaptive.model_dump(), **given})
+    except ValidationError as exc:
+        problems = (f"--adaptive-{error['loc'][0] if error['loc'] else ''}: {error['msg']}" for error in exc.errors())
+        raise ValueError("; ".join(problems)) from None
+
+
+def describe_adaptive(output_tokens: int, report: AdaptiveReplay) -> str:
+    """Adaptive beside the best fixed threshold and the per-window oracle, its moves and how fast it settled."""
+    limits = report.limits
+
+    def share(of: float) -> str:
+        return f"{100 * output_tokens / of:.2f}%" if of else "-"
+
+    lines = [
+        f"adaptive (partitioned, switch policy): {output_tokens} tokens; best fixed threshold "
+        f"{report.best_fixed_threshold}: {round(report.best_fixed_tokens)} (adaptive {share(report.best_fixed_tokens)}"
+        f"); per-window oracle: {round(report.oracle_tokens)} (adaptive {share(report.oracle_tokens)})",
+        f"  window {report.window_s:g} s, max step {limits.max_step}, bounds [{limits.minimum}, {limits.maximum}], "
+        f"deadband {limits.deadband}; bench table: the profiles' curves at levels "
+        f"{','.join(map(str, report.bench_levels))}, accept length {report.bench_accept_length:g}; threshold "
+        f"{report.initial_threshold} -> {report.thresholds[-1] if report.thresholds else report.initial_threshold}, "
+        f"{len(report.moves)} moves",
+    ]
+    for settling in report.settled:
+        crossover = "above the top level (plain never wins)" if settling.crossover is None else settling.crossover
+        took = "not by the end" if settling.windows is None else f"{settling.windows} windows"
+        lines.append(
+            f"  acceptance {settling.accept_length:g} from {settling.t:g} s: crossover {crossover}; within one bench "
+            f"level (+-{settling.level_width:g}) after {took}"
+        )
+    return "\n".join(lines)
 
 
 def describe(setup: ReplaySetup, trace: list[TracePhase]) -> str:

@@ -15,6 +15,7 @@ from crossover.servers.sim.profile import load_profile
 from crossover.servers.sim.replay import (
     ALWAYS_PLAIN,
     ALWAYS_SPECULATIVE,
+    DEFAULT_MECHANISMS,
     MECHANISMS,
     ORACLE,
     RESTART,
@@ -91,7 +92,7 @@ def setup_for(pair, trace, **kwargs) -> ReplaySetup:
 def alternating_results(pair):
     trace = alternating(300)
     setup = setup_for(pair, trace)
-    return setup, {m: replay(setup, trace, m) for m in MECHANISMS}
+    return setup, {m: replay(setup, trace, m) for m in DEFAULT_MECHANISMS}
 
 
 # --- mechanisms -----------------------------------------------------------------------------------------
@@ -209,6 +210,7 @@ def test_the_command_prints_one_json_object_per_mechanism(pair, tmp_path, capsys
             "switch_log",
             "running_peak",
             "in_engine",
+            "adaptive",
             "free_switch_output_tokens",
             "vs_free_switch_percent",
         }
@@ -224,7 +226,7 @@ def test_the_command_table_and_its_errors(pair, tmp_path, capsys):
     argv = ["sim", "replay", "--speculative", spec.source, "--plain", plain.source, "--trace", str(trace)]
     assert main([*argv, "--input-len", "32", "--output-len", "64"]) == 0
     out = capsys.readouterr().out
-    for mechanism in MECHANISMS:
+    for mechanism in DEFAULT_MECHANISMS:
         assert f"\n{mechanism} " in out
     assert main([*argv, "--mechanism", "sleep,warp"]) == 2
     assert "--mechanism" in capsys.readouterr().err
@@ -294,7 +296,7 @@ def test_json_carries_every_column_of_the_table(pair, tmp_path, capsys):
     argv = ["sim", "replay", "--speculative", spec.source, "--plain", plain.source, "--trace", str(trace)]
     argv += ["--input-len", "32", "--output-len", "64"]
     assert main(argv) == 0
-    header = capsys.readouterr().out.splitlines()[-len(MECHANISMS) - 2]  # the free-switch bound closes it
+    header = capsys.readouterr().out.splitlines()[-len(DEFAULT_MECHANISMS) - 2]  # the free-switch bound closes it
     assert main([*argv, "--json"]) == 0
     entry = json.loads(capsys.readouterr().out)[0]
     columns = {"mechanism": "mechanism", "output tokens": "output_tokens", "vs best": "vs_best_percent"}
@@ -310,8 +312,8 @@ def test_help_lists_every_mechanism(capsys):
     with pytest.raises(SystemExit):
         main(["sim", "replay", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps it
-    assert f"any of {', '.join(MECHANISMS)} (default: all)" in help_text
-    assert "in-engine" in MECHANISMS and "--max-running-requests N" in help_text
+    assert f"any of {', '.join(MECHANISMS)} (default: all but adaptive)" in help_text
+    assert "in-engine" in MECHANISMS and "adaptive" in MECHANISMS and "--max-running-requests N" in help_text
 
 
 # --- restart needs a cost -------------------------------------------------------------------------------
@@ -371,7 +373,7 @@ def test_a_shipped_day_at_up_to_500_clients_replays_every_mechanism_in_under_20_
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert done.returncode == 0, done.stderr
     report = {entry["mechanism"]: entry for entry in json.loads(done.stdout)}
-    assert set(report) == set(MECHANISMS)
+    assert set(report) == set(DEFAULT_MECHANISMS)
     free = report[ORACLE]["free_switch_output_tokens"]
     assert all(entry["free_switch_output_tokens"] == free for entry in report.values())
     assert report[SLEEP]["switches"] >= 1  # the day crosses the gateway's threshold and back

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from crossover.servers.sim.trace import TRACES_DIR, TraceError, TracePhase, load_trace, parse_trace
+from crossover.servers.sim.trace import (
+    TRACES_DIR,
+    TraceError,
+    TracePhase,
+    load_trace,
+    parse_trace,
+    shifts_acceptance,
+    with_accept_drop,
+)
 
 SHIPPED_TRACES = sorted(str(path) for path in TRACES_DIR.glob("*.csv"))
 
@@ -28,6 +36,8 @@ def test_a_csv_trace_and_a_json_trace_say_the_same(tmp_path):
         ("duration_s,concurrency\n60,-1\n", False, "row 2: concurrency: Input should be greater than or equal"),
         ("duration_s,concurrency\n60\n", False, "row 2: concurrency: Field required"),
         ("duration_s,concurrency\ninf,1\n", False, "row 2: duration_s"),
+        ("duration_s,concurrency,accept_length\n60,1,0.5\n", False, "row 2: accept_length: Input should be greater"),
+        ("duration_s,concurrency,rate\n60,1,3\n", False, "or 'duration_s,concurrency,accept_length'"),
         ("[{", True, "not valid JSON"),
         ("{}", True, "list"),
         ("[]", True, "no phases"),
@@ -38,6 +48,30 @@ def test_a_csv_trace_and_a_json_trace_say_the_same(tmp_path):
 def test_a_bad_trace_says_where_and_why(text, json_format, message):
     with pytest.raises(TraceError, match="^t: .*" + message.replace("(", r"\(")):
         parse_trace(text, where="t", json_format=json_format)
+
+
+def test_an_accept_length_column_gives_a_phase_its_acceptance_and_an_empty_cell_the_profiles():
+    csv_trace = parse_trace("duration_s,concurrency,accept_length\n60,1,2.5\n60,4,\n")
+    json_trace = parse_trace('[{"duration_s": 60, "concurrency": 1, "accept_length": 2.5}, '
+                             '{"duration_s": 60, "concurrency": 4}]', json_format=True)  # fmt: skip
+    expected = [
+        TracePhase(duration_s=60, concurrency=1, accept_length=2.5),
+        TracePhase(duration_s=60, concurrency=4),
+    ]
+    assert csv_trace == json_trace == expected
+    assert shifts_acceptance(expected)
+    assert not shifts_acceptance([TracePhase(duration_s=60, concurrency=4)])
+
+
+def test_an_accept_drop_splits_the_phase_it_falls_in():
+    trace = [TracePhase(duration_s=60, concurrency=1), TracePhase(duration_s=60, concurrency=4)]
+    assert with_accept_drop(trace, at_s=90, accept_length=1.5) == [
+        TracePhase(duration_s=60, concurrency=1),
+        TracePhase(duration_s=30, concurrency=4),
+        TracePhase(duration_s=30, concurrency=4, accept_length=1.5),
+    ]
+    assert with_accept_drop(trace, at_s=60, accept_length=1.5)[1].accept_length == 1.5
+    assert with_accept_drop(trace, at_s=500, accept_length=1.5) == trace
 
 
 def test_a_missing_trace_file_is_a_trace_error(tmp_path):

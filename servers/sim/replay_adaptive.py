@@ -1,0 +1,297 @@
+"""`crossover sim replay --mechanism adaptive`: two pools routed by a threshold that the gateway's own adaptive
+controller moves every window at the trace's live acceptance, in virtual time; beside it the best fixed threshold
+and the per-window oracle.
+
+    result = replay_adaptive(setup, with_accept_drop(trace, at_s=3600, accept_length=1.6))
+    result.adaptive.best_fixed_tokens, result.adaptive.oracle_tokens, result.adaptive.settled
+
+What it runs:
+- The decision is `gateway/policies/adaptive.py`'s `decide` - the function the live controller calls - every
+  `[adaptive] window` seconds of virtual time, with `[adaptive]`'s limits (`setup.adaptive`: a gateway config's,
+  else the gateway's defaults). Its live acceptance is the trace's over the window just ended (time-weighted; a
+  phase without `accept_length` runs at the profile's), as the load scrape reads the engines' gauge; a move serves
+  from the next window on. It starts from the replay's threshold (the profiles' crossover unless `--threshold`),
+  within [min, max].
+- Its bench table is the model's own: both profiles' closed-loop throughput (curve.py, as `crossover bench` would
+  measure the stand-ins) at `BENCH_LEVELS`, the speculative one at the profile's accept length. No intervals (a
+  replay has no noise), so the controller never holds `within_interval`.
+- Routing is partitioned with the `switch` policy (route.py's, hysteresis 0): a request that finds the other C - 1
+  clients in flight goes to the speculative pool while C - 1 < threshold, else to the plain pool - the whole load
+  on one pool, which is the crossover's own meaning (under `spillover` the threshold caps the speculative pool
+  instead, and its best value is not the crossover). Both pools are up, so a move costs nothing; the requests in
+  flight finish where they were, a transient this replay leaves out: each stretch of a window is its pool's steady
+  throughput at the stretch's concurrency and acceptance (`replay.steady_level`).
+- The performance model at a live acceptance A: the speculative profile with `accept_length` = A, stepped by the
+  engine - a speculative step's cost does not depend on A (a verify pass over num_draft_tokens per request plus
+  the draft passes), and each request accepts A tokens per step on average. That is the controller's assumption
+  (speculative tok/s scales by A / bench A) for the decode steps; prefill and the context that grows faster make
+  the engine's closed-loop curve scale a little less than A, which is the controller's prediction error here.
+
+Against it, on the same stretches and model:
+- the best fixed threshold: every threshold that routes differently (0 and each concurrency of the trace), the one
+  serving the most over the whole trace (`best_fixed_threshold`);
+- the per-window oracle: in each window, with hindsight, whichever threshold serves that window the most (the
+  better pool at its load; at most the free-switch bound of a partitioned gateway).
+And after each change of acceptance, how many windows the threshold took to come within one bench level of the
+new crossover (`settled`: the crossover by bisection of the model's curves, one bench level the width of the
+bench interval holding it).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from crossover.gateway.modes import PLAIN, SPECULATIVE, Mode
+from crossover.gateway.policies import AdaptiveLimits, BenchTable, CurveRates, decide_threshold, switch
+from crossover.servers.sim.profile import Profile, with_overrides
+from crossover.servers.sim.replay import ADAPTIVE, ReplayResult, ReplaySetup, profiles_crossover, steady_level
+from crossover.servers.sim.trace import TracePhase
+
+# `crossover bench`'s default levels (loadtest/config.py DEFAULT_CONCURRENCY: servers may not import loadtest).
+BENCH_LEVELS = (1, 2, 5, 10, 30, 70, 100, 250)
+
+
+class Stretch(NamedTuple):
+    """Part of one window within one phase: its load and acceptance are constant."""
+
+    window: int
+    phase: int
+    start_s: float
+    duration_s: float
+    concurrency: int
+    accept_length: float
+
+
+class Move(NamedTuple):
+    """A window's decision that moved the threshold: at `t` (the window's end), from, to, why, at which acceptance,
+    toward which predicted crossover."""
+
+    t: float
+    previous: int
+    threshold: int
+    reason: str
+    accept_length: float
+    predicted: float | None
+
+
+class Settling(NamedTuple):
+    """After the acceptance changed at `t` to `accept_length`: the model's crossover there (None: plain never wins up
+    to the top bench level or load, which then stands for it), the bench level's width around it, and the windows
+    the threshold took to come within that width (None: not by the trace's end)."""
+
+    t: float
+    accept_length: float
+    crossover: int | None
+    level_width: float
+    windows: int | None
+
+
+@dataclass(frozen=True)
+class AdaptiveReplay:
+    """What `adaptive` ran and what it is compared with (ReplayResult.adaptive)."""
+
+    window_s: float
+    limits: AdaptiveLimits
+    bench_accept_length: float
+    bench_levels: tuple[int, ...]
+    initial_threshold: int
+    thresholds: tuple[int, ...]  # the threshold served in each window
+    moves: tuple[Move, ...]
+    best_fixed_threshold: int
+    best_fixed_tokens: float
+    oracle_tokens: float
+    settled: tuple[Settling, ...]
+
+    def as_json(self) -> dict:
+        return {
+            "routing": "partitioned, switch policy (hysteresis 0)",
+            "window_s": self.window_s,
+            "limits": {
+                "max_step": self.limits.max_step,
+                "min": self.limits.minimum,
+                "max": self.limits.maximum,
+                "deadband": self.limits.deadband,
+            },
+            "bench_accept_length": self.bench_accept_length,
+            "bench_levels": list(self.bench_levels),
+            "initial_threshold": self.initial_threshold,
+            "final_threshold": self.thresholds[-1] if self.thresholds else self.initial_threshold,
+            "moves": [move._asdict() for move in self.moves],
+            "best_fixed_threshold": self.best_fixed_threshold,
+            "best_fixed_output_tokens": round(self.best_fixed_tokens),
+            "oracle_output_tokens": round(self.oracle_tokens),
+            "settled": [settling._asdict() for settling in self.settled],
+        }
+
+
+class ModelRates:
+    """Steady closed-loop output tok/s of a pool at a concurrency and (speculative) acceptance, each measured once."""
+
+    def __init__(self, setup: ReplaySetup) -> None:
+        self.setup = setup
+        self._profiles: dict[float, Profile] = {}
+
+    @property
+    def accept_length(self) -> float:
+        """The speculative profile's own (the bench's)."""
+        assert self.setup.speculative.speculative is not None, "adaptive needs a speculative profile"
+        return self.setup.speculative.speculative.accept_length
+
+    def speculative(self, accept_length: float) -> Profile:
+        if accept_length not in self._profiles:
+            self._profiles[accept_length] = with_overrides(self.setup.speculative, accept_length=accept_length)
+        return self._profiles[accept_length]
+
+    def throughput(self, pool: Mode, concurrency: int, accept_length: float) -> float:
+        if concurrency < 1:
+            return 0.0
+        setup = self.setup
+        profile = setup.plain if pool == PLAIN else self.speculative(accept_length)
+        return steady_level(profile, concurrency, setup.input_len, setup.output_len, setup.seed).output_throughput
+
+    def bench_table(self, levels: tuple[int, ...] = BENCH_LEVELS) -> BenchTable:
+        """What `crossover bench` would record on the two profiles: both curves at `levels`, at the profile's
+        acceptance."""
+        accept = self.accept_length
+        curves = {mode: [(c, self.throughput(mode, c, accept)) for c in levels] for mode in (SPECULATIVE, PLAIN)}
+        return BenchTable(CurveRates.from_points(**curves), accept)
+
+    def crossover(self, accept_length: float, top: int) -> int | None:
+        """The lowest concurrency from which plain serves at least as much (replay.profiles_crossover)."""
+        setup = self.setup
+        return profiles_crossover(
+            self.speculative(accept_length),
+            setup.plain,
+            top,
+            input_len=setup.input_len,
+            output_len=setup.output_len,
+            seed=setup.seed,
+        )
+
+
+def pool_at(concurrency: int, threshold: int) -> Mode:
+    """The pool the gateway's `switch` policy picks for a closed loop of `concurrency` (the others in flight)."""
+    return PLAIN if switch(max(concurrency - 1, 0), threshold, 0, SPECULATIVE).pool == PLAIN else SPECULATIVE
+
+
+def stretches(trace: list[TracePhase], window_s: float, accept_length: float) -> list[Stretch]:
+    """The trace cut at its phases' and the windows' ends."""
+    out: list[Stretch] = []
+    start = 0.0
+    for index, phase in enumerate(trace):
+        end = start + phase.duration_s
+        accept = accept_length if phase.accept_length is None else phase.accept_length
+        t = start
+        while t < end:
+            window = int(t // window_s)
+            # A float window boundary a hair past t would make a stretch of nothing: step to the next one.
+            upto = min(end, (window + 1) * window_s)
+            if upto - t <= 1e-9 * max(1.0, end):
+                window += 1
+                upto = min(end, (window + 1) * window_s)
+            out.append(Stretch(window, index, t, upto - t, phase.concurrency, accept))
+            t = upto
+        start = end
+    return out
+
+
+def replay_adaptive(setup: ReplaySetup, trace: list[TracePhase]) -> ReplayResult:
+    """The adaptive controller over the trace (module docstring), with the best fixed threshold and the oracle."""
+    rates = ModelRates(setup)
+    limits = setup.adaptive.limits()
+    window_s = setup.adaptive.window
+    table = rates.bench_table()
+    parts = stretches(trace, window_s, rates.accept_length)
+    windows = parts[-1].window + 1 if parts else 0
+    by_window: list[list[Stretch]] = [[] for _ in range(windows)]
+    for part in parts:
+        by_window[part.window].append(part)
+
+    def tokens(part: Stretch, threshold: int) -> float:
+        pool = pool_at(part.concurrency, threshold)
+        return part.duration_s * rates.throughput(pool, part.concurrency, part.accept_length)
+
+    initial = min(max(setup.switch.threshold, limits.minimum), limits.maximum)
+    threshold = initial
+    served = 0.0
+    phase_tokens = [0.0] * len(trace)
+    thresholds: list[int] = []
+    moves: list[Move] = []
+    for window, window_parts in enumerate(by_window):
+        thresholds.append(threshold)
+        for part in window_parts:
+            got = tokens(part, threshold)
+            served += got
+            phase_tokens[part.phase] += got
+        span = sum(part.duration_s for part in window_parts)
+        live = sum(part.accept_length * part.duration_s for part in window_parts) / span if span else None
+        decision = decide_threshold(threshold, live, table, limits)
+        if decision.moved:
+            predicted = None if decision.prediction is None else decision.prediction.crossover
+            end_t = (window + 1) * window_s
+            moves.append(Move(end_t, threshold, decision.threshold, decision.reason, live or 0.0, predicted))
+        threshold = decision.threshold
+
+    candidates = sorted({0, *(part.concurrency for part in parts)})
+    fixed = {t: sum(tokens(part, t) for part in parts) for t in candidates}
+    best_fixed = max(candidates, key=lambda t: (fixed[t], -t))
+    oracle = sum(
+        max(sum(tokens(part, t) for part in window_parts) for t in {0, *(p.concurrency for p in window_parts)})
+        for window_parts in by_window
+    )
+    top = max(BENCH_LEVELS[-1], *(part.concurrency for part in parts))
+    report = AdaptiveReplay(
+        window_s=window_s,
+        limits=limits,
+        bench_accept_length=table.accept_length,
+        bench_levels=BENCH_LEVELS,
+        initial_threshold=initial,
+        thresholds=tuple(thresholds),
+        moves=tuple(moves),
+        best_fixed_threshold=best_fixed,
+        best_fixed_tokens=fixed[best_fixed],
+        oracle_tokens=oracle,
+        settled=tuple(_settling(parts, thresholds, rates, top)),
+    )
+    return ReplayResult(
+        mechanism=ADAPTIVE,
+        output_tokens=round(served),
+        requests_completed=round(served / setup.output_len),
+        switches=0,
+        switching_s=0.0,
+        ttft_p50_s=None,
+        ttft_p99_s=None,
+        phase_tokens=tuple(phase_tokens),
+        adaptive=report,
+    )
+
+
+def level_width(crossover: float, levels: tuple[int, ...] = BENCH_LEVELS) -> float:
+    """The width of the bench interval holding `crossover` (beyond the ends: the nearest interval's)."""
+    for low, high in itertools.pairwise(levels):
+        if crossover <= high:
+            return float(high - low)
+    return float(levels[-1] - levels[-2])
+
+
+def _settling(parts: list[Stretch], thresholds: list[int], rates: ModelRates, top: int) -> list[Settling]:
+    """After each change of acceptance between windows: windows until the threshold is within one bench level."""
+    out: list[Settling] = []
+    previous: float | None = None
+    for part in parts:
+        if previous is not None and part.accept_length != previous:
+            crossover = rates.crossover(part.accept_length, top)
+            # Plain never wins up to the top: the crossover is at least there (as the table's `above_range`).
+            at = top if crossover is None else crossover
+            width = level_width(at)
+            taken = None
+            # The threshold in effect from the window after the change (a window's move serves the next).
+            for waited, threshold in enumerate(thresholds[part.window + 1 :], start=1):
+                if abs(threshold - at) <= width or (crossover is None and threshold >= at):
+                    taken = waited
+                    break
+            out.append(Settling(part.start_s, part.accept_length, crossover, width, taken))
+        previous = part.accept_length
+    return out

@@ -1,0 +1,187 @@
+"""`crossover sim replay --mechanism adaptive` (servers/sim/replay_adaptive.py): the gateway's adaptive controller
+stepped in virtual time, against the best fixed threshold and the per-window oracle, on every shipped trace with its
+acceptance shifting; and how fast it follows an acceptance drop.
+
+Each shipped trace runs on its pair (k25-*: the k25 profiles at their accept length 2.4; llama-*: llama8b-h200 at
+input 768 and accept length 2.0, or the profile's 2.5 where the trace gives its own acceptance), with the accept
+length dropped to 1.6 halfway through where the trace gives none. All of them together take ~15 s of CPU (the
+levels are measured once per process; llama-diurnal-24h's 500 clients are most of it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from crossover.gateway.config import AdaptiveSettings
+from crossover.servers.sim.profile import load_profile, with_overrides
+from crossover.servers.sim.replay import ADAPTIVE, ReplayResult, ReplaySetup, profiles_crossover, replay
+from crossover.servers.sim.replay_adaptive import BENCH_LEVELS, level_width, pool_at, stretches
+from crossover.servers.sim.trace import TRACES_DIR, TracePhase, load_trace, shifts_acceptance, with_accept_drop
+
+# The must-show's bounds: at or above the best fixed threshold (less this tolerance: a window's lag after a drop
+# on a 20-minute trace costs 0.6%), within 5% of the per-window oracle.
+BEST_FIXED_TOLERANCE = 0.01
+ORACLE_SHARE = 0.95
+DROPPED_ACCEPT = 1.6
+SETTLE_WINDOWS = 5
+
+PAIRS = {
+    "k25": ("k25-eagle3", "k25-plain", 256, None),
+    "llama": ("llama8b-h200-eagle3", "llama8b-h200-plain", 768, 2.0),
+}
+SHIPPED = sorted(path.stem for path in TRACES_DIR.glob("*.csv"))
+
+
+def setup_for(name: str, trace: list[TracePhase], adaptive: AdaptiveSettings | None = None) -> ReplaySetup:
+    speculative, plain, input_len, accept = PAIRS[name.split("-", maxsplit=1)[0]]
+    spec = load_profile(speculative)
+    # A trace that gives its own acceptance is benched at the profile's.
+    if accept is not None and not (name in SHIPPED and shifts_acceptance(load_trace(name))):
+        spec = with_overrides(spec, accept_length=accept)
+    return ReplaySetup.from_profiles(spec, load_profile(plain), trace, input_len=input_len, adaptive=adaptive)
+
+
+def shifting(name: str) -> list[TracePhase]:
+    """The shipped trace, its acceptance dropped halfway where it gives none of its own."""
+    trace = load_trace(name)
+    if shifts_acceptance(trace):
+        return trace
+    half = sum(phase.duration_s for phase in trace) / 2
+    return with_accept_drop(trace, at_s=half, accept_length=DROPPED_ACCEPT)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_adaptive_is_at_least_the_best_fixed_threshold_and_near_the_oracle_on_every_shipped_trace(name):
+    trace = shifting(name)
+    assert shifts_acceptance(trace)
+    result = replay(setup_for(name, trace), trace, ADAPTIVE)
+    report = result.adaptive
+    assert report is not None
+    assert result.output_tokens >= (1 - BEST_FIXED_TOLERANCE) * report.best_fixed_tokens
+    assert result.output_tokens >= ORACLE_SHARE * report.oracle_tokens
+    # The oracle bounds every threshold, fixed or moved.
+    assert report.oracle_tokens >= max(result.output_tokens, report.best_fixed_tokens) - 1
+    assert result.output_tokens == pytest.approx(sum(result.phase_tokens), abs=1)
+
+
+def test_the_shipped_traces_include_one_whose_acceptance_shifts():
+    assert any(shifts_acceptance(load_trace(name)) for name in SHIPPED)
+
+
+@pytest.mark.parametrize(
+    ("name", "max_step"),
+    [
+        ("k25-2-100-1h", None),  # the gateway's default max_step (4): crossover 4 -> 1
+        # 2.0 -> 1.6 moves llama8b's crossover 161 -> 64 (the table predicts 131 -> 42): 7 windows at max_step 4.
+        ("llama-4-512-drop", 8),
+    ],
+)
+def test_after_an_acceptance_drop_the_threshold_is_within_one_bench_level_of_the_new_crossover_in_5_windows(
+    name, max_step
+):
+    if name == "llama-4-512-drop":
+        trace = [TracePhase(duration_s=1800, concurrency=96), TracePhase(duration_s=1800, concurrency=48)]
+    else:
+        trace = load_trace(name)
+    drop_at = sum(phase.duration_s for phase in trace) / 2
+    trace = with_accept_drop(trace, at_s=drop_at, accept_length=DROPPED_ACCEPT)
+    adaptive = AdaptiveSettings() if max_step is None else AdaptiveSettings(max_step=max_step)
+    setup = setup_for(name, trace, adaptive)
+    report = replay(setup, trace, ADAPTIVE).adaptive
+    assert report is not None
+    top = max(BENCH_LEVELS[-1], *(phase.concurrency for phase in trace))
+    crossover = profiles_crossover(
+        with_overrides(setup.speculative, accept_length=DROPPED_ACCEPT),
+        setup.plain,
+        top,
+        input_len=setup.input_len,
+        output_len=setup.output_len,
+    )
+    assert crossover is not None
+    drop_window = int(drop_at // adaptive.window)
+    far = abs(report.thresholds[drop_window] - crossover) > level_width(crossover)
+    later = report.thresholds[drop_window + SETTLE_WINDOWS]
+    assert abs(later - crossover) <= level_width(crossover), (report.thresholds[drop_window], later, crossover)
+    (settling,) = report.settled
+    assert settling.crossover == crossover and settling.windows is not None
+    assert settling.windows <= SETTLE_WINDOWS
+    if name == "llama-4-512-drop":
+        assert far  # the drop did move the crossover away by more than a level
+
+
+def test_each_move_is_the_controllers_bounded_step_within_its_bounds():
+    trace = load_trace("llama-accept-shift")
+    adaptive = AdaptiveSettings(max_step=4, min=8, max=200)
+    report = replay(setup_for("llama-accept-shift", trace, adaptive), trace, ADAPTIVE).adaptive
+    assert report is not None
+    assert report.moves
+    steps = [b - a for a, b in zip(report.thresholds, report.thresholds[1:], strict=False)]
+    assert max(map(abs, steps)) <= 4
+    assert all(8 <= threshold <= 200 for threshold in report.thresholds)
+    assert {move.reason for move in report.moves} <= {"toward_crossover", "into_bounds"}
+
+
+def test_routing_is_the_switch_policy_of_a_closed_loop():
+    # A request finds the other C - 1 clients in flight: threshold T keeps C <= T on the speculative pool.
+    assert pool_at(4, 4) == "speculative"
+    assert pool_at(5, 4) == "plain"
+    assert pool_at(1, 0) == "plain"
+
+
+def test_stretches_cut_at_windows_and_phases():
+    trace = [TracePhase(duration_s=45, concurrency=2), TracePhase(duration_s=30, concurrency=8, accept_length=1.5)]
+    parts = stretches(trace, 30.0, 2.4)
+    assert [(p.window, p.duration_s, p.concurrency, p.accept_length) for p in parts] == [
+        (0, 30.0, 2, 2.4),
+        (1, 15.0, 2, 2.4),
+        (1, 15.0, 8, 1.5),
+        (2, 15.0, 8, 1.5),
+    ]
+    assert math.isclose(sum(p.duration_s for p in parts), 75)
+
+
+def test_the_other_mechanisms_refuse_a_trace_whose_acceptance_shifts():
+    trace = load_trace("llama-accept-shift")
+    with pytest.raises(ValueError, match="only adaptive replays a shift of acceptance"):
+        replay(setup_for("llama-accept-shift", trace), trace, "always-plain")
+
+
+def test_the_json_carries_adaptive_beside_the_best_fixed_and_the_oracle():
+    trace = shifting("k25-bursts")
+    result: ReplayResult = replay(setup_for("k25-bursts", trace), trace, ADAPTIVE)
+    body = result.as_json()["adaptive"]
+    assert {"best_fixed_threshold", "best_fixed_output_tokens", "oracle_output_tokens", "moves", "settled"} <= set(body)
+    assert body["limits"] == {"max_step": 4, "min": 1, "max": 256, "deadband": 1}
+
+
+def crossover_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "crossover.gateway.cli", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_the_command_lists_adaptive_and_reports_it():
+    assert "adaptive" in crossover_cli("sim", "replay", "--help").stdout
+    done = crossover_cli(
+        "sim", "replay", "--speculative", "k25-eagle3", "--plain", "k25-plain", "--trace", "k25-bursts",
+        "--mechanism", "adaptive", "--accept-drop", "600:1.6", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)
+    assert row["mechanism"] == "adaptive" and row["adaptive"]["settled"][0]["accept_length"] == 1.6
+    table = crossover_cli(
+        "sim", "replay", "--speculative", "k25-eagle3", "--plain", "k25-plain", "--trace", "k25-bursts",
+        "--mechanism", "adaptive", "--accept-drop", "600:1.6",
+    )  # fmt: skip
+    assert table.returncode == 0, table.stderr
+    assert "best fixed threshold 0" in table.stdout and "per-window oracle" in table.stdout
+    refused = crossover_cli(
+        "sim", "replay", "--speculative", "k25-eagle3", "--plain", "k25-plain", "--trace", "k25-bursts",
+        "--mechanism", "sleep", "--accept-drop", "600:1.6",
+    )  # fmt: skip
+    assert refused.returncode == 2 and "--mechanism adaptive" in refused.stderr
