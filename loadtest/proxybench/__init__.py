@@ -10,5 +10,6 @@ which measures model servers.)
 - `cores`: the core sets each role is pinned to (a host with cores to spare)
 - `redisserver`: the redis-server of the crossover-redis target (what the cluster's coordination costs)
 - `report`: the bar (CPU per request, added latency) checked line by line, and the table as text or markdown
+- `soak`: each worker's RSS under mixed traffic over time (`python -m crossover.loadtest.proxybench.soak`)
 - `zerobackend`: the zero-work OpenAI-compatible backend the proxies are measured against
 """

@@ -7,10 +7,13 @@
 - `sims` -> (k25-eagle3, k25-plain) stand-ins, ready
 - `gateway_process(toml, env=None)` -> `crossover serve --config FILE` in its own process, ready
 - `redis_server` -> a real redis-server on a free loopback port, one per test module (tests/gateway/cluster_helpers.py)
+- `without_cyclic_collector`: only reference counting frees memory during the test, so what a test finds still there
+  once let go is in a reference cycle
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -148,6 +151,18 @@ def gateway_process(tmp_path):
 
     yield start
     stop(started, timeout=30)
+
+
+@pytest.fixture
+def without_cyclic_collector():
+    """As nearly always under `crossover serve`, whose collector runs seldom (gateway/serve/server.py's
+    GC_THRESHOLDS): an object in a cycle outlives its request there, holding its memory."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    yield
+    if enabled:
+        gc.enable()
 
 
 @pytest.fixture(scope="module")

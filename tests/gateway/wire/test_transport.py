@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import httpx
 
@@ -61,6 +62,22 @@ def test_backend_requests_ignore_proxies_from_the_environment(serve, monkeypatch
         return health.status_code, response.status_code, body
 
     assert asyncio.run(scenario()) == (200, 200, b'{"ok": true}')
+
+
+def test_a_response_read_whole_is_freed_without_the_cyclic_collector(serve, without_cyclic_collector):
+    """httpx's response and its stream refer to each other (encode/httpx#3733); the backend client lets go of that
+    once a response is read whole, so health checks and load scrapes leave nothing for the cyclic collector (before:
+    ~2 KB each, ~7 MB an hour on an idle gateway with two backends)."""
+    url = serve(Scripted()).url
+    settings = settings_for(url)
+
+    async def scenario():
+        async with make_client(settings, make_transport(settings)) as client:
+            for _ in range(5):
+                assert (await client.get(url + "/health")).status_code == 200
+            return sum(1 for obj in gc.get_objects() if type(obj) is httpx.Response)
+
+    assert asyncio.run(scenario()) == 0
 
 
 def test_any_httpx_transport_serves_the_proxy_path(sims, gateway):
