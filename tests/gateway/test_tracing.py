@@ -13,8 +13,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from crossover.gateway.tracing import make_tracing
-from tests.gateway.gateway_helpers import MODEL, WAIT_S, Scripted, chat
+from crossover.gateway.tracing import Tracing, make_tracing
+from tests.gateway.gateway_helpers import MODEL, SIM_SCALE, WAIT_S, Scripted, chat
+from tests.waiting import wait_until
 
 ANSWER = json.dumps(
     {"object": "chat.completion", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}
@@ -198,3 +199,72 @@ def test_without_the_extra_the_gateway_starts_and_serves_as_before(serve, gatewa
 )
 def test_tracing_is_off_unless_the_variables_say_where_spans_go(environ):
     assert make_tracing(environ) is None
+
+
+class Spans:
+    """A gateway's spans in memory (the SDK's own exporter), read after a flush."""
+
+    def __init__(self) -> None:
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        self.exporter = InMemorySpanExporter()
+        self.tracing = Tracing([], exporter=self.exporter)
+
+    def named(self, name: str) -> list:
+        self.tracing.provider.force_flush()
+        return [span for span in self.exporter.get_finished_spans() if span.name == name]
+
+
+ADMIN_TOKEN = "t"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def test_a_switch_is_a_span_with_its_phases_and_a_request_says_the_mode_it_met(gateway, sim):
+    speculative, plain = sim("k25-eagle3", *SIM_SCALE), sim("k25-plain", *SIM_SCALE)
+    httpx.post(plain.url + "/release_memory_occupation", json={}, timeout=10, trust_env=False).raise_for_status()
+    spans = Spans()
+    gw = gateway(
+        [speculative.url],
+        [plain.url],
+        tracing=spans.tracing,
+        topology="time-shared",
+        admin_token=ADMIN_TOKEN,
+        switching={"mechanism": "sleep", "dwell": 3600.0, "interval": 0.05, "operator_interval": 0.0},
+    )
+    state = lambda: httpx.get(gw.url + "/admin/state", headers=ADMIN, timeout=10, trust_env=False).json()  # noqa: E731
+    wait_until(lambda: state()["phase"] == "active", WAIT_S)
+    assert httpx.post(gw.url + "/v1/chat/completions", json=chat(), timeout=WAIT_S, trust_env=False).status_code == 200
+    wait_until(lambda: spans.named("POST /v1/chat/completions"), WAIT_S)
+    (request,) = spans.named("POST /v1/chat/completions")
+    attributes = request.attributes
+    assert (attributes["crossover.topology"], attributes["crossover.mode"]) == ("time-shared", "speculative")
+    assert attributes["crossover.phase"] == "active" and attributes["crossover.pool"] == "speculative"
+
+    put = httpx.put(gw.url + "/admin/mode", json={"mode": "plain"}, headers=ADMIN, timeout=10, trust_env=False)
+    assert put.status_code == 202, put.text
+    wait_until(lambda: spans.named("crossover.switch"), WAIT_S)
+    (switch,) = spans.named("crossover.switch")
+    assert switch.attributes["crossover.switch.to"] == "plain"
+    assert switch.attributes["crossover.switch.from"] == "speculative"
+    assert switch.attributes["crossover.switch.outcome"] == "ok"
+    assert [event.name for event in switch.events] == ["draining", "switching", "verifying", "active"]
+
+
+def test_a_gate_move_is_a_span(gateway, sim):
+    gated = sim("k25-eagle3", *SIM_SCALE, "--speculation-gate")
+    spans = Spans()
+    gw = gateway(
+        [],
+        [],
+        tracing=spans.tracing,
+        topology="in-engine",
+        threshold=4,
+        admin_token=ADMIN_TOKEN,
+        pools={"speculative": {"backends": [gated.url]}},
+    )
+    put = httpx.put(gw.url + "/admin/threshold", json={"threshold": 12}, headers=ADMIN, timeout=10, trust_env=False)
+    assert put.status_code == 200, put.text
+    moves = [span.attributes for span in spans.named("crossover.gate")]
+    assert {"crossover.backend": gated.url, "crossover.gate.to": 12} in [
+        {key: move[key] for key in ("crossover.backend", "crossover.gate.to")} for move in moves
+    ]
