@@ -136,31 +136,33 @@ class Tracing:
 
 
 class RequestTrace:
-    """One request's server span, and its current backend attempt's client span."""
+    """One request's server span, and its current backend attempt's client span. The server span's attributes are
+    gathered here and set once, as it ends: the SDK takes a lock and checks each value on every call."""
 
-    __slots__ = ("attempt_span", "attempts", "span", "tracing")
+    __slots__ = ("attempt_span", "attempts", "attributes", "span", "tracing")
 
     def __init__(self, tracing: Tracing, span) -> None:
         self.tracing = tracing
         self.span = span
         self.attempt_span: Any = None  # the current attempt's client span
         self.attempts = 0
+        self.attributes: dict[str, Any] = {}
 
     def checked(self, model: str | None, tier: str | None) -> None:
         """What routing read of the body: the model asked for, the service tier (its key's, if it named none)."""
         if model is not None:
-            self.span.set_attribute("gen_ai.request.model", model)
+            self.attributes["gen_ai.request.model"] = model
         if tier is not None:
-            self.span.set_attribute("crossover.service_tier", tier)
+            self.attributes["crossover.service_tier"] = tier
 
     def routed(self, pool: str, reason: str, decision: dict[str, Any]) -> None:
         """The routing decision: the pool chosen and why, and what the topology saw when it chose."""
-        span = self.span
-        span.set_attribute("crossover.pool", pool)
-        span.set_attribute("crossover.reason", reason)
+        attributes = self.attributes
+        attributes["crossover.pool"] = pool
+        attributes["crossover.reason"] = reason
         for key, value in decision.items():
             if value is not None:
-                span.set_attribute(PREFIX + key, value)
+                attributes[PREFIX + key] = value
 
     def attempt(self, headers: list[tuple[bytes, bytes]], backend_url: str, pool: str) -> list[tuple[bytes, bytes]]:
         """A backend attempt begins: its client span, and `headers` carrying its `traceparent` (the client's own
@@ -172,12 +174,7 @@ class RequestTrace:
             "POST",
             context=tracing._trace.set_span_in_context(self.span),
             kind=tracing._client,
-            attributes={
-                "http.request.method": "POST",
-                "url.full": backend_url,
-                "crossover.backend": backend_url,
-                "crossover.pool": pool,
-            },
+            attributes={"http.request.method": "POST", "url.full": backend_url, "crossover.pool": pool},
         )
         context = span.get_span_context()
         traceparent = b"00-%032x-%016x-%02x" % (context.trace_id, context.span_id, context.trace_flags)
@@ -185,7 +182,7 @@ class RequestTrace:
         headers.append((TRACEPARENT, traceparent))
         if context.trace_state:
             headers.append((TRACESTATE, context.trace_state.to_header().encode("latin-1")))
-        self.span.set_attribute("crossover.backend", backend_url)
+        self.attributes["crossover.backend"] = backend_url
         return headers
 
     def answered(self, status: int) -> None:
@@ -206,18 +203,21 @@ class RequestTrace:
 
     def responded(self, status: int) -> None:
         """The status the client got."""
-        self.span.set_attribute("http.response.status_code", status)
-        if status >= 500:
-            self.tracing.failed(self.span, str(status))
+        self.attributes["http.response.status_code"] = status
 
     def end(self, outcome: str, output_tokens: int, input_tokens: int) -> None:
-        span = self.span
-        span.set_attribute("crossover.outcome", outcome)
-        span.set_attribute("crossover.failover.attempts", self.attempts)
+        attributes = self.attributes
+        attributes["crossover.outcome"] = outcome
+        attributes["crossover.failover.attempts"] = self.attempts
         if output_tokens:
-            span.set_attribute("gen_ai.usage.output_tokens", output_tokens)
+            attributes["gen_ai.usage.output_tokens"] = output_tokens
         if input_tokens:
-            span.set_attribute("gen_ai.usage.input_tokens", input_tokens)
+            attributes["gen_ai.usage.input_tokens"] = input_tokens
+        span = self.span
+        span.set_attributes(attributes)
+        status = attributes.get("http.response.status_code", 0)
+        if status >= 500:  # a server span's error, as HTTP's conventions say (a 4xx is the client's)
+            self.tracing.failed(span, str(status))
         self._end_attempt()
         span.end()
 
