@@ -170,12 +170,15 @@ class RequestTrace:
         self._end_attempt()
         self.attempts += 1
         tracing = self.tracing
-        span = self.attempt_span = tracing.tracer.start_span(
-            "POST",
-            context=tracing._trace.set_span_in_context(self.span),
-            kind=tracing._client,
-            attributes={"http.request.method": "POST", "url.full": backend_url, "crossover.pool": pool},
-        )
+        if self.span.is_recording():
+            span = self.attempt_span = tracing.tracer.start_span(
+                "POST",
+                context=tracing._trace.set_span_in_context(self.span),
+                kind=tracing._client,
+                attributes={"http.request.method": "POST", "url.full": backend_url, "crossover.pool": pool},
+            )
+        else:  # not sampled: the engine still gets the trace (unsampled), and nothing more is made of it here
+            span = self.span
         context = span.get_span_context()
         traceparent = b"00-%032x-%016x-%02x" % (context.trace_id, context.span_id, context.trace_flags)
         headers = [(name, value) for name, value in headers if name not in _THEIRS]
@@ -214,6 +217,9 @@ class RequestTrace:
         if input_tokens:
             attributes["gen_ai.usage.input_tokens"] = input_tokens
         span = self.span
+        if not span.is_recording():
+            span.end()
+            return
         span.set_attributes(attributes)
         status = attributes.get("http.response.status_code", 0)
         if status >= 500:  # a server span's error, as HTTP's conventions say (a 4xx is the client's)

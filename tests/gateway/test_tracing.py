@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -268,3 +269,23 @@ def test_a_gate_move_is_a_span(gateway, sim):
     assert {"crossover.backend": gated.url, "crossover.gate.to": 12} in [
         {key: move[key] for key in ("crossover.backend", "crossover.gate.to")} for move in moves
     ]
+
+
+def test_an_unsampled_request_still_passes_its_trace_on_and_exports_nothing(monkeypatch):
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    spans = Spans()
+    client_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    scope = {
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "headers": [(b"traceparent", f"00-{client_trace}-00f067aa0ba902b7-00".encode())],
+    }
+    trace = spans.tracing.request(scope, time.perf_counter())
+    trace.routed("plain", "above_threshold", {"threshold": 0})
+    headers = trace.attempt(list(scope["headers"]), "http://127.0.0.1:1", "plain")
+    trace.answered(200)
+    trace.responded(200)
+    trace.end("ok", 1, 1)
+    (traceparent,) = [value for name, value in headers if name == b"traceparent"]
+    assert traceparent.decode().split("-")[1] == client_trace and traceparent.endswith(b"-00")
+    assert spans.named("POST /v1/chat/completions") == spans.named("POST") == []
