@@ -39,6 +39,7 @@ from crossover.gateway.request import (
 )
 from crossover.gateway.state import GatewayState
 from crossover.gateway.topology import AdaptiveController, Routing, make_topology
+from crossover.gateway.tracing import Tracing
 from crossover.gateway.wire import ClientLink, RequestIdMiddleware, make_client, make_transport, proxy_sender
 
 
@@ -47,6 +48,7 @@ def build_state(
     registry: CollectorRegistry | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     worker: Worker | None = None,
+    tracing: Tracing | None = None,
 ) -> GatewayState:
     """Every object the gateway runs on, each built whole: nothing is wired in afterwards (the lifespan only starts
     and stops them). Nothing here touches an event loop: connections open on the serving one. A worker of several
@@ -68,7 +70,7 @@ def build_state(
     )
     breaker = monitor.breaker
     failover = Failover(pools, breaker, metrics, limits.max_failovers, proxy_sender(backend_transport))
-    topology = make_topology(settings, pools, routing, metrics, breaker, admission, client, worker)
+    topology = make_topology(settings, pools, routing, metrics, breaker, admission, client, worker, tracing)
     adaptive = AdaptiveController(settings.adaptive, pools, routing, metrics, topology)
     return GatewayState(
         settings,
@@ -92,10 +94,12 @@ def create_app(
     transport: httpx.AsyncBaseTransport | None = None,
     registry: CollectorRegistry | None = None,
     worker: Worker | None = None,
+    tracing: Tracing | None = None,
 ) -> GatewayApp:
     """The gateway app; its lifespan runs the backend client, the health checks and the topology (and a worker's
-    publishing of its metrics to the others)."""
-    state = build_state(settings, registry, transport, worker)
+    publishing of its metrics to the others). `tracing` (gateway/tracing.py's `make_tracing`): OpenTelemetry spans,
+    flushed when the lifespan ends; None: off, and no request pays for it."""
+    state = build_state(settings, registry, transport, worker, tracing)
     exposed = state.metrics.registry if worker is None else HostRegistry(state.metrics.registry, worker)
 
     @contextlib.asynccontextmanager
@@ -119,6 +123,8 @@ def create_app(
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+                if tracing is not None:
+                    await asyncio.to_thread(tracing.close)  # the last spans exported, off the loop
 
     def model_card(name: str) -> dict:
         return {"id": name, "object": "model", "created": int(state.started_at), "owned_by": "crossover"}
@@ -165,6 +171,7 @@ def create_app(
             state.metrics,
             live,
             state.topology,
+            tracing,
         )
         for path in (CHAT, COMPLETIONS)
     }

@@ -156,6 +156,7 @@ GATEWAY_ORDER = (
     "backends",
     "cluster",
     "metrics",
+    "tracing",
     "topology",
     "request",
     "state",

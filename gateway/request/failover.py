@@ -52,6 +52,7 @@ from crossover.gateway.errors import (
 )
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.request.sse import error_in, first_event
+from crossover.gateway.tracing import RequestTrace
 from crossover.gateway.wire import ProxySender, RawResponse, Target, request_headers
 
 log = logging.getLogger("crossover.failover")
@@ -159,6 +160,7 @@ class Outgoing:
     request_id: bytes
     stream: bool
     timeout: dict[str, float]  # per-operation socket bounds (httpx's extensions["timeout"])
+    trace: RequestTrace | None = None  # the request's spans, when tracing is on (gateway/tracing.py)
 
 
 class Failover:
@@ -189,12 +191,16 @@ class Failover:
                 opened = await attempt(self.sender, backend, outgoing)
             except Failure as failure:
                 lease.release()
+                if outgoing.trace is not None:
+                    outgoing.trace.attempt_failed(failure.failover or failure.fault.value, failure.detail)
                 backend = self.failed(backend, failure, pool, tried, other_pool)
                 continue
             except BaseException:
                 lease.release()
                 raise
             self.answered(backend, opened.response.status_code)
+            if outgoing.trace is not None:
+                outgoing.trace.answered(opened.response.status_code)
             opened.lease = lease
             return opened
 
@@ -249,6 +255,8 @@ def endpoint(backend_url: str, target: str) -> Target:
 async def attempt(sender: ProxySender, backend: Backend, outgoing: Outgoing) -> Opened:
     """POST the request to `backend` and wait for the first event (streams) or the whole body (the rest)."""
     headers = request_headers(outgoing.client_headers, outgoing.request_id, backend.api_key)
+    if outgoing.trace is not None:
+        headers = outgoing.trace.attempt(headers, backend.url, backend.pool)
     url = endpoint(backend.url, outgoing.target)
     try:
         response = await sender.open("POST", url, headers, outgoing.body, outgoing.timeout)

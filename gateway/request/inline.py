@@ -35,6 +35,8 @@ from crossover.gateway.request.failover import Failure, classify_error, classify
 from crossover.gateway.request.failover import endpoint as backend_target
 from crossover.gateway.request.lifecycle import Request, check_body, check_head, first_wait_s, no_answer_in_time
 from crossover.gateway.request.proxy import PARSED, Exchange, ProxyEndpoint
+from crossover.gateway.request.validation import Generation
+from crossover.gateway.tracing import Tracing
 from crossover.gateway.wire import ClientLink, Dispatch, Http1Transport, request_headers, request_id
 
 log = logging.getLogger("crossover.proxy")
@@ -45,6 +47,7 @@ class InlineExchange(Request):
     accounts for it: gateway/request/lifecycle.py)."""
 
     __slots__ = ("backend", "body", "carry", "conn", "cut", "loop", "reason", "route_pool", "scope", "total_due")
+    endpoint: ProxyEndpoint  # the lifecycle's `Endpoint`, as this driver's path has it
 
     def __init__(self, endpoint: ProxyEndpoint, scope, request_id: bytes, link: ClientLink) -> None:
         super().__init__(endpoint, request_id, link)
@@ -73,7 +76,7 @@ class InlineExchange(Request):
         try:
             check_head(endpoint, scope["headers"])
             generation = check_body(endpoint, body, scope["headers"])
-            if not generation.stream and cls._send(endpoint, scope, body, link, sender, generation.tier):
+            if not generation.stream and cls._send(endpoint, scope, body, link, sender, generation):
                 return True
         except Exception:  # before a slot was taken: answered (or logged) the ordinary way
             return False
@@ -82,9 +85,16 @@ class InlineExchange(Request):
 
     @classmethod
     def _send(
-        cls, endpoint: ProxyEndpoint, scope, body: bytes, link: ClientLink, sender: Http1Transport, tier: str | None
+        cls,
+        endpoint: ProxyEndpoint,
+        scope,
+        body: bytes,
+        link: ClientLink,
+        sender: Http1Transport,
+        generation: Generation,
     ) -> bool:
         """admit, route, choose and send, if none of them has to wait: True once the request is the lane's."""
+        tier = generation.tier
         pool, reason = endpoint.route(tier)
         # Only looked at until the request is sent: if it goes the ordinary way, that way chooses the same.
         backend = endpoint.failover.choose(pool, set(), turn=False)
@@ -97,6 +107,8 @@ class InlineExchange(Request):
         exchange.admitted = True  # from here on the request is the lane's, and `end` accounts for it
         try:
             headers = request_headers(scope["headers"], exchange.request_id, backend.api_key)
+            if endpoint.tracing is not None:
+                headers = exchange._traced(endpoint.tracing, generation, pool, reason, headers, backend)
             # The deadlines `Exchange` keeps: the whole answer within `non_stream` (else `total`), all within `total`.
             timeouts, now = endpoint.settings.timeouts, exchange.loop.time()
             due = now + first_wait_s(timeouts, stream=False)
@@ -111,6 +123,16 @@ class InlineExchange(Request):
         except Exception:
             exchange._fault()
         return True
+
+    def _traced(
+        self, tracing: Tracing, generation: Generation, pool: str, reason: str, headers: list, backend: Backend
+    ) -> list[tuple[bytes, bytes]]:
+        """Tracing is on: the request's server span, its routing decision, and `headers` with the attempt's
+        `traceparent`. (Should the lane give the request up after all, the ordinary way traces it afresh.)"""
+        trace = self.trace = tracing.request(self.scope, self.started)
+        trace.checked(generation.model, generation.tier)
+        trace.routed(pool, reason, self.endpoint.topology.trace_view())
+        return trace.attempt(headers, backend.url, backend.pool)
 
     def _dispatched(self, backend: Backend, pool: str, reason: str, body: bytes, total_due: float) -> None:
         endpoint = self.endpoint
@@ -139,6 +161,8 @@ class InlineExchange(Request):
             self._backend_failed(classify_error(kind(message), backend.pool))
             return
         status, headers, body = conn.answer()
+        if self.trace is not None:
+            self.trace.answered(status)
         failure = classify_response(status, body, False, backend.pool, headers)
         if failure is not None:
             conn.release()
@@ -158,6 +182,8 @@ class InlineExchange(Request):
         next backend if the failure allows, else the error it ends with."""
         self.lease.release()
         self.lease = None
+        if self.trace is not None:
+            self.trace.attempt_failed(failure.failover or failure.fault.value, failure.detail)
         tried: set[Backend] = set()
         try:
             self.endpoint.failover.failed(self.backend, failure, self.route_pool, tried, other_pool=True)
@@ -204,6 +230,8 @@ class InlineExchange(Request):
     def _answer_error(self, error: GatewayError) -> None:
         self.outcome = error.outcome
         status, headers, body = error_answer(error, self.request_id, self._error_headers())
+        if self.trace is not None:
+            self.trace.responded(status)
         self.response_started = self.link.respond(status, headers, body)
         self.end(0)
 

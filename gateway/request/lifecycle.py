@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from crossover.gateway.metrics import Metrics
     from crossover.gateway.request.failover import Opened
     from crossover.gateway.topology import ModeLease
+    from crossover.gateway.tracing import RequestTrace, Tracing
     from crossover.gateway.wire import ClientLink
 
 log = logging.getLogger("crossover.proxy")
@@ -91,6 +92,8 @@ class Endpoint(Protocol):
     admission: Admission
     # The service tier of a client key's requests that name none (settings' `api_key_tiers`); empty: none.
     key_tiers: dict[bytes, str]
+    # OpenTelemetry (gateway/tracing.py); None: off, and a request pays for nothing of it.
+    tracing: Tracing | None
 
 
 def check_head(endpoint: Endpoint, headers: list[tuple[bytes, bytes]]) -> None:
@@ -129,6 +132,7 @@ class Request:
         "started",
         "tier",
         "timer",
+        "trace",
     )
 
     def __init__(self, endpoint: Endpoint, request_id: bytes, link: ClientLink | None) -> None:
@@ -152,6 +156,7 @@ class Request:
         self.timer = None
         # Its answer's `usage.prompt_tokens` (read with its completion tokens, `usage`): the rate table's input length.
         self.prompt_tokens = 0
+        self.trace: RequestTrace | None = None  # its spans, when tracing is on
 
     def end(self, tokens: int) -> None:
         """However the request ended, once: synchronous accounting first, what it held given back last - even if
@@ -179,6 +184,8 @@ class Request:
                 0 if lease is None else lease.level,
                 self.prompt_tokens,
             )
+            if self.trace is not None:
+                self.trace.end(self.outcome, tokens, self.prompt_tokens)
         except Exception:
             log.exception("request %s: its accounting failed", self.request_id.decode(errors="replace"))
         finally:
@@ -194,12 +201,13 @@ class Request:
     def hand_over(self, other: Request) -> None:
         """What this request holds is `other`'s from now on, and `other.end` accounts for it: a driver that passes
         its request on (the inline lane, to fail over) ends its own part uncounted and holding nothing."""
-        other.request_id, other.started, other.pool, other.outcome, other.tier = (
+        other.request_id, other.started, other.pool, other.outcome, other.tier, other.trace = (
             self.request_id,
             self.started,
             self.pool,
             self.outcome,
             self.tier,
+            self.trace,
         )
         other.admitted, self.admitted = self.admitted, False
         other.lease, self.lease = self.lease, None
@@ -260,6 +268,8 @@ class Request:
         else:
             self.outcome = labels.OK
         headers.append((b"content-length", b"%d" % len(body)))
+        if self.trace is not None:
+            self.trace.responded(status)
         return status, self._own(headers), body
 
     def _own(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

@@ -67,6 +67,7 @@ from crossover.gateway.request.sse import (
     split_events,
 )
 from crossover.gateway.topology import SwitchUnavailable, Topology
+from crossover.gateway.tracing import Tracing
 from crossover.gateway.wire import CHUNK, CLIENT_LINK, backend_timeout, pump, request_id, response_headers
 
 log = logging.getLogger("crossover.proxy")
@@ -93,6 +94,7 @@ class ProxyEndpoint:
         metrics: Metrics,
         live: Live,
         topology: Topology,
+        tracing: Tracing | None = None,
     ) -> None:
         self.path = path
         self.settings = settings
@@ -105,6 +107,7 @@ class ProxyEndpoint:
         self.topology = topology
         self.api_keys = client_keys(settings.api_keys)
         self.key_tiers = key_tiers(settings.api_key_tiers)
+        self.tracing = tracing
         self.socket_timeout = backend_timeout(settings.timeouts).as_dict()
 
     async def __call__(self, scope, receive, send) -> None:
@@ -151,6 +154,7 @@ class Exchange(Request):
     frame = CHUNK
     ends = EVENT_ENDS
     mark = ERROR_MARK
+    endpoint: ProxyEndpoint  # the lifecycle's `Endpoint`, as this driver's path has it
 
     def __init__(self, endpoint: ProxyEndpoint, scope, send) -> None:
         super().__init__(endpoint, request_id(scope["headers"]), scope.get("extensions", {}).get(CLIENT_LINK))
@@ -185,6 +189,8 @@ class Exchange(Request):
         watcher: asyncio.Task | None = None
         tokens = 0
         endpoint.live.requests.add(self)
+        if endpoint.tracing is not None:
+            self.trace = endpoint.tracing.request(self.scope, self.started)
         try:
             try:
                 check_head(endpoint, self.scope["headers"])
@@ -195,6 +201,8 @@ class Exchange(Request):
                 else:
                     generation = check_body(endpoint, body, self.scope["headers"])
                 self.tier = generation.tier
+                if self.trace is not None:
+                    self.trace.checked(generation.model, generation.tier)
             except Exception as exc:
                 await self._failed(exc, stream=False)
                 return
@@ -223,7 +231,9 @@ class Exchange(Request):
     async def _reopen(self, pool: str, reason: str, body: bytes, total_due: float, tried: set[Backend]) -> int:
         self._move_deadline(min(total_due, self.loop.time() + first_wait_s(self.timeouts, stream=False)))
         endpoint = self.endpoint
-        outgoing = Outgoing(self.target(), body, self.scope["headers"], self.request_id, False, endpoint.socket_timeout)
+        outgoing = Outgoing(
+            self.target(), body, self.scope["headers"], self.request_id, False, endpoint.socket_timeout, self.trace
+        )
         return await self._open_and_send(pool, reason, outgoing, total_due, tried)
 
     async def _guarded(self, work: Awaitable[int], stream: bool) -> int:
@@ -250,6 +260,8 @@ class Exchange(Request):
         self.outcome = error.outcome
         if isinstance(error, ClientGone):
             return
+        if self.trace is not None and not self.response_started:
+            self.trace.responded(error.status)
         if isinstance(error, ClientTooSlow):
             log.info("request %s: %s", self.request_id.decode(), error.message)
         await self._tell(error)
@@ -333,8 +345,10 @@ class Exchange(Request):
         self._move_deadline(now + first_wait_s(timeouts, stream))
         pool, reason = endpoint.topology.route(self.mode_lease, self.tier)
         self.pool = pool  # until a backend answers: where the request was headed when it failed
+        if self.trace is not None:
+            self.trace.routed(pool, reason, endpoint.topology.trace_view())
         outgoing = Outgoing(
-            self.target(), body, self.scope["headers"], self.request_id, stream, endpoint.socket_timeout
+            self.target(), body, self.scope["headers"], self.request_id, stream, endpoint.socket_timeout, self.trace
         )
         return await self._open_and_send(pool, reason, outgoing, total_deadline)
 
@@ -384,6 +398,8 @@ class Exchange(Request):
         if ended:
             head, pending = head + pending, b""
         headers = self._own(response_headers(response.headers))
+        if self.trace is not None:
+            self.trace.responded(response.status_code)
         if self.link is not None and self.link.start_stream(response.status_code, headers, head, ended):
             self._sent(head)  # the response's head and its first piece in one write
         else:

@@ -20,6 +20,7 @@ import contextlib
 import copy
 import gc
 import logging
+import os
 import resource
 import signal
 
@@ -29,6 +30,7 @@ import uvicorn.config
 from crossover.gateway.app import GatewayApp, create_app
 from crossover.gateway.cluster import Worker
 from crossover.gateway.config import Settings
+from crossover.gateway.tracing import make_tracing
 from crossover.gateway.wire import client_protocol
 
 log = logging.getLogger("crossover.server")
@@ -119,7 +121,8 @@ def make_server(
     settings: Settings, host: str | None = None, port: int | None = None, worker: Worker | None = None
 ) -> GatewayServer:
     settings = fit_descriptors(settings)
-    app = create_app(settings, worker=worker)
+    # OpenTelemetry by its standard OTEL_* variables, each worker its own exporter (made after the fork).
+    app = create_app(settings, worker=worker, tracing=make_tracing(os.environ))
     config = uvicorn.Config(
         app,
         host=host or settings.host,

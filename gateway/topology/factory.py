@@ -16,6 +16,7 @@ from crossover.gateway.topology.partitioned import Partitioned
 from crossover.gateway.topology.routing import Routing
 from crossover.gateway.topology.switching import SwitchController
 from crossover.gateway.topology.time_shared import TimeShared
+from crossover.gateway.tracing import Tracing
 
 
 def make_topology(
@@ -27,6 +28,7 @@ def make_topology(
     admission: Admission,
     client: httpx.AsyncClient,
     worker: Worker | None = None,
+    tracing: Tracing | None = None,
 ) -> Topology:
     """The topology `settings` names, built whole with what it needs of the gateway's state (and its cluster's: one
     of a host's workers is a member of its host's)."""
@@ -41,6 +43,7 @@ def make_topology(
             client,
             coordination=coordination,
             queued_elsewhere=lambda: admission.queued,
+            tracing=tracing,
         )
         return TimeShared(pools, routing, metrics, coordination, controller)
     if settings.topology == "in-engine":
@@ -53,6 +56,7 @@ def make_topology(
             settings.health.interval,
             spec.control_key,
             coordination=coordination,
+            tracing=tracing,
         )
         return InEngine(pools, routing, metrics, coordination, gates)
     return Partitioned(pools, routing, metrics, coordination)

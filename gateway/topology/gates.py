@@ -60,6 +60,7 @@ from crossover.gateway.engines import (
     write_gate,
 )
 from crossover.gateway.topology.routing import Routing
+from crossover.gateway.tracing import Tracing
 from crossover.gateway.wire import bearer
 
 logger = logging.getLogger("crossover.in_engine")
@@ -94,8 +95,10 @@ class GateSync:
         admin_key: str | None = None,
         *,
         coordination: Coordination | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.pools = pools
+        self.tracing = tracing  # a span per gate move (gateway/tracing.py); None: off
         self.coordination = coordination if coordination is not None else Solo()
         self.routing = routing
         self.timeout_s = timeout_s
@@ -346,7 +349,24 @@ class GateSync:
         self._hold(backend)
 
     async def _write(self, backend: Backend, wanted: int | None, expected: int | None) -> None:
-        logger.info("gate of %s: %s -> %s", backend.url, self.gates[backend.url].zero_steps_above_bs, wanted)
+        was = self.gates[backend.url].zero_steps_above_bs
+        logger.info("gate of %s: %s -> %s", backend.url, was, wanted)
+        if self.tracing is None:
+            await self._write_gate(backend, wanted, expected)
+            return
+        attributes = {
+            "crossover.backend": backend.url,
+            # None (no gate: speculation at every batch size) said as -1: an attribute has no null.
+            "crossover.gate.from": -1 if was is None else was,
+            "crossover.gate.to": -1 if wanted is None else wanted,
+            "crossover.threshold": self.live_threshold,
+        }
+        if self.forced is not None:
+            attributes["crossover.mode"] = self.forced
+        with self.tracing.span("crossover.gate", attributes):
+            await self._write_gate(backend, wanted, expected)
+
+    async def _write_gate(self, backend: Backend, wanted: int | None, expected: int | None) -> None:
         await write_gate(
             self._client,
             backend.url,

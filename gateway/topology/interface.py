@@ -45,7 +45,7 @@ from crossover.gateway.cluster import ClusterCollector, Control, Coordination, S
 from crossover.gateway.config import ThresholdError, TopologyName
 from crossover.gateway.errors import GatewayError, NotForTopology, StateNotShared
 from crossover.gateway.metrics import Metrics
-from crossover.gateway.modes import Mode
+from crossover.gateway.modes import PLAIN, SPECULATIVE, Mode
 from crossover.gateway.topology.routing import Routing
 
 log = logging.getLogger("crossover.topology")
@@ -142,6 +142,18 @@ class Topology(ABC):
     @abstractmethod
     def route(self, lease: ModeLease | None, tier: str | None = None) -> tuple[str, str]:
         """(pool, reason) for a new request; `tier`: its OpenAI `service_tier` (None: it named none)."""
+
+    def trace_view(self) -> dict[str, str | int | None]:
+        """What a request's trace says of the decision it met (gateway/tracing.py puts each key under `crossover.`):
+        the topology, the policy, the threshold and the loads the policy saw (time-shared: the mode and its phase)."""
+        routing, pools = self.routing, self.pools
+        return {
+            "topology": self.name,
+            "policy": routing.policy if self.no_policy is None else None,
+            "threshold": routing.threshold,
+            "loads.speculative": pools.pool_load(SPECULATIVE),
+            "loads.plain": pools.pool_load(PLAIN),
+        }
 
     def open_failed(self, pool: str, error: GatewayError) -> GatewayError:
         """What the client gets when no backend of `pool` (and, where allowed, of the other) opened a response."""

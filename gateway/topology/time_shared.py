@@ -109,6 +109,10 @@ class TimeShared(Topology):
         # One mode serves: a tier cannot choose a pool here (only admission orders tiers).
         return lease.mode, ACTIVE_MODE
 
+    def trace_view(self) -> dict[str, str | int | None]:
+        controller = self.controller
+        return {**super().trace_view(), "mode": controller.mode, "phase": str(controller.phase)}
+
     def open_failed(self, pool: str, error: GatewayError) -> GatewayError:
         if isinstance(error, BackendBusy):
             return error  # SGLang's queue-full (or a 503/429): the server is up and full - busy, retry shortly

@@ -39,13 +39,18 @@ def gateway(serve):
     """On the client protocol `crossover serve` uses; `plain_uvicorn=True` runs the app as any ASGI server would."""
 
     def start(
-        speculative: list[str], plain: list[str], transport=None, plain_uvicorn: bool = False, **overrides
+        speculative: list[str],
+        plain: list[str],
+        transport=None,
+        plain_uvicorn: bool = False,
+        tracing=None,
+        **overrides,
     ) -> RunningGateway:
         overrides.setdefault("health", {"interval": 0.5, "timeout": 2.0})
         overrides.setdefault("pools", {"speculative": {"backends": speculative}, "plain": {"backends": plain}})
         settings = Settings(**overrides)
         registry = CollectorRegistry()
-        app = create_app(settings, registry=registry, transport=transport)
+        app = create_app(settings, registry=registry, transport=transport, tracing=tracing)
         server = serve(app, **({} if plain_uvicorn else protocol_options(settings, app)))
         return RunningGateway(server.url, app, registry, settings, server.server)
 

@@ -71,6 +71,7 @@ from crossover.gateway.topology.switching.record import (
 )
 from crossover.gateway.topology.switching.recovery import ServingWatch, after_failed_switch, bring_up_first
 from crossover.gateway.topology.switching.replicas import Replica
+from crossover.gateway.tracing import Tracing
 from crossover.gateway.wire import bearer
 
 __all__ = ["ACTIVE_MODE", "Lease", "Phase", "SwitchController", "SwitchUnavailable"]
@@ -200,8 +201,10 @@ class SwitchController:
         coordination: Coordination | None = None,
         queued_elsewhere: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.monotonic,
+        tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings.switching
+        self.tracing = tracing  # a span per switch, its phases as events (gateway/tracing.py); None: off
         self.health_interval = settings.health.interval
         self.pools = pools
         self.routing = routing
@@ -469,6 +472,8 @@ class SwitchController:
 
     def _enter(self, phase: Phase) -> None:
         self.phase = phase
+        if self.tracing is not None:
+            self.tracing.event(str(phase))  # on the switch's span, when a switch runs (this task's current span)
         if phase in (Phase.ACTIVE, Phase.UNAVAILABLE):
             self.queue.settle()
 
@@ -506,6 +511,22 @@ class SwitchController:
         self._activate(serving)
 
     async def _switch(self, target: Mode, reason: str) -> None:
+        if self.tracing is None:
+            await self._run_switch(target, reason)
+            return
+        attributes = {"crossover.switch.to": target, "crossover.switch.reason": reason}
+        with self.tracing.span("crossover.switch", attributes) as span:
+            await self._run_switch(target, reason)
+            record = self.last_switch
+            if record is not None and record.to_mode == target:
+                span.set_attribute("crossover.switch.from", record.from_mode or "none")
+                span.set_attribute("crossover.switch.mechanism", record.mechanism)
+                span.set_attribute("crossover.switch.outcome", record.outcome or "refused")
+                span.set_attribute("crossover.switch.cut_requests", record.cut_requests)
+                if record.error:
+                    self.tracing.failed(span, f"{record.failed_step}: {record.error}")
+
+    async def _run_switch(self, target: Mode, reason: str) -> None:
         old = self.mode if self.phase is Phase.ACTIVE else None
         mechanism = self._mechanism
         record = SwitchRecord(old, target, mechanism.name, reason)
