@@ -53,7 +53,7 @@ OFF = {
 MAX_INT = 2**31 - 1
 FIELDS = "['zero_steps_above_bs', 'gate_min_dwell_steps', 'config', 'reset_config', 'expected_generation', 'dry_run']"
 GATE_TYPE = f"zero_steps_above_bs must be an int in [0, {MAX_INT}] or null"
-DEPTH = 100_000  # far past any JSON parser's nesting limit
+DEPTH = 10_000  # far past any JSON parser's nesting limit (orjson: 1024), within the 64 KiB body bound
 # (id, raw body, in the patch's message): parse_runtime_update_body and normalize_adaptive_config
 # (adaptive_spec_params.py), or the parser's error, each answered {"success": false, "message": ...}. SGLang's
 # HTTP process parses with orjson (http_server.py's ORJSONRequest): an int past 64 bits arrives as a float, NaN
@@ -104,6 +104,11 @@ MALFORMED = [
         "give either config or reset_config, not both",
     ),
     ("deep-nesting", b"[" * DEPTH + b"]" * DEPTH, "depth limit exceeded"),
+    (
+        "past-the-slot-bound",
+        b'{"config": {' + b", ".join(b'"%d": {"candidate_steps": [1]}' % bs for bs in range(1, 258)) + b"}}",
+        "config has more than 256 BS slots",
+    ),
     (
         "deep-nesting-under-a-comment-key",
         b'{"config": {"_note": ' + b"[" * DEPTH + b"]" * DEPTH + b"}}",
