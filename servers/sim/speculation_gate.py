@@ -8,12 +8,17 @@ steps. One deliberate difference: without `--admin-api-key` the stand-in's POST 
 403 (`admin_api_key_required`) - so that a gateway that sends no admin credential still drives it; with a key,
 it answers 401 as the patch does.
 
-The fencing token (gateway/engines/fence.py) as the patch checks it, once, before anything else about a POST: a call
-carrying `X-Crossover-Fence` lower than the highest one accepted is refused with 409 `fenced` (logged, counted in
-the reply's `fence`), a malformed one with 400 `invalid_fence`; none at all is accepted. One more than
+The fencing token (gateway/engines/fence.py) as the patch checks it: a malformed `X-Crossover-Fence` is refused with
+400 `invalid_fence` after the admin key; then the body is read and checked (400 `invalid_body`); then, with the
+update itself and before the generation or the slots, a token lower than the highest one an applied update carried
+is refused with 409 `fenced` (logged, counted in the reply's `fence`) - so a writer whose body arrives after a newer
+token's update is refused, whenever its headers came. Only an applied update raises the fence: a refused one (a bad
+body, a stale generation, a rejection) or a dry run leaves it where it was. None at all is accepted. One more than
 `fence_max_jump` above the highest (`crossover sim serve --fence-max-jump`, default MAX_FENCE_JUMP, 0: no limit) is
 refused with 403 `fence_jump`, logged, the fence unchanged - a check the stand-in has ahead of the patch, which
 forgets its fence on a restart where the agent keeps its on disk. Each raise is logged at INFO, old and new token.
+The patch's bounds on work are the stand-in's too: at most MAX_ADAPTIVE_SLOTS slots of at most
+MAX_CANDIDATE_STEPS_LEN candidate steps each, a body of at most MAX_BODY_BYTES; past them, 400 `invalid_body`.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ MAX_RUNTIME_INT = 2**31 - 1
 MAX_CANDIDATE_STEP = 64
 MAX_HYSTERESIS = float(MAX_CANDIDATE_STEP)
 MAX_CEILING_COEFF = float(MAX_CANDIDATE_STEP)
+MAX_ADAPTIVE_SLOTS = 256
+MAX_CANDIDATE_STEPS_LEN = MAX_CANDIDATE_STEP + 1
 DEFAULT_GATE_MIN_DWELL_STEPS = 32
 MAX_GATE_MIN_DWELL_STEPS = 100_000
 FIELDS = ("zero_steps_above_bs", "gate_min_dwell_steps", "config", "reset_config", "expected_generation", "dry_run")
@@ -104,10 +111,16 @@ class GateError(ValueError):
         self.reason = reason
 
 
+def _clip(value: Any, limit: int = 80) -> str:
+    """`repr(value)` cut to `limit` characters, for a refusal's message (as the patch does)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _check_knobs(where: str, knobs: dict) -> None:
     for name, ok, expected in _KNOB_CHECKS:
         if name in knobs and not ok(knobs[name]):
-            raise GateError(f"{where}: {name} must be {expected}, got {knobs[name]!r}")
+            raise GateError(f"{where}: {name} must be {expected}, got {_clip(knobs[name])}")
 
 
 def normalize_config(cfg: Any) -> dict:
@@ -120,6 +133,11 @@ def normalize_config(cfg: Any) -> dict:
         if key.startswith("_"):
             continue
         if key.isascii() and key.isdigit():
+            if len(spelled) >= MAX_ADAPTIVE_SLOTS:
+                raise GateError(
+                    f"config has more than {MAX_ADAPTIVE_SLOTS} BS slots; a batch routes to one of the captured "
+                    "CUDA-graph sizes, so more slots than those cannot matter"
+                )
             if int(key) > MAX_RUNTIME_INT:
                 raise GateError(f"BS {key}: batch size out of range")
             canonical = str(int(key))
@@ -132,10 +150,15 @@ def normalize_config(cfg: Any) -> dict:
             if unknown:
                 raise GateError(f"BS {key}: unknown keys {unknown}; allowed: {list(SLOT_KNOBS)}")
             steps = value.get("candidate_steps")
-            if not isinstance(steps, list) or not steps or not all(_is_int(s, 0, MAX_CANDIDATE_STEP) for s in steps):
+            if (
+                not isinstance(steps, list)
+                or not steps
+                or len(steps) > MAX_CANDIDATE_STEPS_LEN
+                or not all(_is_int(s, 0, MAX_CANDIDATE_STEP) for s in steps)
+            ):
                 raise GateError(
-                    f"BS {key}: candidate_steps must be a non-empty list of ints in [0, {MAX_CANDIDATE_STEP}], "
-                    f"got {steps!r}"
+                    f"BS {key}: candidate_steps must be a non-empty list of at most {MAX_CANDIDATE_STEPS_LEN} ints "
+                    f"in [0, {MAX_CANDIDATE_STEP}], got {_clip(steps)}"
                 )
             _check_knobs(f"BS {key}", value)
             clean[canonical] = {
@@ -248,16 +271,22 @@ class StandInGate:
         if self.admin_api_key is not None and not bearer_matches(authorization, self.admin_api_key):
             raise GateError("Unauthorized", 401, "unauthorized")
 
-    def admit(self, header: str | None) -> None:
-        """The patch's fence: GateError unless a POST carrying `header` may move the gate (the fence raised to it)."""
+    @staticmethod
+    def fence_token(header: str | None) -> int | None:
+        """The token a POST's `X-Crossover-Fence` carries (None: none); GateError (400) for a malformed one."""
         try:
-            token = parse_fence(header)
+            return parse_fence(header)
         except ValueError as exc:
             raise GateError(str(exc), 400, "invalid_fence") from None
+
+    def admit(self, token: int | None) -> None:
+        """The patch's fence, checked with the update: GateError unless an update carrying `token` may move the gate.
+        Raises nothing: only an applied update does (`raise_fence`)."""
         if token is None:
             return
         if self.fence_highest is not None and token < self.fence_highest:
             self.fenced += 1
+            self.updates["conflict"] += 1
             message = refusal(token, self.fence_highest)
             logger.warning("/speculative/adaptive refused: %s", message)
             raise GateError(message, 409, FENCED)
@@ -265,6 +294,10 @@ class StandInGate:
             message = jump_refusal(token, self.fence_highest, self.fence_max_jump)
             logger.warning("/speculative/adaptive refused: %s", message)
             raise GateError(message, 403, FENCE_JUMP)
+
+    def raise_fence(self, token: int | None) -> None:
+        if token is None:
+            return
         if token != self.fence_highest:
             logger.info("/speculative/adaptive: fence raised from %s to %d", self.fence_highest, token)
         self.fence_highest = token
@@ -272,8 +305,11 @@ class StandInGate:
     def fence(self) -> dict[str, Any]:
         return {"highest": self.fence_highest, "refused": self.fenced}
 
-    def update(self, body: Any) -> dict[str, Any]:
+    def update(self, body: Any, fence: int | None = None) -> dict[str, Any]:
+        """Apply a POST's body carrying the fencing token `fence` (None: no header), as the patch's scheduler does:
+        the body checked, then the fence, the generation and the slots; the fence raised only if it is applied."""
         fields = parse_body(body)
+        self.admit(fence)
         expected = fields.get("expected_generation")
         if expected is not None and expected != self.generation:
             self.updates["conflict"] += 1
@@ -303,6 +339,7 @@ class StandInGate:
         self.config = config
         self.generation += 1
         self.updates["applied"] += 1
+        self.raise_fence(fence)
         return self.state()
 
 
@@ -343,18 +380,18 @@ def gate_routes(gate: StandInGate) -> list[tuple[str, Any, list[str]]]:
     async def write(request: Request) -> JSONResponse:
         try:
             gate.authorize(request.headers.get("authorization"))
-            gate.admit(request.headers.get(FENCE_HEADER))
+            token = gate.fence_token(request.headers.get(FENCE_HEADER))
         except GateError as exc:
             return refused(exc)
         raw = await request.body()
         try:
             if len(raw) > MAX_BODY_BYTES:
-                raise GateError("body too large")
+                raise GateError(f"body too large: at most {MAX_BODY_BYTES} bytes are read, got {len(raw)}")
             try:
                 body = json.loads(raw)
             except (ValueError, RecursionError) as exc:
                 raise GateError(str(exc) or "invalid JSON") from None
-            state = gate.update(body)
+            state = gate.update(body, fence=token)
         except GateError as exc:
             return refused(exc)
         message = (

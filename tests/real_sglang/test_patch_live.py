@@ -4,9 +4,10 @@
 
 On a plain server (started with an admin key) the patch's endpoint exists and says speculation does not apply
 here (501); a POST without the admin key is a 401; every malformed body is a 400 from the HTTP process (it never
-reaches the scheduler, whose socket decode must not fail) and the server still serves after each; a stale fencing
-token is a 409 `fenced` from the HTTP process; the in-engine
-gateway refuses to start in front of it and says why.
+reaches the scheduler, whose socket decode must not fail) and the server still serves after each, a body past the
+size bound among them; the fencing token is checked by the scheduler with the update, so a server without a gate
+keeps no fence (every well-formed token is the same 501, a malformed one a 400 from the HTTP process); the
+in-engine gateway refuses to start in front of it and says why.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import subprocess
 import httpx
 import pytest
 
-from crossover.gateway.engines.fence import FENCE_HEADER, FENCED
+from crossover.gateway.engines.fence import FENCE_HEADER
 from crossover.gateway.engines.sglang import NotPatched
 from crossover.gateway.topology.gates import ControlUnauthorized
 from crossover.servers.process import free_port
@@ -52,7 +53,7 @@ OFF = {
 MAX_INT = 2**31 - 1
 FIELDS = "['zero_steps_above_bs', 'gate_min_dwell_steps', 'config', 'reset_config', 'expected_generation', 'dry_run']"
 GATE_TYPE = f"zero_steps_above_bs must be an int in [0, {MAX_INT}] or null"
-DEPTH = 100_000  # far past any JSON parser's nesting limit
+DEPTH = 10_000  # far past any JSON parser's nesting limit (orjson: 1024), within the 64 KiB body bound
 # (id, raw body, in the patch's message): parse_runtime_update_body and normalize_adaptive_config
 # (adaptive_spec_params.py), or the parser's error, each answered {"success": false, "message": ...}. SGLang's
 # HTTP process parses with orjson (http_server.py's ORJSONRequest): an int past 64 bits arrives as a float, NaN
@@ -72,7 +73,7 @@ MALFORMED = [
     (
         "a-huge-step",
         b'{"config": {"1": {"candidate_steps": [%d]}}}' % 10**30,
-        "BS 1: candidate_steps must be a non-empty list of ints in [0, 64], got [1e+30]",
+        "BS 1: candidate_steps must be a non-empty list of at most 65 ints in [0, 64], got [1e+30]",
     ),
     (
         "an-unknown-slot-key",
@@ -103,6 +104,11 @@ MALFORMED = [
         "give either config or reset_config, not both",
     ),
     ("deep-nesting", b"[" * DEPTH + b"]" * DEPTH, "depth limit exceeded"),
+    (
+        "past-the-slot-bound",
+        b'{"config": {' + b", ".join(b'"%d": {"candidate_steps": [1]}' % bs for bs in range(1, 258)) + b"}}",
+        "config has more than 256 BS slots",
+    ),
     (
         "deep-nesting-under-a-comment-key",
         b'{"config": {"_note": ' + b"[" * DEPTH + b"]" * DEPTH + b"}}",
@@ -216,13 +222,22 @@ def test_the_gate_needs_the_admin_key(patched_url):
     assert_serving(patched_url)  # generation needs no key: the server has an admin key only
 
 
-def test_a_stale_fencing_token_is_refused_before_the_scheduler(patched_url):
-    # The fence is the HTTP process's: a token passes it (and raises it) whatever the scheduler then answers.
-    assert post_gate(patched_url, b'{"zero_steps_above_bs": 4}', {**ADMIN, FENCE_HEADER: "5"}).status_code == 501
-    stale = post_gate(patched_url, b'{"zero_steps_above_bs": 4}', {**ADMIN, FENCE_HEADER: "4"})
-    assert (stale.status_code, stale.json()["reason"]) == (409, FENCED), stale.text
-    assert "token 4" in stale.json()["message"] and "token 5" in stale.json()["message"]
-    assert post_gate(patched_url, b'{"zero_steps_above_bs": 4}', {**ADMIN, FENCE_HEADER: "5"}).status_code == 501
+def test_a_server_without_a_gate_keeps_no_fence_and_a_malformed_token_is_a_400(patched_url):
+    # The scheduler checks the fence with the update and raises it only when one is applied: here none is, so no
+    # token - 10^17 included - raises it, and a lower one is answered as any other (501).
+    for token in ("5", str(10**17), "4"):
+        answer = post_gate(patched_url, b'{"zero_steps_above_bs": 4}', {**ADMIN, FENCE_HEADER: token})
+        assert (answer.status_code, answer.json()["reason"]) == (501, "not_applicable"), (token, answer.text)
+    bad = post_gate(patched_url, b'{"zero_steps_above_bs": 4}', {**ADMIN, FENCE_HEADER: "four"})
+    assert (bad.status_code, bad.json()["reason"]) == (400, "invalid_fence"), bad.text
+    assert_serving(patched_url)
+
+
+def test_a_body_past_the_size_bound_is_a_400_and_the_server_still_serves(patched_url):
+    padded = b'{"zero_steps_above_bs": 4}' + b" " * (64 * 1024)
+    answer = post_gate(patched_url, padded)
+    assert (answer.status_code, answer.json()["reason"]) == (400, "invalid_body"), answer.text[:500]
+    assert "body too large" in answer.json()["message"]
     assert_serving(patched_url)
 
 

@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 import logging
 import random
 
 import httpx
 import pytest
 
-from crossover.gateway.engines.fence import FENCE_HEADER, FENCE_JUMP, FENCED, MAX_FENCE_JUMP, is_fenced
+from crossover.gateway.engines.fence import (
+    FENCE_HEADER,
+    FENCE_JUMP,
+    FENCED,
+    MAX_FENCE_JUMP,
+    is_fenced,
+    refused_highest,
+)
 from crossover.servers.sim.costs import make_costs
 from crossover.servers.sim.engine import Engine, Sequence
 from crossover.servers.sim.profile import load_profile
-from crossover.servers.sim.speculation_gate import GateError, StandInGate
+from crossover.servers.sim.speculation_gate import (
+    MAX_ADAPTIVE_SLOTS,
+    MAX_CANDIDATE_STEPS_LEN,
+    GateError,
+    StandInGate,
+    gate_routes,
+)
 
 
 def post(url: str, body, key: str | None = None) -> httpx.Response:
@@ -182,14 +197,87 @@ def test_a_token_far_above_the_highest_is_refused_with_403_and_moves_nothing_unl
 def test_the_gate_logs_each_raise_and_a_refused_jump(caplog):
     caplog.set_level(logging.INFO, logger="crossover.servers.sim.speculation_gate")
     gate = StandInGate(Engine(load_profile("llama8b-h200-eagle3"), random.Random(0)), 3, fence_max_jump=10)
-    gate.admit("5")
-    gate.admit("5")
-    gate.admit("15")
+    gate.update({"zero_steps_above_bs": 8}, fence=5)
+    gate.update({"zero_steps_above_bs": 8}, fence=5)
+    gate.update({"zero_steps_above_bs": 8}, fence=15)
     with pytest.raises(GateError) as refused:
-        gate.admit("26")
+        gate.update({"zero_steps_above_bs": 8}, fence=26)
     assert (refused.value.status, refused.value.reason) == (403, FENCE_JUMP) and gate.fence_highest == 15
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.INFO, "/speculative/adaptive: fence raised from None to 5"),
         (logging.INFO, "/speculative/adaptive: fence raised from 5 to 15"),
         (logging.WARNING, f"/speculative/adaptive refused: {refused.value}"),
     ]
+
+
+def stand_in_gate() -> StandInGate:
+    return StandInGate(Engine(load_profile("llama8b-h200-eagle3"), random.Random(0)), 3)
+
+
+class HeldRequest:
+    """What the stand-in's POST handler reads of a Starlette request; the body waits for `arrives`."""
+
+    def __init__(self, body: dict, token: int, arrives: asyncio.Event | None = None) -> None:
+        self.headers = {FENCE_HEADER: str(token)}
+        self._body, self.arrives = json.dumps(body).encode(), arrives
+
+    async def body(self) -> bytes:
+        if self.arrives is not None:
+            await self.arrives.wait()
+        return self._body
+
+
+def test_a_stale_body_arriving_after_a_newer_update_is_refused():
+    """A sends its headers with token 5, B sets gate 6 with token 6, then A's body arrives: A is refused (the
+    review's finding on the patch: the stale writer won, gate 6 -> 5)."""
+    gate = stand_in_gate()
+    write = next(handler for _, handler, methods in gate_routes(gate) if methods == ["POST"])
+
+    async def race() -> tuple:
+        arrives = asyncio.Event()
+        a = asyncio.ensure_future(write(HeldRequest({"zero_steps_above_bs": 5}, 5, arrives)))
+        await asyncio.sleep(0)
+        b = await write(HeldRequest({"zero_steps_above_bs": 6}, 6))
+        arrives.set()
+        return b, await a
+
+    b, a = asyncio.run(race())
+    assert b.status_code == 200
+    assert (a.status_code, json.loads(a.body)["reason"]) == (409, FENCED)
+    assert refused_highest(json.loads(a.body)["message"]) == 6, "the gateway's parser reads the refusal"
+    assert (
+        gate.engine.zero_steps_above_bs == 6 and gate.generation == 1 and gate.fence() == {"highest": 6, "refused": 1}
+    )
+
+
+def test_a_refused_request_leaves_the_fence_where_it_was():
+    """One malformed (or stale, or rejected, or dry-run) request carrying 10^17 must not lock the real leader out."""
+    gate = stand_in_gate()
+    huge = 10**17
+    for body, status in (
+        ({"zero_steps_above_bs": -1}, 400),
+        ({"zero_steps_above_bs": 4, "expected_generation": 3}, 409),
+        ({"config": {"1": {"candidate_steps": [2]}}}, 400),
+    ):
+        with pytest.raises(GateError) as refused:
+            gate.update(body, fence=huge)
+        assert refused.value.status == status
+    gate.update({"zero_steps_above_bs": 4, "dry_run": True}, fence=huge)
+    assert gate.fence_highest is None
+    gate.update({"zero_steps_above_bs": 8}, fence=2)  # the real leader
+    with pytest.raises(GateError):
+        gate.update({"gate_min_dwell_steps": -1}, fence=5)
+    assert gate.fence() == {"highest": 2, "refused": 0} and gate.engine.zero_steps_above_bs == 8
+
+
+def test_slots_and_candidate_lists_are_bounded_as_the_patch_bounds_them():
+    gate = stand_in_gate()
+    at = {str(bs): {"candidate_steps": [3]} for bs in range(1, MAX_ADAPTIVE_SLOTS + 1)}
+    assert len(gate.update({"config": at})["config"]) == MAX_ADAPTIVE_SLOTS
+    over = {**at, str(MAX_ADAPTIVE_SLOTS + 1): {"candidate_steps": [3]}}
+    with pytest.raises(GateError, match=f"more than {MAX_ADAPTIVE_SLOTS} BS slots") as refused:
+        gate.update({"config": over})
+    assert (refused.value.status, refused.value.reason) == (400, "invalid_body")
+    with pytest.raises(GateError, match=f"at most {MAX_CANDIDATE_STEPS_LEN} ints"):
+        gate.update({"config": {"1": {"candidate_steps": [3] * (MAX_CANDIDATE_STEPS_LEN + 1)}}})
+    assert gate.generation == 1

@@ -146,6 +146,63 @@ class TestDecisionFaults(unittest.TestCase):
         self.assertEqual(worker.speculative_num_steps, 0)
 
 
+def outside_the_graphs(worker, controller, batches):
+    """Every (steps, batch size) the worker ran that has no captured CUDA graph: the coverage check's own verdict
+    (graph_coverage_gaps over the controller's captured sizes) on each batch after its decision."""
+    from sglang.srt.speculative.adaptive_spec_params import graph_coverage_gaps
+
+    params, outside = controller.params, []
+    for bs in batches:
+        controller.activate_step_by_batch(bs)
+        padded = params._pad_to_cuda_graph_bs(bs)
+        if padded > max(GRAPH_BS):
+            continue  # past every graph: eager at any step
+        step = worker.speculative_num_steps
+        if graph_coverage_gaps({step: [padded]}, controller._captured_graph_bs, controller._graph_padding):
+            outside.append((step, bs))
+    return outside
+
+
+# Without padding (--disable-cuda-graph-padding) the 0-step state has graphs only where a slot lists 0.
+SPARSE_ZERO_CFG = {"1": {"candidate_steps": [3]}, "16": {"candidate_steps": [0, 3]}}
+
+
+class TestTheDwellStaysInsideTheGraphs(unittest.TestCase):
+    """The coverage check admits a gate assuming batches above it run 0 steps and batches at or below it their
+    slot's; the dwell holds the other state for a while, which must never be a pair without a graph."""
+
+    def test_a_held_engaged_gate_releases_early_rather_than_run_without_a_graph(self):
+        worker, controller = started_controller(SPARSE_ZERO_CFG, padding=False)
+        self.assertEqual(controller._captured_graph_bs[0], [16, 24, 32, 40, 48])
+        controller.update_runtime_config(set_zero_steps_above_bs=True, zero_steps_above_bs=12, gate_min_dwell_steps=32)
+        # Engaged at 40; at 2 the dwell would hold 0 steps, which has no graph at 2: released at once.
+        self.assertEqual(outside_the_graphs(worker, controller, [40, 2]), [])
+        self.assertEqual(worker.speculative_num_steps, 3)
+        # Where the held state has a graph the dwell holds it: engaged at 40, still 0 steps at 16.
+        controller.update_runtime_config(set_zero_steps_above_bs=True, zero_steps_above_bs=16, gate_min_dwell_steps=32)
+        self.assertEqual(outside_the_graphs(worker, controller, [40, 16]), [])
+        self.assertEqual(worker.speculative_num_steps, 0)  # held: 16 has a 0-step graph
+
+    def test_no_gate_dwell_or_load_runs_a_batch_outside_the_graphs(self):
+        import random
+
+        rng = random.Random(0)
+        for padding in (True, False):
+            for cfg in (None, SPARSE_ZERO_CFG, {"1": {"candidate_steps": [1, 3]}, "24": {"candidate_steps": [0]}}):
+                worker, controller = started_controller(cfg, padding=padding)
+                for gate in range(0, 50):
+                    for dwell in (1, 4, 32):
+                        try:
+                            controller.update_runtime_config(
+                                set_zero_steps_above_bs=True, zero_steps_above_bs=gate, gate_min_dwell_steps=dwell
+                            )
+                        except ValueError:
+                            continue  # the coverage check refused it: nothing to run
+                        batches = [rng.choice(GRAPH_BS) for _ in range(200)]
+                        with self.subTest(padding=padding, cfg=cfg, gate=gate, dwell=dwell):
+                            self.assertEqual(outside_the_graphs(worker, controller, batches), [])
+
+
 class TestRollback(unittest.TestCase):
     def test_restore_undoes_gate_dwell_and_generation(self):
         worker, c = started_controller()

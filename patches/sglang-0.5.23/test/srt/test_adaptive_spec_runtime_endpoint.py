@@ -117,13 +117,19 @@ class FakeTokenizerManager(TokenizerControlMixin):
 
 
 class FakeRequest:
-    def __init__(self, body, headers=None):
-        self._body = body
-        self.headers = headers if headers is not None else ADMIN
+    """Starlette's Request as the handler reads it; *arrives*, an asyncio.Event, holds the body back until set (a
+    client whose headers came before its body)."""
 
-    async def json(self):
-        if isinstance(self._body, bytes):
-            return json.loads(self._body)
+    def __init__(self, body, headers=None, arrives=None):
+        self._body = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.headers = headers if headers is not None else ADMIN
+        self.arrives = arrives
+        self.read = False
+
+    async def body(self):
+        if self.arrives is not None:
+            await self.arrives.wait()
+        self.read = True
         return self._body
 
 
@@ -138,9 +144,6 @@ class ControlPathCase(unittest.TestCase):
         serving = mock.patch.object(http_server, "get_serving", lambda: self.serving)
         serving.start()
         self.addCleanup(serving.stop)
-        fence = mock.patch.object(http_server, "_spec_adaptive_fence", http_server._SpecAdaptiveFence())
-        fence.start()
-        self.addCleanup(fence.stop)
         self.worker = FakeEagleWorker()
         self.tm = FakeTokenizerManager(fake_scheduler(self.worker))
         http_server.set_global_state(
@@ -257,6 +260,21 @@ class TestControlPath(ControlPathCase):
             self.assertEqual(self.post(bad)[0], 400)
         self.assertEqual(self.tm.sent, [])
 
+    def test_a_body_past_the_size_bound_is_refused_unread(self):
+        bound = http_server.MAX_SPEC_ADAPTIVE_BODY_BYTES
+        padded = b'{"zero_steps_above_bs": 8}' + b" " * (bound - 26)
+        self.assertEqual(len(padded), bound)
+        self.assertEqual(self.post(padded)[0], 200)  # at the bound
+        status, body = self.post(padded + b" ")
+        self.assertEqual((status, body["reason"]), (400, "invalid_body"))
+        self.assertIn("body too large", body["message"])
+        # A declared length past the bound is refused before the body is read.
+        request = FakeRequest({"zero_steps_above_bs": 8}, {**ADMIN, "Content-Length": str(10**6)})
+        resp = asyncio.run(http_server.update_speculative_adaptive(request))
+        self.assertEqual(resp.status_code, 400)
+        self.assertFalse(request.read)
+        self.assertEqual(len(self.tm.sent), 1)
+
     def test_a_failing_read_is_a_reply_not_a_scheduler_crash(self):
         def broken():
             raise RuntimeError("boom")
@@ -319,18 +337,22 @@ def fenced(token):
 
 
 class TestFence(ControlPathCase):
-    """The gateway replica that leads the gate sends its lease's token; a lower one than the highest accepted
-    (a replica paused past its lease, then resumed) is refused before anything reaches the scheduler."""
+    """The gateway replica that leads the gate sends its lease's token; the scheduler checks it with the update, in
+    the order it applies updates: a lower one than an applied update carried (a replica paused past its lease, then
+    resumed) is refused, however early its headers came; only an applied update raises the fence."""
 
-    def test_a_lower_token_is_refused_and_never_reaches_the_scheduler(self):
+    def test_a_lower_token_is_refused_and_changes_nothing(self):
         self.assertEqual(self.post({"zero_steps_above_bs": 16}, fenced("2"))[0], 200)
         with self.assertLogs(http_server.logger, "WARNING") as logs:
             status, body = self.post({"zero_steps_above_bs": 4}, fenced("1"))
         self.assertEqual((status, body["reason"], body["success"]), (409, "fenced", False))
-        self.assertIn("token 1", body["message"])
-        self.assertIn("token 2", body["message"])
+        # The words gateways parse the highest token from (crossover's gateway/engines/fence.py refusal()).
+        self.assertIn(
+            "fenced: this call carries token 1, but token 2 has been accepted since - a newer lease holder acts "
+            "on this GPU set",
+            body["message"],
+        )
         self.assertIn("token 1", logs.output[0])
-        self.assertEqual(len(self.tm.sent), 1)
         status, body = self.get()
         self.assertEqual((body["state"]["zero_steps_above_bs"], body["state"]["generation"]), (16, 1))
         self.assertEqual(body["fence"], {"highest": 2, "refused": 1})
@@ -343,6 +365,48 @@ class TestFence(ControlPathCase):
         self.assertEqual(body["fence"], {"highest": 3, "refused": 0})
         self.assertEqual(self.post({"zero_steps_above_bs": 4}, fenced("2"))[0], 409)
         self.assertEqual(self.get()[1]["state"]["zero_steps_above_bs"], 5)
+
+    def test_a_stale_body_arriving_after_a_newer_update_is_refused(self):
+        """A sends its headers with token 5; B sets gate 6 with token 6; then A's body arrives: refused, gate 6."""
+
+        async def race():
+            arrives = asyncio.Event()
+            stale = FakeRequest({"zero_steps_above_bs": 5}, fenced("5"), arrives)
+            a = asyncio.ensure_future(http_server.update_speculative_adaptive(stale))
+            await asyncio.sleep(0)
+            self.assertFalse(stale.read)  # A's headers are in, its body is not
+            b = await http_server.update_speculative_adaptive(FakeRequest({"zero_steps_above_bs": 6}, fenced("6")))
+            arrives.set()
+            return b, await a
+
+        b, a = asyncio.run(race())
+        self.assertEqual(b.status_code, 200, b.body)
+        self.assertEqual((a.status_code, json.loads(a.body)["reason"]), (409, "fenced"))
+        state = self.get()[1]
+        self.assertEqual((state["state"]["zero_steps_above_bs"], state["state"]["generation"]), (6, 1))
+        self.assertEqual(state["fence"], {"highest": 6, "refused": 1})
+
+    def test_a_refused_request_leaves_the_fence_where_it_was(self):
+        """One malformed, rejected, stale or dry-run request carrying 10^17 must not lock the real leader out."""
+        self.assertEqual(self.post({"zero_steps_above_bs": 8}, fenced("2"))[0], 200)
+        huge = fenced(str(10**17))
+        for body, expected in (
+            (b"{not json", (400, "invalid_body")),
+            ({"zero_steps_above_bs": -1}, (400, "invalid_body")),
+            ({"gate_min_dwell_steps": 10**6}, (400, "invalid_body")),
+            ({"zero_steps_above_bs": 4, "expected_generation": 7}, (409, "stale_generation")),
+            ({"zero_steps_above_bs": 4, "dry_run": True}, (200, None)),
+        ):
+            status, reply = self.post(body, huge)
+            self.assertEqual((status, reply.get("reason")), expected, body)
+        self.worker.adaptive_controller = FakeEagleWorker({"1": {"candidate_steps": [1, 3]}}).adaptive_controller
+        self.worker.adaptive_controller.fence_highest = 2
+        status, reply = self.post({"zero_steps_above_bs": 4}, huge)  # no 0-step state: rejected by the scheduler
+        self.assertEqual((status, reply["reason"]), (400, "rejected"))
+        self.assertEqual(self.get()[1]["fence"]["highest"], 2)
+        status, reply = self.post({"gate_min_dwell_steps": 4}, fenced("2"))  # the real leader still leads
+        self.assertEqual(status, 200, reply)
+        self.assertEqual(reply["fence"], {"highest": 2, "refused": 0})
 
     def test_a_malformed_token_is_a_bad_request(self):
         for token in ("-1", "two", "1" * 19, "\u0661"):
@@ -432,6 +496,29 @@ class TestTwoRanks(TwoRanksCase):
         for w in self.workers:
             w.adaptive_controller.activate_step_by_batch(20)
         self.assertEqual([w.speculative_num_steps for w in self.workers], [3, 3])
+
+    def test_a_raise_before_inside_or_after_the_update_on_one_rank_rolls_both_back(self):
+        """Whatever raises between the update and the vote, the rank still votes: no rank skips the collective (on
+        a real group that would hang the ranks that reached it), and both end where they began."""
+        update = self.update(set_zero_steps_above_bs=True, zero_steps_above_bs=8, gate_min_dwell_steps=4, fence=3)
+        for where in ("snapshot", "set_zero_steps_above_bs", "policy_digest"):
+            with self.subTest(where=where):
+                before = self.policies()
+                controller = self.workers[1].adaptive_controller
+                target = controller.params if where == "set_zero_steps_above_bs" else controller
+                calls = []
+
+                def fail(*_args, _calls=calls, _where=where, **_kwargs):
+                    _calls.append(_where)
+                    raise RuntimeError(f"injected in {_where} on rank 1")
+
+                with mock.patch.object(target, where, fail), self.assertLogs(internal_state.logger, "ERROR"):
+                    replies = self.broadcast(update)
+                self.assertEqual(calls, [where])
+                self.assertEqual([(r.success, r.reason) for r in replies], [(False, "failed")] * 2)
+                self.assertEqual(self.policies(), before)
+                for w in self.workers:
+                    self.assertEqual((w.adaptive_controller.generation, w.adaptive_controller.fence_highest), (0, None))
 
     def test_a_rank_that_applied_something_else_rolls_every_rank_back(self):
         before = self.policies()

@@ -9,6 +9,7 @@ import itertools
 import json
 import random
 import tempfile
+import time
 import unittest
 from unittest import mock
 
@@ -248,6 +249,71 @@ class TestBounds(unittest.TestCase):
             ungated = make_params().get_steps_for_batch(40)
             self.assertEqual(p.get_steps_for_batch(40), 0 if gate == 0 else ungated)
             self.assertEqual(graph_coverage_gaps(p.required_graph_bs_by_step(gate), startup_capture(p)), {})
+
+
+def config_at_the_bounds(slots=asp.MAX_ADAPTIVE_SLOTS):
+    """*slots* BS slots, each with the longest candidate list and every knob: the most work a config may ask for."""
+    steps = list(range(asp.MAX_CANDIDATE_STEP + 1))
+    assert len(steps) == asp.MAX_CANDIDATE_STEPS_LEN
+    knobs = {"ema_alpha": 0.5, "update_interval": 1, "warmup_batches": 0, "down_hysteresis": 0.0}
+    return {str(bs): {"candidate_steps": steps, **knobs} for bs in range(1, slots + 1)}
+
+
+# Generous, for a loaded shared CPU: the release's decision costs a few microseconds; before the bounds one
+# POST with 40,000 slots froze decoding for minutes.
+DECISION_BOUND_S = 500e-6
+BUILD_BOUND_S = 2.0
+
+
+class TestBoundsOnWork(unittest.TestCase):
+    """Not only every value is bounded, so is the work: the slot count and each candidate list, hence building a
+    policy, checking its graph coverage and every per-batch decision."""
+
+    def test_past_the_slot_bound_is_refused_at_it_accepted(self):
+        self.assertEqual(len(normalize_adaptive_config(config_at_the_bounds())), asp.MAX_ADAPTIVE_SLOTS)
+        with self.assertRaisesRegex(ValueError, f"more than {asp.MAX_ADAPTIVE_SLOTS} BS slots"):
+            normalize_adaptive_config(config_at_the_bounds(asp.MAX_ADAPTIVE_SLOTS + 1))
+        # The review's 40,000 slots are refused after looking at the first few hundred.
+        many = {str(bs): {"candidate_steps": [0, 3]} for bs in range(1, 40_001)}
+        with mock.patch.object(asp, "_check_knobs", wraps=asp._check_knobs) as checked, self.assertRaises(ValueError):
+            normalize_adaptive_config(many)
+        self.assertLessEqual(checked.call_count, asp.MAX_ADAPTIVE_SLOTS)
+
+    def test_a_longer_candidate_list_is_refused(self):
+        steps = list(range(asp.MAX_CANDIDATE_STEP + 1))
+        normalize_adaptive_config({"1": {"candidate_steps": steps}})
+        with self.assertRaisesRegex(ValueError, f"at most {asp.MAX_CANDIDATE_STEPS_LEN} ints"):
+            normalize_adaptive_config({"1": {"candidate_steps": [*steps, 0]}})
+        with self.assertRaisesRegex(ValueError, r"got \[0, 0, .*\.\.\.$"):
+            normalize_adaptive_config({"1": {"candidate_steps": [0] * 100_000}})
+
+    def test_building_a_policy_at_the_bounds_is_linear(self):
+        cfg = config_at_the_bounds()
+        with mock.patch.object(asp, "AdaptiveStepSlot", wraps=asp.AdaptiveStepSlot) as built:
+            params = load_startup(cfg)[0]
+        self.assertEqual(built.call_count, asp.MAX_ADAPTIVE_SLOTS)
+        # Each slot gets the top-level knobs and its own, not every other slot (the release's O(N^2) merge).
+        for call in built.call_args_list:
+            self.assertLessEqual(len(call.kwargs["cfg"]), len(asp.SLOT_KNOBS))
+        started = time.perf_counter()
+        for _ in range(5):
+            params = load_startup(cfg)[0]
+            params.set_cuda_graph_bs(list(range(1, 513)))
+            params.required_graph_bs_by_step(16)
+        self.assertLess((time.perf_counter() - started) / 5, BUILD_BOUND_S)
+
+    def test_a_decision_at_the_bounds_stays_cheap(self):
+        params = load_startup(config_at_the_bounds())[0]
+        params.set_cuda_graph_bs(list(range(1, 513)))
+        params.set_zero_steps_above_bs(400, 0)
+        rng = random.Random(0)
+        batches = [rng.randint(1, 512) for _ in range(2000)]
+        started = time.perf_counter()
+        for bs in batches:
+            params.get_steps_for_batch(bs)
+            params.on_verify_complete([rng.randint(0, 64) for _ in range(4)], bs)
+        per_decision = (time.perf_counter() - started) / len(batches)
+        self.assertLess(per_decision, DECISION_BOUND_S)
 
 
 class TestOneSchema(unittest.TestCase):

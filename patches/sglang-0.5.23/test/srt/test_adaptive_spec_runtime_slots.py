@@ -4,9 +4,12 @@
 are the gate suites' (policy, controller, endpoint).
 """
 
+import json
+import time
 import unittest
 
 import test_adaptive_spec_runtime_endpoint as endpoint
+import test_adaptive_spec_runtime_policy as policy
 from sglang.srt.managers.scheduler_components import internal_state
 from sglang.srt.speculative import adaptive_spec_params as asp
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveUpdateConflict
@@ -115,10 +118,10 @@ class TestParseBody(unittest.TestCase):
             ({"expected_generation": 2**70, "reset_config": True}, "expected_generation"),
             ({"config": {"1": {"candidate_steps": [1]}}, "reset_config": True}, "not both"),
             ({"config": {}}, "at least one integer-string BS key"),
-            ({"config": {"1": {"candidate_steps": [10**30]}}}, r"list of ints in \[0, 64\]"),
+            ({"config": {"1": {"candidate_steps": [10**30]}}}, r"at most 65 ints in \[0, 64\]"),
             ({"config": {"1": {"candidate_steps": [1], "update_interval": 0}}}, "update_interval"),
             ({"config": {"1": {"candidate_steps": [1], "ema_alpha": float("nan")}}}, "ema_alpha"),
-            ({"config": {"1": {"candidate_steps": [True]}}}, r"list of ints in \[0, 64\]"),
+            ({"config": {"1": {"candidate_steps": [True]}}}, r"at most 65 ints in \[0, 64\]"),
             ({"config": {"1": {"candidate_steps": [1], "ceiling_coeff": 1e308}}}, "ceiling_coeff"),
             ({"config": {"1": [1]}}, "JSON object"),
         ]
@@ -167,6 +170,23 @@ class TestControllerConfig(unittest.TestCase):
             c.update_runtime_config(reset_config=True, expected_generation=0)
         c.update_runtime_config(reset_config=True, expected_generation=1)
         self.assertEqual((c.generation, c.params.config()), (2, startup))
+
+    def test_the_dwell_never_runs_a_replaced_slot_outside_its_graphs(self):
+        """The review's case: slots replaced so a small-batch slot runs a deep step captured only at small sizes,
+        and a gate that covers it; the dwell would have held that step at batch 40 (no graph: eager)."""
+        from test_adaptive_spec_runtime_controller import outside_the_graphs
+
+        worker, controller = started_controller()
+        self.assertEqual(controller._captured_graph_bs[5], [1, 2, 4])
+        controller.update_runtime_config(
+            config={"1": {"candidate_steps": [0, 5]}},
+            set_zero_steps_above_bs=True,
+            zero_steps_above_bs=4,
+            gate_min_dwell_steps=32,
+        )
+        # Engaged at 40, released after the dwell at 2 (step 5), then 40 again inside the new dwell.
+        self.assertEqual(outside_the_graphs(worker, controller, [40] + [2] * 40 + [40, 40]), [])
+        self.assertEqual(worker.speculative_num_steps, 0)
 
     def test_graphs_disabled_accepts_any_captured_step(self):
         worker, c = started_controller(graph_bs=None)
@@ -217,6 +237,36 @@ class TestConfigOverControlPath(endpoint.ControlPathCase):
         status, body = self.post({"config": state["config"], "expected_generation": state["generation"]})
         self.assertEqual(status, 200, body)
         self.assertEqual(body["states"][0]["config"], state["config"])
+
+    def test_a_config_at_the_slot_bound_applies_and_decisions_stay_cheap_past_it_400(self):
+        """The review's ~1 MB POST of 40,000 slots froze decoding for minutes: now it is refused in the HTTP
+        process; a config at the bound is applied in well under a second and every decision stays cheap."""
+        huge = {"config": {str(bs): {"candidate_steps": [3]} for bs in range(1, 40_001)}}
+        status, body = self.post(huge)
+        self.assertEqual((status, body["reason"]), (400, "invalid_body"))
+        self.assertIn("body too large", body["message"])
+        over = {"config": {str(bs): {"candidate_steps": [3]} for bs in range(1, asp.MAX_ADAPTIVE_SLOTS + 2)}}
+        status, body = self.post(over)
+        self.assertEqual((status, body["reason"]), (400, "invalid_body"))
+        self.assertIn(f"more than {asp.MAX_ADAPTIVE_SLOTS} BS slots", body["message"])
+        self.assertEqual(self.tm.sent, [])
+
+        knobs = {"ema_alpha": 0.5, "update_interval": 1, "warmup_batches": 0, "down_hysteresis": 0.0}
+        at = {str(bs): {"candidate_steps": [3], **knobs} for bs in range(1, asp.MAX_ADAPTIVE_SLOTS + 1)}
+        self.assertLessEqual(len(json.dumps({"config": at})), endpoint.http_server.MAX_SPEC_ADAPTIVE_BODY_BYTES)
+        started = time.perf_counter()
+        status, body = self.post({"config": at})
+        self.assertEqual(status, 200, body)
+        self.assertLess(time.perf_counter() - started, policy.BUILD_BOUND_S)
+        self.assertEqual(len(body["state"]["config"]), asp.MAX_ADAPTIVE_SLOTS)
+
+        controller = self.worker.adaptive_controller
+        started = time.perf_counter()
+        for bs in range(1, 2001):
+            controller.activate_step_by_batch(bs % 48 + 1)
+            controller.on_verify_complete([2, 3, 1], bs % 48 + 1)
+        self.assertLess((time.perf_counter() - started) / 2000, policy.DECISION_BOUND_S)
+        self.assertEqual(controller.decision_errors, 0)
 
 
 class TestConfigOverTwoRanks(endpoint.TwoRanksCase):
