@@ -152,10 +152,10 @@ def test_time_shared_redis_restarted_empty_the_next_switch_runs_after_one_refusa
 
 def test_workers_restarted_in_front_of_an_engine_that_accepted_token_50_write_its_gate(sim, gateway_process):
     engine = sim("k25-eagle3", *SIM_SCALE, "--speculation-gate")
-    # What the workers of the last run left on the engine: a fence at 50 (a dry run moves no gate).
+    # What the workers of the last run left on the engine: a fence at 50 (under it, the gate they wrote).
     raised = httpx.post(
         engine.url + "/speculative/adaptive",
-        json={"zero_steps_above_bs": 4, "dry_run": True},
+        json={"zero_steps_above_bs": 8},
         headers={FENCE_HEADER: "50"},
         timeout=10,
         trust_env=False,
