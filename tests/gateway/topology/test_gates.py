@@ -24,6 +24,9 @@ TOKEN = "admin-secret"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 
+SLOW_WAIT_S = 120.0
+
+
 def engine_gate(url: str) -> dict:
     return httpx.get(url + "/speculative/adaptive", timeout=5, trust_env=False).json()["state"]
 
@@ -472,7 +475,11 @@ def test_a_follower_counts_no_gate_the_leader_wrote_but_one_moved_by_hand(
     # PUTs through either replica: the leader writes every gate, the follower reads each one back.
     for threshold, through in ((12, leader), (7, follower), (20, leader), (9, follower)):
         assert put(through, "/admin/threshold", {"threshold": threshold}).status_code == 200
-        wait_until(lambda t=threshold: read_back(follower, t), what=f"the follower reading gate {threshold} back")
+        wait_until(
+            lambda t=threshold: read_back(follower, t),
+            timeout=SLOW_WAIT_S,
+            what=f"the follower reading gate {threshold} back",
+        )
     assert [moved(gw, url) for gw in group for url in urls] == [0, 0, 0, 0]
     assert "moved by someone else" not in caplog.text, caplog.text
 
@@ -480,9 +487,18 @@ def test_a_follower_counts_no_gate_the_leader_wrote_but_one_moved_by_hand(
     (engine, faults, url), _ = backends
     faults.hang_writes.set()
     httpx.post(engine.url + GATE, json={"zero_steps_above_bs": 3}, timeout=10, trust_env=False)
-    wait_until(lambda: moved(follower, url) == 1 and moved(leader, url) == 1, what="both replicas counting the move")
+    # Bounds for a loaded machine: a gate read is retried every 0.2 s, but each may wait out its 2 s timeout.
+    wait_until(
+        lambda: moved(follower, url) == 1 and moved(leader, url) == 1,
+        timeout=SLOW_WAIT_S,
+        what="both replicas counting the move",
+    )
     faults.release.set()
-    wait_until(lambda: read_back(follower, 9), what="the leader restoring the gate, the follower reading it back")
+    wait_until(
+        lambda: read_back(follower, 9),
+        timeout=SLOW_WAIT_S,
+        what="the leader restoring the gate, the follower reading it back",
+    )
     assert [moved(gw, u) for gw in (follower, leader) for u in urls] == [1, 0, 1, 0]
     assert "moved by someone else: 9 -> 3 (generation" in caplog.text
     assert caplog.text.count("the replica that leads restores 9") == 1, caplog.text
