@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -326,6 +327,16 @@ def _time_shared(
     headers = {"Authorization": f"Bearer {agent_token}"}
     httpx.post(f"{agent_url}/servers/speculative/start", headers=headers, timeout=CONTROL_TIMEOUT_S).raise_for_status()
     process.wait_ready(urls["speculative"] + "/health", None, STANDIN_READY_TIMEOUT_S)
+    # Ready as the agent says it (after its own 1-token generation), not only answering /health: a gateway that
+    # starts while the agent still says `starting` adopts that start as a switch under way.
+    status = f"{agent_url}/servers/speculative"
+    deadline = time.monotonic() + STANDIN_READY_TIMEOUT_S
+    while httpx.get(status, headers=headers, timeout=CONTROL_TIMEOUT_S).json().get("state") != "ready":
+        if time.monotonic() > deadline:
+            raise process.NotReady(
+                f"the agent did not say the speculative server is ready within {STANDIN_READY_TIMEOUT_S:g} s"
+            )
+        time.sleep(READY_POLL_S)
     switching.update(agent_url=agent_url, agent_token=agent_token)
     return settings, [f"  agent:       {agent_url} (restarts the stand-ins; servers of {profile})"]
 
