@@ -136,13 +136,21 @@ def _crossover(*argv: str) -> list[str]:
     return [sys.executable, "-m", "crossover.gateway.cli", *argv]
 
 
-def start_standin(profile: str, port: int, time_scale: float, engine: EngineName = DEFAULT_ENGINE) -> subprocess.Popen:
+def start_standin(
+    profile: str,
+    port: int,
+    time_scale: float,
+    engine: EngineName = DEFAULT_ENGINE,
+    *,
+    sleeps: bool = True,
+    extra: tuple[str, ...] = (),
+) -> subprocess.Popen:
     from crossover.servers import process
     from crossover.servers.launch import sim_engine_args
 
-    argv = _crossover("sim", "serve", "--profile", profile, "--host", HOST, "--port", str(port))
+    argv = _crossover("sim", "serve", "--profile", profile, "--host", HOST, "--port", str(port), *extra)
     # Playing vLLM, as vLLM with --enable-sleep-mode (and its dev mode): the time-shared demo sleeps and wakes it.
-    argv += sim_engine_args(engine, sleeps=True)
+    argv += sim_engine_args(engine, sleeps=sleeps)
     # The demo shows routing, not the minutes of weight loading the k25 profiles model.
     argv += ["--time-scale", str(time_scale), "--startup-delay", "0"]
     # The demo starts its stand-ins before it runs any thread, so they can die with it.
@@ -239,12 +247,12 @@ def _in_engine(started: _Started, threshold: int, time_scale: float, folder: Pat
     key_file.write_text(secrets.token_urlsafe(18))
     key_file.chmod(0o600)
     urls = []
+    gated = ("--speculation-gate", "--admin-api-key-file", str(key_file))  # playing the patched SGLang server
     for _ in range(IN_ENGINE_SERVERS):
         standin_port = process.free_port(HOST)
-        argv = _crossover("sim", "serve", "--profile", PROFILES["speculative"], "--host", HOST)
-        argv += ["--port", str(standin_port), "--speculation-gate", "--admin-api-key-file", str(key_file)]
-        argv += ["--time-scale", str(time_scale), "--startup-delay", "0"]
-        started.procs.append(process.spawn(argv))
+        started.procs.append(
+            start_standin(PROFILES["speculative"], standin_port, time_scale, sleeps=False, extra=gated)
+        )
         urls.append(f"http://{HOST}:{standin_port}")
     for proc, url in zip(started.procs, urls, strict=True):
         process.wait_ready(url + "/health", proc, STANDIN_READY_TIMEOUT_S)

@@ -81,22 +81,29 @@ class HostStore:
         except BlockingIOError:
             os.close(fd)
             return None  # another worker leads
-        with self._locked(TOKEN_LOCK, fcntl.LOCK_EX):
-            token = self._counted() + 1
-            write_bytes_atomically(self.folder / TOKEN, str(token).encode())
+        try:
+            token = self._next_token()
+        except StoreUnavailable:
+            os.close(fd)  # drops the lock: a lease without a token is no lease
+            raise
         self._lease_fd, self._token = fd, token
         return token
 
     async def retoken(self, member: str, token: int, ttl_s: float) -> int | None:
         if self._token != token:
             return None
+        self._token = self._next_token()
+        return self._token
+
+    def _next_token(self) -> int:
+        """One larger than every token handed out so far, written before it is used."""
         try:
             with self._locked(TOKEN_LOCK, fcntl.LOCK_EX):
-                self._token = self._counted() + 1
-                write_bytes_atomically(self.folder / TOKEN, str(self._token).encode())
+                token = self._counted() + 1
+                write_bytes_atomically(self.folder / TOKEN, str(token).encode())
         except (OSError, ValueError) as exc:
-            raise StoreUnavailable(f"the host's lease token cannot be raised: {exc}") from exc
-        return self._token
+            raise StoreUnavailable(f"the host's lease token cannot be written: {exc}") from exc
+        return token
 
     async def raise_fence(self, at_least: int) -> None:
         try:
