@@ -136,6 +136,12 @@ DEFAULT_ADAPTIVE_MAX_STEP = 4
 DEFAULT_ADAPTIVE_MIN = 1
 DEFAULT_ADAPTIVE_MAX = 256
 DEFAULT_ADAPTIVE_DEADBAND = 1
+# A change of acceptance this large (tokens per step) since the last decision decides at once, not at the window's end.
+DEFAULT_ADAPTIVE_REACT = 0.2
+# A window's move may reach the next bench level toward the target where that is farther than max_step (0: off).
+DEFAULT_ADAPTIVE_MAX_LEVELS = 1
+# How often the controller looks at the acceptance between windows (seconds; the load scrape's order).
+ADAPTIVE_LOOK_S = 1.0
 
 
 class _Section(BaseModel):
@@ -417,7 +423,9 @@ class ClusterSettings(_Section):
 
 class AdaptiveSettings(_Section):
     """`[adaptive]`: every `window` seconds the threshold moves toward the crossover predicted at the speculative
-    backends' live acceptance from a bench table, at most `max_step`, within [min, max], holding within `deadband`."""
+    backends' live acceptance from a bench table, at most `max_step` or one bench level (`max_levels`), within
+    [min, max], holding within `deadband`;
+    at once (a look every ADAPTIVE_LOOK_S) when the acceptance moved by `react` or more since the last decision."""
 
     enabled: bool = False
     # A `crossover bench` results.json: both pools' throughput by concurrency. None: the controller holds.
@@ -429,6 +437,8 @@ class AdaptiveSettings(_Section):
     min: int = Field(DEFAULT_ADAPTIVE_MIN, ge=0, le=MAX_THRESHOLD)
     max: int = Field(DEFAULT_ADAPTIVE_MAX, ge=0, le=MAX_THRESHOLD)
     deadband: int = Field(DEFAULT_ADAPTIVE_DEADBAND, ge=0, le=MAX_THRESHOLD)
+    max_levels: int = Field(DEFAULT_ADAPTIVE_MAX_LEVELS, ge=0, le=64)
+    react: float = Field(DEFAULT_ADAPTIVE_REACT, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _bounds_and_table(self) -> AdaptiveSettings:
@@ -439,7 +449,7 @@ class AdaptiveSettings(_Section):
         return self
 
     def limits(self) -> AdaptiveLimits:
-        return AdaptiveLimits(self.max_step, self.min, self.max, self.deadband)
+        return AdaptiveLimits(self.max_step, self.min, self.max, self.deadband, self.max_levels)
 
     def bench_table(self) -> BenchTable | None:
         """The table `table` names (None: none named); ValueError saying what is wrong with the file."""

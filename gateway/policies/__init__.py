@@ -13,6 +13,7 @@ from crossover.gateway.policies.adaptive import (
     Prediction,
     TableError,
     mean_acceptance,
+    threshold_for,
 )
 from crossover.gateway.policies.adaptive import decide as decide_threshold
 from crossover.gateway.policies.route import (
@@ -84,4 +85,5 @@ __all__ = [
     "mean_acceptance",
     "spillover",
     "switch",
+    "threshold_for",
 ]

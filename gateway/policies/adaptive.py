@@ -9,28 +9,43 @@
 The model. A `crossover bench` results file gives each pool's output tok/s by concurrency (its `levels`, read as
 `CurveRates.from_levels` reads them), measured at the acceptance the bench saw: tokens per speculative step, the
 bonus token included (a level's `accept_length` on the speculative target where the file records it, else the
-setting `[adaptive] bench_accept_length`). A speculative step has a fixed cost and yields `accept_length` tokens per
-stream, so speculative throughput at concurrency c scales with live_accept / bench_accept; plain throughput does not
-depend on acceptance. The predicted crossover is the lowest concurrency where plain >= the scaled speculative curve,
-linear between the bench's levels (each curve linear between its points and flat beyond its ends, as `CurveRates`):
-at the lowest level if plain is ahead there already; beyond the highest level if plain never catches up (`above_range`:
-then the crossover is at least the highest level, and that is what the threshold moves toward). Its interval comes from
-the levels' 95% intervals (`output_throughput_interval`): from the crossover of speculative's low end against plain's
-high end (the earliest plain may be ahead) to that of speculative's high end against plain's low end; None where a
-level of the pair has no interval.
+setting `[adaptive] bench_accept_length`). Plain throughput does not depend on acceptance. A speculative level's
+engine time per request, t = out / X(c) (`out`: output tokens per request, X: the level's tok/s; a closed loop's
+engine is busy for t per completed request), splits in two:
+- a part that does not scale with acceptance, p: the request's prefill, taken as the speculative target's mean time
+  to first token at its lowest level (one request alone: its prefill pass, no queue), at most t;
+- the decode part, t - p: steps of fixed cost (a verify pass over the draft tokens plus the draft passes), each
+  yielding `accept_length` tokens per stream, so it scales with bench_accept / live_accept.
+So at a live acceptance A the speculative level predicts X'(c) = out / (p + (t - p) x A_bench / A). Without a prefill
+time (a file without `mean_ttft_ms`, p = 0) this is the proportional X(c) x A / A_bench.
+The predicted crossover is the lowest concurrency where plain >= the predicted speculative curve, linear between the
+bench's levels (each curve linear between its points and flat beyond its ends, as `CurveRates`): at the lowest level
+if plain is ahead there already; beyond the highest level if plain never catches up (`above_range`: then the
+crossover is at least the highest level, and that is what the threshold moves toward). Its interval comes from the
+levels' 95% intervals (`output_throughput_interval`), each end predicted the same way: from the crossover of
+speculative's low end against plain's high end (the earliest plain may be ahead) to that of speculative's high end
+against plain's low end; None where a level of the pair has no interval.
 
-What it leaves out: a speculative step's cost does grow with the tokens it verifies, and acceptance differs by
-context length and batch - so it is a prior that the bench calibrates at one acceptance, trusted near it.
+The threshold for a crossover x is ceil(x) - 1 (`threshold_for`, as `crossover bench` recommends it): the switch
+policy routes a request to plain when the load it finds (the others in flight) is >= the threshold, so a closed loop
+of C clients stays speculative while C <= threshold; plain is ahead from C = ceil(x).
+
+What it leaves out: a verify pass's cost does grow with the tokens it verifies and the context grows faster at a
+higher acceptance; prefill is batched at high load (less per request than alone); acceptance differs by context
+length and batch - so it is a prior that the bench calibrates at one acceptance, trusted near it, and that the live
+rate table corrects (`Correction`).
 
 The decision (`decide`), in order (the first that applies gives the reason, a stable string):
 1. `no_acceptance`: no speculative backend reports its acceptance - hold (nothing to predict from).
 2. `no_table`: no bench table - hold. The fallback is to do nothing: scaling a threshold that was never measured by a
    ratio would be a guess presented as a measurement.
-3. The target is the predicted crossover, rounded, within [minimum, maximum]. A threshold outside those bounds moves
-   toward them whatever else holds (`into_bounds`).
+3. The target is the predicted crossover's threshold (`threshold_for`), within [minimum, maximum]. A threshold
+   outside those bounds moves toward them whatever else holds (`into_bounds`).
 4. `within_deadband`: the threshold is within `deadband` of the target; `within_interval`: it lies inside the
-   prediction's interval (the curves are within the bench's noise there) - hold.
-5. `toward_crossover`: move toward the target by at most `max_step`, never past it.
+   thresholds of the prediction's interval (the curves are within the bench's noise there) - hold.
+5. `toward_crossover`: move toward the target by at most `max_step` - or, farther, to the `max_levels`-th bench level
+   toward it (the bench's own resolution: one level a window crosses the wide levels at high load in a few windows
+   where `max_step` alone would take dozens) - never past it.
 """
 
 from __future__ import annotations
@@ -82,22 +97,29 @@ class Prediction:
 @dataclass(frozen=True, slots=True)
 class BenchTable:
     """Both pools' throughput by concurrency as a bench measured them, at `accept_length`; `low`/`high`: the curves
-    at the ends of the levels' intervals (None: not in the file)."""
+    at the ends of the levels' intervals (None: not in the file); `prefill_s`: the speculative request's part that
+    does not scale with acceptance, `output_tokens` its output tokens (the model: the module docstring)."""
 
     rates: CurveRates
     accept_length: float
     low: CurveRates | None = None
     high: CurveRates | None = None
+    prefill_s: float = 0.0
+    output_tokens: float | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.accept_length) and self.accept_length >= 1):
             raise TableError(f"the bench's accept_length must be a number >= 1, got {self.accept_length}")
+        if not (math.isfinite(self.prefill_s) and self.prefill_s >= 0):
+            raise TableError(f"the prefill time must be a number >= 0, got {self.prefill_s}")
 
     @classmethod
     def from_results(cls, results: Mapping[str, Any], *, accept_length: float | None = None) -> BenchTable:
         """From a parsed `crossover bench` results.json: the pair its `crossover` names, each target's levels that
         completed something. The acceptance: the speculative target's levels' mean `accept_length` where recorded,
-        else `accept_length`; TableError when neither says."""
+        else `accept_length`; TableError when neither says. The prefill: the speculative target's `mean_ttft_ms`
+        at its lowest level (0 where not recorded); its output tokens per request: its levels' total_output_tokens
+        over completed, else the run's `output_len`."""
         crossover = results.get("crossover") if isinstance(results, Mapping) else None
         pair = crossover if isinstance(crossover, Mapping) else {}
         speculative, plain = pair.get("speculative"), pair.get("plain")
@@ -116,11 +138,8 @@ class BenchTable:
             for level in levels
             if isinstance(level, Mapping) and level.get("target") in names and rates_point(level) is not None
         ]
-        recorded = [
-            float(level["accept_length"])
-            for level in used
-            if level.get("target") == speculative and isinstance(level.get("accept_length"), int | float)
-        ]
+        ours = sorted((level for level in used if level.get("target") == speculative), key=lambda lv: lv["concurrency"])
+        recorded = [a for level in ours if (a := _number(level.get("accept_length"))) is not None]
         bench_accept = sum(recorded) / len(recorded) if recorded else accept_length
         if bench_accept is None:
             raise TableError(
@@ -146,16 +165,68 @@ class BenchTable:
                 low, high = CurveRates.from_points(**ends["low"]), CurveRates.from_points(**ends["high"])
             except ValueError:
                 low = high = None  # an interval reaching 0: no interval rather than a nonsense one
-        return cls(rates, float(bench_accept), low, high)
+        ttft = _number(ours[0].get("mean_ttft_ms")) if ours else None
+        prefill_s = ttft / 1000 if ttft is not None and ttft >= 0 else 0.0
+        per_request = [
+            level["total_output_tokens"] / level["completed"]
+            for level in ours
+            if _number(level.get("total_output_tokens")) is not None
+        ]
+        metadata = results.get("metadata")
+        output_len = _number(metadata.get("output_len")) if isinstance(metadata, Mapping) else None
+        output_tokens = sum(per_request) / len(per_request) if per_request else output_len
+        if output_tokens is None:
+            prefill_s = 0.0  # without the tokens per request the split cannot be made: proportional
+        return cls(rates, float(bench_accept), low, high, prefill_s, output_tokens)
+
+    def speculative_at(self, accept_length: float, rates: CurveRates | None = None) -> CurveRates:
+        """`rates` (default: the bench's) with the speculative curve predicted at `accept_length`."""
+        rates = self.rates if rates is None else rates
+        ratio = self.accept_length / accept_length  # the decode part's time scales by this
+        out = self.output_tokens
+        if out is None or self.prefill_s <= 0:
+            points = [(c, x / ratio) for c, x in rates.speculative]
+        else:
+            points = []
+            for c, x in rates.speculative:
+                per_request = out / x
+                prefill = min(self.prefill_s, per_request)
+                points.append((c, out / (prefill + (per_request - prefill) * ratio)))
+        return CurveRates(tuple(points), rates.plain)
 
     def predict(self, accept_length: float) -> Prediction:
         """The crossover at `accept_length` (see the module docstring)."""
-        ratio = accept_length / self.accept_length
-        at, above = crossing(self.rates, ratio)
+        at, above = crossing(self.speculative_at(accept_length))
         interval = None
         if self.low is not None and self.high is not None:
-            interval = (crossing(self.low, ratio)[0], crossing(self.high, ratio)[0])
+            interval = (
+                crossing(self.speculative_at(accept_length, self.low))[0],
+                crossing(self.speculative_at(accept_length, self.high))[0],
+            )
         return Prediction(at, interval, accept_length, above)
+
+    def level_reach(self, threshold: int, target: int, levels: int) -> int:
+        """How far the `levels`-th bench level from `threshold` toward `target` lies (0: none there, or `levels` 0)."""
+        if levels < 1 or target == threshold:
+            return 0
+        loads = sorted({round(x) for x, _ in self.rates.speculative} | {round(x) for x, _ in self.rates.plain})
+        ahead = (
+            [x for x in loads if x > threshold] if target > threshold else [x for x in reversed(loads) if x < threshold]
+        )
+        return abs(ahead[min(levels, len(ahead)) - 1] - threshold) if ahead else 0
+
+
+def _number(value: object) -> float | None:
+    """`value` as a finite float where it is a JSON number (None: it is not)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def threshold_for(crossover: float) -> int:
+    """The switch threshold that keeps a closed loop on speculative below `crossover` and on plain from it on:
+    ceil(crossover) - 1 (the module docstring); a hair over an integer is that integer (float noise)."""
+    return max(math.ceil(crossover - 1e-9) - 1, 0)
 
 
 def rates_point(level: Mapping[str, Any]) -> float | None:
@@ -166,13 +237,13 @@ def rates_point(level: Mapping[str, Any]) -> float | None:
     return None
 
 
-def crossing(rates: CurveRates, ratio: float = 1.0) -> tuple[float, bool]:
-    """(the lowest load where plain >= speculative x `ratio`, linear between the curves' points; whether plain never
-    got there, the load then being the highest point)."""
+def crossing(rates: CurveRates) -> tuple[float, bool]:
+    """(the lowest load where plain >= speculative, linear between the curves' points; whether plain never got
+    there, the load then being the highest point)."""
     loads = sorted({x for x, _ in rates.speculative} | {x for x, _ in rates.plain})
     previous: tuple[float, float] | None = None
     for load in loads:
-        ahead = rates.throughput(PLAIN, load) - ratio * rates.throughput(SPECULATIVE, load)
+        ahead = rates.throughput(PLAIN, load) - rates.throughput(SPECULATIVE, load)
         if ahead >= 0:
             if previous is None:
                 return load, False
@@ -184,13 +255,15 @@ def crossing(rates: CurveRates, ratio: float = 1.0) -> tuple[float, bool]:
 
 @dataclass(frozen=True, slots=True)
 class AdaptiveLimits:
-    """How far and where the threshold may move: at most `max_step` per window, within [minimum, maximum], and not
+    """How far and where the threshold may move: per window at most `max_step`, or as far as the `max_levels`-th
+    bench level toward the target where that is farther (0: `max_step` alone), within [minimum, maximum], and not
     at all within `deadband` of the target."""
 
     max_step: int
     minimum: int
     maximum: int
     deadband: int = 0
+    max_levels: int = 0
 
     def __post_init__(self) -> None:
         if self.max_step < 1:
@@ -199,6 +272,8 @@ class AdaptiveLimits:
             raise ValueError(f"need 0 <= minimum <= maximum, got {self.minimum}, {self.maximum}")
         if self.deadband < 0:
             raise ValueError(f"deadband must be >= 0, got {self.deadband}")
+        if self.max_levels < 0:
+            raise ValueError(f"max_levels must be >= 0, got {self.max_levels}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +285,7 @@ class AdaptiveDecision:
     reason: str
     accept_length: float | None = None
     prediction: Prediction | None = None
-    target: int | None = None  # the prediction rounded, within the bounds
+    target: int | None = None  # the prediction's threshold (threshold_for), within the bounds
 
     @property
     def moved(self) -> bool:
@@ -246,17 +321,18 @@ def decide(
     if table is None:
         return AdaptiveDecision(threshold, threshold, NO_TABLE, accept_length)
     prediction = table.predict(accept_length)
-    target = min(max(round(prediction.crossover), limits.minimum), limits.maximum)
+    target = min(max(threshold_for(prediction.crossover), limits.minimum), limits.maximum)
     inside = limits.minimum <= threshold <= limits.maximum
     held = None
     if inside and abs(target - threshold) <= limits.deadband:
         held = WITHIN_DEADBAND
     elif inside and prediction.interval is not None:
         low, high = prediction.interval
-        if low <= threshold <= high:
+        if threshold_for(low) <= threshold <= threshold_for(high):
             held = WITHIN_INTERVAL
     if held is not None:
         return AdaptiveDecision(threshold, threshold, held, accept_length, prediction, target)
-    step = max(-limits.max_step, min(limits.max_step, target - threshold))
+    bound = max(limits.max_step, table.level_reach(threshold, target, limits.max_levels))
+    step = max(-bound, min(bound, target - threshold))
     reason = TOWARD_CROSSOVER if inside else INTO_BOUNDS
     return AdaptiveDecision(threshold, threshold + step, reason, accept_length, prediction, target)

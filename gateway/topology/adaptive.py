@@ -5,10 +5,12 @@
     adaptive.pause("PUT /admin/threshold")                # an operator's threshold wins until ...
     adaptive.resume()                                     # ... PUT /admin/adaptive {"enabled": true}
 
-The decision is gateway/policies/adaptive.py's (pure: the replay can step it too); this module reads its inputs
-(the speculative backends' acceptance as the load scrape last read it, the live threshold), and moves the threshold
-where PUT /admin/threshold moves it: `Routing.update`, then the topology (in-engine: every gate; time-shared: the
-switch threshold, its cost guard unchanged), then the cluster's store, so every replica serves the move. Only where
+The decision is gateway/policies/adaptive.py's (pure: the replay can step it too), every `window` seconds, and at
+once (it looks every ADAPTIVE_LOOK_S) when the acceptance moved by `react` since its last decision; this module reads
+its inputs (the speculative backends' acceptance as the load scrape last read it, the live threshold), and moves the
+threshold where PUT /admin/threshold moves it: `Routing.update`, then the topology (in-engine: every gate;
+time-shared: the switch threshold, its cost guard unchanged), then the cluster's store, so every replica serves the
+move. Only where
 the threshold is moved today does it act: the process holding the cluster's lease (`coordination.leader`: one
 process alone always does). It holds while paused; the pause is the cluster's (`Control.adaptive_paused`), so an
 operator's PUT on any replica pauses the leader's controller.
@@ -28,7 +30,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from crossover.gateway.backends import Pools
-from crossover.gateway.config import SPECULATIVE, AdaptiveSettings, ThresholdError
+from crossover.gateway.config import ADAPTIVE_LOOK_S, SPECULATIVE, AdaptiveSettings, ThresholdError
 from crossover.gateway.errors import GatewayError
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.policies import (
@@ -60,6 +62,7 @@ class AdaptiveController:
         self.limits = settings.limits()
         self.table: BenchTable | None = settings.bench_table() if settings.enabled else None
         self.windows = 0  # windows passed since start (deciding or not)
+        self.early = 0  # decisions taken before a window's end, the acceptance having moved by `react`
         self.last: AdaptiveDecision | None = None
         self.moves: deque[tuple[float, AdaptiveDecision]] = deque(maxlen=KEPT_MOVES)
         self.moved = dict.fromkeys(DIRECTIONS, 0)  # as crossover_adaptive_moves_total counts them
@@ -92,12 +95,29 @@ class AdaptiveController:
             self._task = None
 
     async def _run(self) -> None:
+        window = self.settings.window
+        look = min(window, ADAPTIVE_LOOK_S)
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(self.settings.window)
+            await asyncio.sleep(look)
+            now = time.monotonic()
+            reacting = now - last < window - look / 2
+            if reacting and not self.acceptance_moved():
+                continue
+            last = now
             try:
-                await self.step()
+                await self.step(early=reacting)
             except Exception:  # one bad window must not end the controller
                 log.exception("the adaptive controller's window failed; the threshold holds")
+
+    def acceptance_moved(self) -> bool:
+        """The acceptance is `react` or more away from the one the last decision took (decide now, not at the
+        window's end)."""
+        last = self.last
+        now = self.acceptance()
+        if last is None or last.accept_length is None or now is None:
+            return False
+        return abs(now - last.accept_length) >= self.settings.react
 
     # -- one window -----------------------------------------------------------------------------
 
@@ -105,11 +125,13 @@ class AdaptiveController:
         """The mean accept length over the speculative backends that report one (fresh readings only)."""
         return mean_acceptance(self.pools.accept_length(backend) for backend in self.pools.pool(SPECULATIVE))
 
-    async def step(self) -> AdaptiveDecision | None:
-        """One window: None where this process does not decide (a follower, or paused)."""
+    async def step(self, *, early: bool = False) -> AdaptiveDecision | None:
+        """One window (`early`: a decision before the window's end, the acceptance having moved): None where this
+        process does not decide (a follower, or paused)."""
         self.windows += 1  # every window, deciding or not: what a wait on "a window passed" reads
         if not self.topology.coordination.leader or self.paused:
             return None
+        self.early += early
         decision = decide_threshold(self.routing.threshold, self.acceptance(), self.table, self.limits)
         self.last = decision
         if decision.moved:
@@ -184,10 +206,13 @@ class AdaptiveController:
             "min": settings.min,
             "max": settings.max,
             "deadband": settings.deadband,
+            "max_levels": settings.max_levels,
+            "react": settings.react,
             "table": None if settings.table is None else str(settings.table),
             "bench_accept_length": None if self.table is None else self.table.accept_length,
             "accept_length": self.acceptance(),
             "windows": self.windows,
+            "early_decisions": self.early,
             "moves": dict(self.moved),
             "last_decision": None if last is None else last.view(),
             "last_move": None if moved is None else {"at": moved[0], **moved[1].view()},

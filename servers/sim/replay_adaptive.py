@@ -6,12 +6,12 @@ and the per-window oracle.
     result.adaptive.best_fixed_tokens, result.adaptive.oracle_tokens, result.adaptive.settled
 
 What it runs:
-- The decision is `gateway/policies/adaptive.py`'s `decide` - the function the live controller calls - every
-  `[adaptive] window` seconds of virtual time, with `[adaptive]`'s limits (`setup.adaptive`: a gateway config's,
-  else the gateway's defaults). Its live acceptance is the trace's over the window just ended (time-weighted; a
-  phase without `accept_length` runs at the profile's), as the load scrape reads the engines' gauge; a move serves
-  from the next window on. It starts from the replay's threshold (the profiles' crossover unless `--threshold`),
-  within [min, max].
+- The decision is `gateway/policies/adaptive.py`'s `decide` - the function the live controller calls - at the end
+  of every `[adaptive] window` seconds of virtual time, with `[adaptive]`'s limits (`setup.adaptive`: a gateway
+  config's, else the gateway's defaults), at the acceptance then (the trace's; a phase without `accept_length` runs
+  at the profile's), as the load scrape reads the engines' gauge; and, as the live controller does, at once when the
+  acceptance moved by `react` or more since its last decision - REACT_LAG_S after the change. A move serves from
+  then on. It starts from the replay's threshold (the profiles' crossover unless `--threshold`), within [min, max].
 - Its bench table is the model's own: both profiles' closed-loop throughput (curve.py, as `crossover bench` would
   measure the stand-ins) at `BENCH_LEVELS`, the speculative one at the profile's accept length. No intervals (a
   replay has no noise), so the controller never holds `within_interval`.
@@ -23,9 +23,10 @@ What it runs:
   throughput at the stretch's concurrency and acceptance (`replay.steady_level`).
 - The performance model at a live acceptance A: the speculative profile with `accept_length` = A, stepped by the
   engine - a speculative step's cost does not depend on A (a verify pass over num_draft_tokens per request plus
-  the draft passes), and each request accepts A tokens per step on average. That is the controller's assumption
-  (speculative tok/s scales by A / bench A) for the decode steps; prefill and the context that grows faster make
-  the engine's closed-loop curve scale a little less than A, which is the controller's prediction error here.
+  the draft passes), each request accepts A tokens per step on average, and its prefill pass costs the same at any
+  A. The controller's model (gateway/policies/adaptive.py) splits a level's time the same way, the prefill read as
+  the bench reads it (the time to first token at the lowest level); what it leaves out (prefill batched at high
+  load, the context growing faster) is its prediction error here, and its levels' linear interpolation the rest.
 
 Against it, on the same stretches and model:
 - the best fixed threshold: every threshold that routes differently (0 and each concurrency of the trace), the one
@@ -49,6 +50,9 @@ from crossover.servers.sim.profile import Profile, with_overrides
 from crossover.servers.sim.replay import ADAPTIVE, ReplayResult, ReplaySetup, profiles_crossover, steady_level
 from crossover.servers.sim.trace import TracePhase
 
+# How long after the acceptance moves the controller decides on it: its look (ADAPTIVE_LOOK_S) at the gauge the
+# load scrape last read, and the engines' gauge itself, a mean over the last 40 decode batches (a few seconds).
+REACT_LAG_S = 5.0
 # `crossover bench`'s default levels (loadtest/config.py DEFAULT_CONCURRENCY: servers may not import loadtest).
 BENCH_LEVELS = (1, 2, 5, 10, 30, 70, 100, 250)
 
@@ -156,7 +160,12 @@ class ModelRates:
         acceptance."""
         accept = self.accept_length
         curves = {mode: [(c, self.throughput(mode, c, accept)) for c in levels] for mode in (SPECULATIVE, PLAIN)}
-        return BenchTable(CurveRates.from_points(**curves), accept)
+        setup = self.setup
+        # The prefill as the bench reads it: the mean time to first token of one request alone (the lowest level).
+        alone = steady_level(self.speculative(accept), levels[0], setup.input_len, setup.output_len, setup.seed)
+        return BenchTable(
+            CurveRates.from_points(**curves), accept, prefill_s=alone.mean_ttft_s, output_tokens=setup.output_len
+        )
 
     def crossover(self, accept_length: float, top: int) -> int | None:
         """The lowest concurrency from which plain serves at least as much (replay.profiles_crossover)."""
@@ -219,20 +228,34 @@ def replay_adaptive(setup: ReplaySetup, trace: list[TracePhase]) -> ReplayResult
     phase_tokens = [0.0] * len(trace)
     thresholds: list[int] = []
     moves: list[Move] = []
+    decided_at = rates.accept_length  # the acceptance of the last decision (the bench's before the first)
+
+    def serve(part: Stretch, threshold: int) -> None:
+        nonlocal served
+        got = tokens(part, threshold)
+        served += got
+        phase_tokens[part.phase] += got
+
+    def decide_at(t: float, accept: float) -> None:
+        nonlocal threshold, decided_at
+        decision = decide_threshold(threshold, accept, table, limits)
+        decided_at = accept
+        if decision.moved:
+            predicted = None if decision.prediction is None else decision.prediction.crossover
+            moves.append(Move(t, threshold, decision.threshold, decision.reason, accept, predicted))
+        threshold = decision.threshold
+
     for window, window_parts in enumerate(by_window):
         thresholds.append(threshold)
         for part in window_parts:
-            got = tokens(part, threshold)
-            served += got
-            phase_tokens[part.phase] += got
-        span = sum(part.duration_s for part in window_parts)
-        live = sum(part.accept_length * part.duration_s for part in window_parts) / span if span else None
-        decision = decide_threshold(threshold, live, table, limits)
-        if decision.moved:
-            predicted = None if decision.prediction is None else decision.prediction.crossover
-            end_t = (window + 1) * window_s
-            moves.append(Move(end_t, threshold, decision.threshold, decision.reason, live or 0.0, predicted))
-        threshold = decision.threshold
+            if abs(part.accept_length - decided_at) >= setup.adaptive.react and part.duration_s > REACT_LAG_S:
+                # The acceptance moved: the controller sees it REACT_LAG_S later and decides at once.
+                serve(part._replace(duration_s=REACT_LAG_S), threshold)
+                decide_at(part.start_s + REACT_LAG_S, part.accept_length)
+                part = part._replace(start_s=part.start_s + REACT_LAG_S, duration_s=part.duration_s - REACT_LAG_S)
+            serve(part, threshold)
+        if window_parts:
+            decide_at((window + 1) * window_s, window_parts[-1].accept_length)  # the gauge at the window's end
 
     candidates = sorted({0, *(part.concurrency for part in parts)})
     fixed = {t: sum(tokens(part, t) for part in parts) for t in candidates}

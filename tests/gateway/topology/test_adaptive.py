@@ -58,6 +58,7 @@ def adaptive_gateway(sim, gateway, table):
             "min": MINIMUM,
             "max": MAXIMUM,
             "deadband": 1,
+            "max_levels": 0,  # max_step alone bounds a move: what the test counts
         },
     )
     return gw, spec
@@ -162,7 +163,7 @@ def test_only_the_leader_decides_and_a_pause_holds(table):
         threshold=START,
         pools={"speculative": {"backends": ["http://127.0.0.1:9"]}, "plain": {"backends": ["http://127.0.0.1:10"]}},
         adaptive={"enabled": True, "table": str(table), "bench_accept_length": BENCH_ACCEPT, "max_step": MAX_STEP,
-                  "min": MINIMUM, "max": MAXIMUM},
+                  "min": MINIMUM, "max": MAXIMUM, "max_levels": 0},
     )  # fmt: skip
     registry = CollectorRegistry()
     state = build_state(settings, registry)
@@ -183,3 +184,10 @@ def test_only_the_leader_decides_and_a_pause_holds(table):
     assert state.routing.threshold == START - MAX_STEP and controller.windows == 4
     assert registry.get_sample_value("crossover_adaptive_moves_total", {"direction": "down"}) == 1
     assert registry.get_sample_value("crossover_adaptive_accept_length") == 1.2
+    # Between windows it decides at once only when the acceptance moved by `react` (0.2) since that decision.
+    backend.acceptance = SpecReading(1.3)
+    assert not controller.acceptance_moved()
+    backend.acceptance = SpecReading(1.45)
+    assert controller.acceptance_moved()
+    asyncio.run(controller.step(early=True))
+    assert controller.view()["early_decisions"] == 1 and not controller.acceptance_moved()
