@@ -428,7 +428,8 @@ class AdaptiveSettings(_Section):
     at once (a look every ADAPTIVE_LOOK_S) when the acceptance moved by `react` or more since the last decision."""
 
     enabled: bool = False
-    # A `crossover bench` results.json: both pools' throughput by concurrency. None: the controller holds.
+    # A `crossover bench` rate-table.json (or its results.json): both pools' throughput by concurrency, the acceptance
+    # the engine reported during each level. None: the controller holds.
     table: Path | None = None
     # The accept length the engine reported during that bench, where the file does not record it.
     bench_accept_length: float | None = Field(None, ge=1, allow_inf_nan=False)
@@ -462,7 +463,7 @@ class AdaptiveSettings(_Section):
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"table {self.table} is not JSON (a `crossover bench` results.json): {exc}") from None
         try:
-            return BenchTable.from_results(results, accept_length=self.bench_accept_length)
+            return BenchTable.from_file(results, accept_length=self.bench_accept_length)
         except TableError as exc:
             raise ValueError(f"table {self.table} is not a bench table: {exc}") from None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from crossover.gateway.policies.adaptive import (
     ADAPTIVE_REASONS,
     DIRECTIONS,
+    RATE_TABLE_KIND,
     AdaptiveDecision,
     AdaptiveLimits,
     BenchTable,
@@ -62,6 +63,7 @@ __all__ = [
     "POLICIES",
     "PRIORITY",
     "PRIORITY_TIER",
+    "RATE_TABLE_KIND",
     "TIERS",
     "AdaptiveDecision",
     "AdaptiveLimits",

@@ -71,6 +71,10 @@ UP, DOWN = "up", "down"
 DIRECTIONS = (UP, DOWN)
 
 
+# rate-table.json's `kind` (`crossover bench` writes it beside results.json: loadtest/ratetable.py).
+RATE_TABLE_KIND = "crossover-rate-table"
+
+
 class TableError(ValueError):
     """A results file that cannot be a bench table; the message says what it lacks."""
 
@@ -179,6 +183,53 @@ class BenchTable:
             prefill_s = 0.0  # without the tokens per request the split cannot be made: proportional
         return cls(rates, float(bench_accept), low, high, prefill_s, output_tokens)
 
+    @classmethod
+    def from_file(cls, data: Any, *, accept_length: float | None = None) -> BenchTable:
+        """From a parsed rate-table.json (its `kind` says so) or results.json: `from_rate_table` or `from_results`."""
+        if isinstance(data, Mapping) and data.get("kind") == RATE_TABLE_KIND:
+            return cls.from_rate_table(data, accept_length=accept_length)
+        return cls.from_results(data, accept_length=accept_length)
+
+    @classmethod
+    def from_rate_table(
+        cls, table: Mapping[str, Any], *, accept_length: float | None = None, prompt_tokens: str | None = None
+    ) -> BenchTable:
+        """From a parsed rate-table.json: the rows of one input-length bucket (`prompt_tokens`; default the first
+        the speculative target lists), read as a results.json's levels are."""
+        targets = table.get("targets")
+        speculative, plain = table.get("speculative"), table.get("plain")
+        if not isinstance(targets, Mapping) or not isinstance(speculative, str) or not isinstance(plain, str):
+            raise TableError("a rate table names its speculative and plain targets and lists their rows")
+        rows: dict[str, list[Mapping[str, Any]]] = {}
+        for name in (speculative, plain):
+            listed = targets.get(name)
+            if not isinstance(listed, list) or not all(isinstance(row, Mapping) for row in listed):
+                raise TableError(f"a rate table lists rows for both {speculative} and {plain}")
+            rows[name] = listed
+        if prompt_tokens is None:
+            prompt_tokens = next((row.get("prompt_tokens") for row in rows[speculative]), None)
+        levels = [
+            {
+                "target": name,
+                "concurrency": row.get("concurrency"),
+                "completed": row.get("requests"),
+                "output_throughput": row.get("tokens_per_s") or 0,
+                "output_throughput_interval": row.get("interval"),
+                "accept_length": row.get("accept_length"),
+                "mean_ttft_ms": row.get("mean_ttft_ms"),
+                "total_output_tokens": _product(row.get("output_tokens_per_request"), row.get("requests")),
+            }
+            for name, name_rows in rows.items()
+            for row in name_rows
+            if row.get("prompt_tokens") == prompt_tokens
+        ]
+        results = {
+            "levels": levels,
+            "crossover": {"speculative": speculative, "plain": plain},
+            "metadata": {"output_len": table.get("output_len")},
+        }
+        return cls.from_results(results, accept_length=accept_length)
+
     def speculative_at(self, accept_length: float, rates: CurveRates | None = None) -> CurveRates:
         """`rates` (default: the bench's) with the speculative curve predicted at `accept_length`."""
         rates = self.rates if rates is None else rates
@@ -221,6 +272,11 @@ def _number(value: object) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None
+
+
+def _product(a: object, b: object) -> float | None:
+    x, y = _number(a), _number(b)
+    return None if x is None or y is None else x * y
 
 
 def threshold_for(crossover: float) -> int:
