@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from crossover.gateway.backends.health import Breaker, HealthMonitor
 from crossover.gateway.backends.pools import Backend, Lease, Pools
-from crossover.gateway.backends.rates import LEVEL_NAMES, PROMPT_NAMES, RateTable, prompt_bucket
+from crossover.gateway.backends.rates import LEVEL_NAMES, PROMPT_NAMES, RateTable, level_bounds, prompt_bucket
 
 __all__ = [
     "LEVEL_NAMES",
@@ -16,5 +16,6 @@ __all__ = [
     "Lease",
     "Pools",
     "RateTable",
+    "level_bounds",
     "prompt_bucket",
 ]

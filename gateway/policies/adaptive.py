@@ -33,7 +33,8 @@ of C clients stays speculative while C <= threshold; plain is ahead from C = cei
 What it leaves out: a verify pass's cost does grow with the tokens it verifies and the context grows faster at a
 higher acceptance; prefill is batched at high load (less per request than alone); acceptance differs by context
 length and batch - so it is a prior that the bench calibrates at one acceptance, trusted near it, and that the live
-rate table corrects (`Correction`).
+rate table corrects (`Correction`: per pool and level, the tokens served against the tokens predicted, shrunk toward
+1 while the level has few requests).
 
 The decision (`decide`), in order (the first that applies gives the reason, a stable string):
 1. `no_acceptance`: no speculative backend reports its acceptance - hold (nothing to predict from).
@@ -71,6 +72,8 @@ UP, DOWN = "up", "down"
 DIRECTIONS = (UP, DOWN)
 
 
+# The correction's prior: a level with this many requests moves halfway from the model to what it measured.
+CORRECTION_PRIOR = 32.0
 # rate-table.json's `kind` (`crossover bench` writes it beside results.json: loadtest/ratetable.py).
 RATE_TABLE_KIND = "crossover-rate-table"
 
@@ -245,15 +248,18 @@ class BenchTable:
                 points.append((c, out / (prefill + (per_request - prefill) * ratio)))
         return CurveRates(tuple(points), rates.plain)
 
-    def predict(self, accept_length: float) -> Prediction:
-        """The crossover at `accept_length` (see the module docstring)."""
-        at, above = crossing(self.speculative_at(accept_length))
+    def predict(self, accept_length: float, correction: Correction | None = None) -> Prediction:
+        """The crossover at `accept_length` (see the module docstring), each curve scaled by the live `correction`
+        where given."""
+
+        def curves(rates: CurveRates | None = None) -> CurveRates:
+            predicted = self.speculative_at(accept_length, rates)
+            return predicted if correction is None else correction.apply(predicted)
+
+        at, above = crossing(curves())
         interval = None
         if self.low is not None and self.high is not None:
-            interval = (
-                crossing(self.speculative_at(accept_length, self.low))[0],
-                crossing(self.speculative_at(accept_length, self.high))[0],
-            )
+            interval = (crossing(curves(self.low))[0], crossing(curves(self.high))[0])
         return Prediction(at, interval, accept_length, above)
 
     def level_reach(self, threshold: int, target: int, levels: int) -> int:
@@ -307,6 +313,100 @@ def crossing(rates: CurveRates) -> tuple[float, bool]:
             return x0 + (load - x0) * -behind / (ahead - behind), False
         previous = (load, ahead)
     return loads[-1], True
+
+
+@dataclass(slots=True)
+class LevelEvidence:
+    """What the live rate table showed at one level of one pool against the model: requests, the tokens served and
+    the tokens the model predicted for the same request-seconds; per window, the ratio's sum and sum of squares."""
+
+    requests: float = 0.0
+    observed: float = 0.0
+    predicted: float = 0.0
+    windows: int = 0
+    ratios: float = 0.0
+    squares: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        return self.observed / self.predicted if self.predicted > 0 else 1.0
+
+    def shrunk(self, prior: float) -> float:
+        """The ratio pulled toward 1 by `prior` requests' worth of belief in the model."""
+        return (self.requests * self.ratio + prior) / (self.requests + prior)
+
+    def stderr(self) -> float | None:
+        """The standard error of the ratio over its windows (None: fewer than two)."""
+        if self.windows < 2:
+            return None
+        mean = self.ratios / self.windows
+        variance = max(self.squares / self.windows - mean * mean, 0.0) * self.windows / (self.windows - 1)
+        return math.sqrt(variance / self.windows)
+
+
+class Correction:
+    """The live rate table's correction of the model, per pool and level bucket (powers of two, as the gateway's
+    rate table; `low`-`high` in flight on a backend, the bench's concurrency): every window, the tokens each level
+    served against what the model predicted for the same request-seconds at that window's acceptance
+    (`observe`); a curve's point is scaled by its level's ratio, shrunk toward 1 while the level has few requests
+    (`prior`: a level with `prior` requests moves halfway to its measured ratio) - so the bench's prior holds until
+    the live traffic says otherwise, and where it never ran the prior stands."""
+
+    def __init__(self, prior: float = CORRECTION_PRIOR) -> None:
+        self.prior = prior
+        self.levels: dict[tuple[str, int, int | None], LevelEvidence] = {}
+
+    def observe(
+        self, pool: str, low: int, high: int | None, requests: float, tokens: float, seconds: float, rate: float
+    ) -> None:
+        """A window's requests that ended at level `low`-`high` of `pool`: `tokens` over `seconds` of requests;
+        `rate`: the model's pool throughput (tok/s) at the level's load, so `rate / load` per stream."""
+        if requests <= 0 or seconds <= 0 or rate <= 0:
+            return
+        predicted = seconds * rate / level_load(low, high)
+        evidence = self.levels.setdefault((pool, low, high), LevelEvidence())
+        evidence.requests += requests
+        evidence.observed += tokens
+        evidence.predicted += predicted
+        ratio = tokens / predicted
+        evidence.windows += 1
+        evidence.ratios += ratio
+        evidence.squares += ratio * ratio
+
+    def factor(self, pool: str, load: float) -> float:
+        """The shrunk ratio of the level holding `load` (1: no evidence there)."""
+        for (name, low, high), evidence in self.levels.items():
+            if name == pool and low <= load and (high is None or load <= high):
+                return evidence.shrunk(self.prior)
+        return 1.0
+
+    def apply(self, rates: CurveRates) -> CurveRates:
+        """`rates` with each point scaled by its level's factor."""
+        return CurveRates(
+            tuple((c, x * self.factor(SPECULATIVE, c)) for c, x in rates.speculative),
+            tuple((c, x * self.factor(PLAIN, c)) for c, x in rates.plain),
+        )
+
+    def view(self) -> list[dict]:
+        """/admin/state's `correction`: per pool and level, the evidence, the ratio, its standard error, and the
+        factor applied."""
+        return [
+            {
+                "pool": pool,
+                "level": f"{low}+" if high is None else str(low) if low == high else f"{low}-{high}",
+                "requests": int(evidence.requests),
+                "windows": evidence.windows,
+                "ratio": round(evidence.ratio, 4),
+                "stderr": None if (se := evidence.stderr()) is None else round(se, 4),
+                "factor": round(evidence.shrunk(self.prior), 4),
+            }
+            for (pool, low, high), evidence in sorted(self.levels.items(), key=lambda item: (item[0][0], item[0][1]))
+        ]
+
+
+def level_load(low: int, high: int | None) -> float:
+    """The load standing for a level bucket: the geometric middle of its bounds (the lower bound if open)."""
+    return float(low) if high is None else math.sqrt(low * high)
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,14 +469,18 @@ def mean_acceptance(readings: Iterable[float | None]) -> float | None:
 
 
 def decide(
-    threshold: int, accept_length: float | None, table: BenchTable | None, limits: AdaptiveLimits
+    threshold: int,
+    accept_length: float | None,
+    table: BenchTable | None,
+    limits: AdaptiveLimits,
+    correction: Correction | None = None,
 ) -> AdaptiveDecision:
     """Hold or move the threshold one bounded step toward the predicted crossover (rules: the module docstring)."""
     if accept_length is None:
         return AdaptiveDecision(threshold, threshold, NO_ACCEPTANCE)
     if table is None:
         return AdaptiveDecision(threshold, threshold, NO_TABLE, accept_length)
-    prediction = table.predict(accept_length)
+    prediction = table.predict(accept_length, correction)
     target = min(max(threshold_for(prediction.crossover), limits.minimum), limits.maximum)
     inside = limits.minimum <= threshold <= limits.maximum
     held = None

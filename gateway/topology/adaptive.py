@@ -29,15 +29,17 @@ from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from crossover.gateway.backends import Pools
-from crossover.gateway.config import ADAPTIVE_LOOK_S, SPECULATIVE, AdaptiveSettings, ThresholdError
+from crossover.gateway.backends import Pools, level_bounds
+from crossover.gateway.config import ADAPTIVE_LOOK_S, PLAIN, SPECULATIVE, AdaptiveSettings, ThresholdError
 from crossover.gateway.errors import GatewayError
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.policies import (
     DIRECTIONS,
     AdaptiveDecision,
     BenchTable,
+    Correction,
     decide_threshold,
+    level_load,
     mean_acceptance,
 )
 from crossover.gateway.topology.interface import THRESHOLD, Topology
@@ -67,6 +69,10 @@ class AdaptiveController:
         self.moves: deque[tuple[float, AdaptiveDecision]] = deque(maxlen=KEPT_MOVES)
         self.moved = dict.fromkeys(DIRECTIONS, 0)  # as crossover_adaptive_moves_total counts them
         self.paused_why: str | None = None
+        self.correction = Correction()
+        # The rate table's sums (requests, tokens, seconds) by pool and level at the last window: each window adds
+        # what ended since to the correction.
+        self._seen: dict[str, list[tuple[float, float, float]]] = {}
         self._task: asyncio.Task | None = None
         self.moves_total = Counter(
             "crossover_adaptive_moves",
@@ -132,11 +138,31 @@ class AdaptiveController:
         if not self.topology.coordination.leader or self.paused:
             return None
         self.early += early
-        decision = decide_threshold(self.routing.threshold, self.acceptance(), self.table, self.limits)
+        accept = self.acceptance()
+        self.correct(accept)
+        decision = decide_threshold(self.routing.threshold, accept, self.table, self.limits, self.correction)
         self.last = decision
         if decision.moved:
             await self._move(decision)
         return decision
+
+    def correct(self, accept_length: float | None) -> None:
+        """Add what the live rate table gained since the last window to the correction, against the model at
+        `accept_length` (the speculative pool only with one). Off the request path: a window's few sums."""
+        if self.table is None:
+            return
+        rates = self.table.rates if accept_length is None else self.table.speculative_at(accept_length)
+        for pool in (SPECULATIVE, PLAIN):
+            now = self.pools.rates.by_level(pool)
+            before = self._seen.get(pool)
+            self._seen[pool] = now
+            if before is None or (pool == SPECULATIVE and accept_length is None):
+                continue
+            for bucket, (sums, last) in enumerate(zip(now, before, strict=True)):
+                requests, tokens, seconds = (a - b for a, b in zip(sums, last, strict=True))
+                low, high = level_bounds(bucket)
+                rate = rates.throughput(pool, level_load(low, high))
+                self.correction.observe(pool, low, high, requests, tokens, seconds, rate)
 
     async def _move(self, decision: AdaptiveDecision) -> None:
         try:
@@ -215,6 +241,7 @@ class AdaptiveController:
             "early_decisions": self.early,
             "moves": dict(self.moved),
             "last_decision": None if last is None else last.view(),
+            "correction": {"prior_requests": self.correction.prior, "levels": self.correction.view()},
             "last_move": None if moved is None else {"at": moved[0], **moved[1].view()},
         }
 

@@ -13,8 +13,10 @@ from crossover.gateway.policies.adaptive import (
     WITHIN_INTERVAL,
     AdaptiveLimits,
     BenchTable,
+    Correction,
     TableError,
     decide,
+    level_load,
     mean_acceptance,
     threshold_for,
 )
@@ -175,3 +177,26 @@ def test_a_window_may_reach_the_next_bench_level_where_it_is_farther_than_max_st
     assert decide(40, 3.0, table, levels).threshold == 32  # beyond the top: down to it
     strict = AdaptiveLimits(max_step=2, minimum=1, maximum=64, deadband=0, max_levels=0)
     assert decide(31, 3.0, table, strict).threshold == 29
+
+
+def test_the_live_rate_table_corrects_the_model_shrunk_toward_1_while_it_has_few_requests():
+    table = BenchTable.from_results(results(), accept_length=3.0)
+    correction = Correction(prior=32)
+    assert correction.factor("speculative", 8) == 1.0 and correction.view() == []
+    # Level 8-15 served half of what the model predicts there (bench 600 tok/s at 8: 600 / level_load per stream).
+    per_stream = 600 / level_load(8, 15)
+    correction.observe("speculative", 8, 15, requests=8, tokens=0.5 * per_stream * 10, seconds=10, rate=600)
+    few = correction.factor("speculative", 8)
+    assert few == pytest.approx((8 * 0.5 + 32) / 40)  # 8 requests: mostly the prior
+    for _ in range(40):
+        correction.observe("speculative", 8, 15, requests=8, tokens=0.5 * per_stream * 10, seconds=10, rate=600)
+    many = correction.factor("speculative", 12)
+    assert 0.5 < many < few and many == pytest.approx((328 * 0.5 + 32) / 360)
+    assert correction.factor("speculative", 16) == 1.0 and correction.factor("plain", 8) == 1.0  # no evidence
+    (row,) = correction.view()
+    assert (row["pool"], row["level"], row["requests"], row["windows"]) == ("speculative", "8-15", 328, 41)
+    assert row["ratio"] == pytest.approx(0.5) and row["stderr"] == pytest.approx(0.0, abs=1e-6)
+    # Speculative slower than the bench at 8: plain catches up earlier.
+    assert table.predict(3.0, correction).crossover < table.predict(3.0).crossover
+    decision = decide(12, 3.0, table, LIMITS, correction)
+    assert decision.target is not None and decision.target < 12

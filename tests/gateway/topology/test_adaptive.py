@@ -112,6 +112,10 @@ def test_the_threshold_follows_a_drop_in_acceptance_bounded_pinned_by_an_operato
         assert state["last_move"]["to"] == MINIMUM and state["last_move"]["reason"] == TOWARD_CROSSOVER
         assert state["last_decision"]["prediction"]["crossover"] < MINIMUM
         assert abs(state["accept_length"] - 1.2) < 0.4
+        # The live rate table's evidence against the model, per pool and level, with its counts and factor.
+        levels = state["correction"]["levels"]
+        assert levels and all(row["requests"] > 0 and row["factor"] > 0 for row in levels), levels
+        assert {row["pool"] for row in levels} <= {"speculative", "plain"}
         assert gw.metric("crossover_adaptive_moves_total", direction="down") == controller.moved["down"] >= len(downs)
         assert gw.metric("crossover_adaptive_predicted_crossover") == controller.last.prediction.crossover
         assert abs(gw.metric("crossover_adaptive_accept_length") - 1.2) < 0.4
