@@ -142,9 +142,33 @@ class AdaptiveController:
         self.correct(accept)
         decision = decide_threshold(self.routing.threshold, accept, self.table, self.limits, self.correction)
         self.last = decision
+        before = self.routing.adaptive_shared
         if decision.moved:
-            await self._move(decision)
+            self.moves.append((time.time(), decision))
+            self.routing.adaptive_shared = self.shared()
+            await self._move(decision)  # shares it with the move
+        elif before is None or (before["target"], before["reason"]) != (decision.target, decision.reason):
+            self.routing.adaptive_shared = self.shared()
+            await self._share()
         return decision
+
+    def shared(self) -> dict:
+        """What every replica shows of the leader's decisions (Control.adaptive): its last decision and move."""
+        last = self.last
+        moved = self.moves[-1] if self.moves else None
+        return {
+            "target": None if last is None else last.target,
+            "reason": None if last is None else last.reason,
+            "last_decision": None if last is None else last.view(),
+            "last_move": None if moved is None else {"at": moved[0], **moved[1].view()},
+            "moves": dict(self.moved),
+        }
+
+    async def _share(self) -> None:
+        try:
+            await self.topology.share()
+        except GatewayError as exc:
+            log.warning("adaptive: %s", exc)
 
     def correct(self, accept_length: float | None) -> None:
         """Add what the live rate table gained since the last window to the correction, against the model at
@@ -169,13 +193,15 @@ class AdaptiveController:
             self.routing.update(threshold=decision.threshold)
         except ThresholdError as exc:
             log.error("the adaptive move %d -> %d does not apply: %s", decision.previous, decision.threshold, exc)
+            self.moves.pop()
+            self.routing.adaptive_shared = self.shared()
             return
         except OSError:
             pass  # live, not saved: Routing said so (state_file_problem)
-        self.moves.append((time.time(), decision))
         assert decision.direction is not None
         self.moves_total.labels(decision.direction).inc()
         self.moved[decision.direction] += 1
+        self.routing.adaptive_shared = self.shared()  # with the count
         prediction = decision.prediction
         interval = None if prediction is None else prediction.interval
         log.info(
@@ -193,10 +219,7 @@ class AdaptiveController:
             await self.topology.threshold_changed({THRESHOLD})
         except GatewayError as exc:
             log.warning("adaptive: the threshold %d is live, but not everywhere yet: %s", decision.threshold, exc)
-        try:
-            await self.topology.share()
-        except GatewayError as exc:
-            log.warning("adaptive: %s", exc)
+        await self._share()
 
     # -- the operator ---------------------------------------------------------------------------
 
@@ -220,13 +243,16 @@ class AdaptiveController:
 
     def view(self) -> dict:
         """/admin/state's `adaptive`: the settings, the inputs, the last decision and the last move, and why."""
-        settings, last = self.settings, self.last
-        moved = self.moves[-1] if self.moves else None
+        settings = self.settings
+        leading = self.topology.coordination.leader
+        # A follower shows the leader's decisions, as the cluster's state last carried them.
+        mine = self.shared() if leading or self.routing.adaptive_shared is None else self.routing.adaptive_shared
         return {
             "enabled": settings.enabled,
             "paused": self.paused,
             "paused_why": self.paused_why if self.paused else None,
-            "deciding": settings.enabled and self.topology.coordination.leader,
+            "deciding": settings.enabled and leading,
+            "from_leader": not leading and self.routing.adaptive_shared is not None,
             "window_s": settings.window,
             "max_step": settings.max_step,
             "min": settings.min,
@@ -239,10 +265,10 @@ class AdaptiveController:
             "accept_length": self.acceptance(),
             "windows": self.windows,
             "early_decisions": self.early,
-            "moves": dict(self.moved),
-            "last_decision": None if last is None else last.view(),
+            "moves": mine["moves"],
+            "last_decision": mine["last_decision"],
+            "last_move": mine["last_move"],
             "correction": {"prior_requests": self.correction.prior, "levels": self.correction.view()},
-            "last_move": None if moved is None else {"at": moved[0], **moved[1].view()},
         }
 
 
