@@ -138,6 +138,8 @@ DEFAULT_ADAPTIVE_MAX = 256
 DEFAULT_ADAPTIVE_DEADBAND = 1
 # A change of acceptance this large (tokens per step) since the last decision decides at once, not at the window's end.
 DEFAULT_ADAPTIVE_REACT = 0.2
+# Explore: the switchback's arms sit this far either side of the adaptive threshold.
+DEFAULT_ADAPTIVE_EXPLORE_DELTA = 4
 # A window's move may reach the next bench level toward the target where that is farther than max_step (0: off).
 DEFAULT_ADAPTIVE_MAX_LEVELS = 1
 # How often the controller looks at the acceptance between windows (seconds; the load scrape's order).
@@ -440,6 +442,10 @@ class AdaptiveSettings(_Section):
     deadband: int = Field(DEFAULT_ADAPTIVE_DEADBAND, ge=0, le=MAX_THRESHOLD)
     max_levels: int = Field(DEFAULT_ADAPTIVE_MAX_LEVELS, ge=0, le=64)
     react: float = Field(DEFAULT_ADAPTIVE_REACT, gt=0, allow_inf_nan=False)
+    # Check itself (partitioned only): windows alternate at threshold + and - explore_delta; realized against
+    # predicted tok/s in /admin/state; it holds where they disagree beyond the prediction's interval.
+    explore: bool = False
+    explore_delta: int = Field(DEFAULT_ADAPTIVE_EXPLORE_DELTA, ge=1, le=MAX_THRESHOLD)
 
     @model_validator(mode="after")
     def _bounds_and_table(self) -> AdaptiveSettings:
@@ -549,6 +555,15 @@ class Settings(BaseSettings):
         if "hysteresis" not in self.model_fields_set:
             self.hysteresis = fit_hysteresis(self.threshold, self.hysteresis)
         check_threshold(self.threshold, self.hysteresis)
+        return self
+
+    @model_validator(mode="after")
+    def _explore_partitioned(self) -> Settings:
+        if self.adaptive.explore and self.topology != "partitioned":
+            raise ValueError(
+                f"adaptive.explore runs switchback windows on two pools serving at once: topology 'partitioned' "
+                f"only, not '{self.topology}' (set adaptive.explore = false)"
+            )
         return self
 
     @model_validator(mode="after")

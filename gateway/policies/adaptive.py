@@ -64,9 +64,18 @@ NO_ACCEPTANCE = "no_acceptance"
 NO_TABLE = "no_table"
 WITHIN_DEADBAND = "within_deadband"
 WITHIN_INTERVAL = "within_interval"
+EXPLORE_DISAGREES = "explore_disagrees"
 INTO_BOUNDS = "into_bounds"
 TOWARD_CROSSOVER = "toward_crossover"
-ADAPTIVE_REASONS = (NO_ACCEPTANCE, NO_TABLE, WITHIN_DEADBAND, WITHIN_INTERVAL, INTO_BOUNDS, TOWARD_CROSSOVER)
+ADAPTIVE_REASONS = (
+    NO_ACCEPTANCE,
+    NO_TABLE,
+    WITHIN_DEADBAND,
+    WITHIN_INTERVAL,
+    INTO_BOUNDS,
+    TOWARD_CROSSOVER,
+    EXPLORE_DISAGREES,
+)
 # Directions of a move (the `direction` label of crossover_adaptive_moves_total).
 UP, DOWN = "up", "down"
 DIRECTIONS = (UP, DOWN)
@@ -402,6 +411,68 @@ class Correction:
             }
             for (pool, low, high), evidence in sorted(self.levels.items(), key=lambda item: (item[0][0], item[0][1]))
         ]
+
+
+# Explore: windows each arm needs before its realized rate is judged; the relative band used where the bench gave
+# no interval (the bench's own resolution, loadtest/uncertainty.py DEFAULT_RESOLUTION).
+EXPLORE_MIN_WINDOWS = 2
+EXPLORE_RESOLUTION = 0.03
+EXPLORE_ARMS = ("up", "down")
+
+
+@dataclass(slots=True)
+class ExploreArm:
+    """One arm of the switchback (threshold + or - delta): the tokens its windows served, and what the model
+    predicted for the same request-seconds at each pool and level (with the interval's ends, where the bench gave
+    one)."""
+
+    windows: int = 0
+    seconds: float = 0.0
+    realized: float = 0.0
+    predicted: float = 0.0
+    low: float = 0.0
+    high: float = 0.0
+
+    def add(self, seconds: float, realized: float, predicted: float, low: float, high: float) -> None:
+        self.windows += 1
+        self.seconds += seconds
+        self.realized += realized
+        self.predicted += predicted
+        self.low += low
+        self.high += high
+
+    def band(self) -> tuple[float, float]:
+        """The predicted tokens' interval: the bench's, at least +-EXPLORE_RESOLUTION of the prediction."""
+        low = min(self.low, self.predicted * (1 - EXPLORE_RESOLUTION))
+        high = max(self.high, self.predicted * (1 + EXPLORE_RESOLUTION))
+        return low, high
+
+    def disagrees(self) -> bool:
+        low, high = self.band()
+        return self.windows >= EXPLORE_MIN_WINDOWS and not low <= self.realized <= high
+
+    def view(self) -> dict:
+        per_s = (lambda tokens: round(tokens / self.seconds, 3)) if self.seconds > 0 else (lambda _: None)
+        low, high = self.band()
+        return {
+            "windows": self.windows,
+            "realized_tokens_per_s": per_s(self.realized),
+            "predicted_tokens_per_s": per_s(self.predicted),
+            "interval_tokens_per_s": [per_s(low), per_s(high)],
+        }
+
+
+def explore_verdict(arms: Mapping[str, ExploreArm]) -> str | None:
+    """Why the controller holds (None: the realized tokens lie within every judged arm's interval)."""
+    for name, arm in arms.items():
+        if arm.disagrees():
+            low, high = arm.band()
+            return (
+                f"explore: the {name} arm realized {arm.realized / arm.seconds:.1f} tok/s over {arm.windows} windows, "
+                f"outside the predicted {low / arm.seconds:.1f}-{high / arm.seconds:.1f}: the model does not hold here "
+                '- holding the threshold (PUT /admin/adaptive {"enabled": true} starts over)'
+            )
+    return None
 
 
 def level_load(low: int, high: int | None) -> float:

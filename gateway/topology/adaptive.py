@@ -30,15 +30,19 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from crossover.gateway.backends import Pools, level_bounds
-from crossover.gateway.config import ADAPTIVE_LOOK_S, PLAIN, SPECULATIVE, AdaptiveSettings, ThresholdError
+from crossover.gateway.config import ADAPTIVE_LOOK_S, PLAIN, SPECULATIVE, AdaptiveSettings, Mode, ThresholdError
 from crossover.gateway.errors import GatewayError
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.policies import (
     DIRECTIONS,
+    EXPLORE_ARMS,
+    EXPLORE_DISAGREES,
     AdaptiveDecision,
     BenchTable,
     Correction,
+    ExploreArm,
     decide_threshold,
+    explore_verdict,
     level_load,
     mean_acceptance,
 )
@@ -46,6 +50,9 @@ from crossover.gateway.topology.interface import THRESHOLD, Topology
 from crossover.gateway.topology.routing import Routing
 
 log = logging.getLogger("crossover.adaptive")
+
+# What a window added at one level of one pool: (pool, level low, high, requests, tokens, request-seconds).
+Delta = tuple[Mode, int, int | None, float, float, float]
 
 # Moves kept for /admin/state and tests (the log and the counter have them all).
 KEPT_MOVES = 64
@@ -70,6 +77,13 @@ class AdaptiveController:
         self.moved = dict.fromkeys(DIRECTIONS, 0)  # as crossover_adaptive_moves_total counts them
         self.paused_why: str | None = None
         self.correction = Correction()
+        # Explore (settings.explore): the threshold the decisions move, the arm served this window, each arm's
+        # evidence, and why it holds (None: it does not).
+        self.center: int | None = None
+        self.arm: str | None = None
+        self.arms = {name: ExploreArm() for name in EXPLORE_ARMS}
+        self.holding: str | None = None
+        self._arm_since = time.monotonic()
         # The rate table's sums (requests, tokens, seconds) by pool and level at the last window: each window adds
         # what ended since to the correction.
         self._seen: dict[str, list[tuple[float, float, float]]] = {}
@@ -139,7 +153,12 @@ class AdaptiveController:
             return None
         self.early += early
         accept = self.acceptance()
-        self.correct(accept)
+        deltas = self.deltas()
+        if self.exploring and not early:
+            self.explored(deltas, accept)
+        self.correct(deltas, accept)
+        if self.exploring:
+            return await self._explore_step(accept)
         decision = decide_threshold(self.routing.threshold, accept, self.table, self.limits, self.correction)
         self.last = decision
         before = self.routing.adaptive_shared
@@ -170,23 +189,123 @@ class AdaptiveController:
         except GatewayError as exc:
             log.warning("adaptive: %s", exc)
 
-    def correct(self, accept_length: float | None) -> None:
-        """Add what the live rate table gained since the last window to the correction, against the model at
-        `accept_length` (the speculative pool only with one). Off the request path: a window's few sums."""
-        if self.table is None:
-            return
-        rates = self.table.rates if accept_length is None else self.table.speculative_at(accept_length)
-        for pool in (SPECULATIVE, PLAIN):
+    def deltas(self) -> list[Delta]:
+        """What the live rate table gained since the last window: (pool, level low, high, requests, tokens,
+        request-seconds) of each level that saw a request end. Off the request path: a window's few sums."""
+        out: list[Delta] = []
+        pools: tuple[Mode, ...] = (SPECULATIVE, PLAIN)
+        for pool in pools:
             now = self.pools.rates.by_level(pool)
             before = self._seen.get(pool)
             self._seen[pool] = now
-            if before is None or (pool == SPECULATIVE and accept_length is None):
+            if before is None:
                 continue
             for bucket, (sums, last) in enumerate(zip(now, before, strict=True)):
                 requests, tokens, seconds = (a - b for a, b in zip(sums, last, strict=True))
-                low, high = level_bounds(bucket)
-                rate = rates.throughput(pool, level_load(low, high))
-                self.correction.observe(pool, low, high, requests, tokens, seconds, rate)
+                if requests > 0:
+                    out.append((pool, *level_bounds(bucket), requests, tokens, seconds))
+        return out
+
+    def correct(self, deltas: list[Delta], accept: float | None) -> None:
+        """Add a window's `deltas` to the correction, against the model at `accept` (the speculative pool only with
+        one)."""
+        if self.table is None:
+            return
+        rates = self.table.rates if accept is None else self.table.speculative_at(accept)
+        for pool, low, high, requests, tokens, seconds in deltas:
+            if pool == SPECULATIVE and accept is None:
+                continue
+            rate = rates.throughput(pool, level_load(low, high))
+            self.correction.observe(pool, low, high, requests, tokens, seconds, rate)
+
+    # -- explore: switchback windows at the threshold + and - delta -----------------------------
+
+    @property
+    def exploring(self) -> bool:
+        return self.settings.explore and self.table is not None
+
+    def explored(self, deltas: list[Delta], accept: float | None) -> None:
+        """The window just ended served the arm `self.arm`: its tokens against the model's (corrected, as the
+        controller acts on it) for the same request-seconds at each pool and level, with the interval's ends."""
+        table, arm = self.table, self.arm
+        now = time.monotonic()
+        seconds, self._arm_since = now - self._arm_since, now
+        if table is None or arm is None or accept is None or not deltas:
+            return
+
+        def curves(rates=None):
+            return self.correction.apply(table.speculative_at(accept, rates))
+
+        model = curves()
+        ends = (curves(table.low), curves(table.high)) if table.low is not None and table.high is not None else None
+        realized = predicted = low = high = 0.0
+        for pool, level_low, level_high, _, tokens, request_seconds in deltas:
+            load = level_load(level_low, level_high)
+            realized += tokens
+            predicted += request_seconds * model.throughput(pool, load) / load
+            if ends is not None:
+                a, b = (request_seconds * end.throughput(pool, load) / load for end in ends)
+                low, high = low + min(a, b), high + max(a, b)
+        if ends is None:
+            low = high = predicted
+        self.arms[arm].add(seconds, realized, predicted, low, high)
+
+    async def _explore_step(self, accept: float | None) -> AdaptiveDecision:
+        """The center moves as `decide` says, unless an arm's realized tokens left its interval (then it holds, and
+        serves the center); the next window serves the other arm."""
+        why = explore_verdict(self.arms)
+        center = self.center if self.center is not None else self.routing.threshold
+        if why is not None:
+            if self.holding is None:
+                log.warning("adaptive: %s", why)
+            self.holding = why
+            decision = AdaptiveDecision(center, center, EXPLORE_DISAGREES, accept)
+            self.arm = None
+            served = center
+        else:
+            decision = decide_threshold(center, accept, self.table, self.limits, self.correction)
+            if decision.moved:
+                self.moves.append((time.time(), decision))
+                self.moves_total.labels(decision.direction).inc()  # type: ignore[arg-type]
+                self.moved[decision.direction] += 1  # type: ignore[index]
+            center = decision.threshold
+            self.arm = EXPLORE_ARMS[1] if self.arm == EXPLORE_ARMS[0] else EXPLORE_ARMS[0]
+            delta = self.settings.explore_delta if self.arm == EXPLORE_ARMS[0] else -self.settings.explore_delta
+            served = min(max(center + delta, self.limits.minimum), self.limits.maximum)
+        self.center, self.last = center, decision
+        self.routing.adaptive_shared = self.shared()
+        if served != self.routing.threshold:
+            await self._apply(served)
+        else:
+            await self._share()
+        return decision
+
+    async def _apply(self, threshold: int) -> None:
+        """Serve `threshold` as a PUT does (everywhere), logged and shared; a failure holds the one serving."""
+        try:
+            self.routing.update(threshold=threshold)
+        except ThresholdError as exc:
+            log.error("adaptive: the threshold %d does not apply: %s", threshold, exc)
+            return
+        except OSError:
+            pass  # live, not saved: Routing said so (state_file_problem)
+        try:
+            await self.topology.threshold_changed({THRESHOLD})
+        except GatewayError as exc:
+            log.warning("adaptive: the threshold %d is live, but not everywhere yet: %s", threshold, exc)
+        await self._share()
+
+    def explore_view(self) -> dict | None:
+        if not self.settings.explore:
+            return None
+        return {
+            "delta": self.settings.explore_delta,
+            "center": self.center,
+            "arm": self.arm,
+            "holding": self.holding is not None,
+            "why": self.holding,
+            "arms": {name: arm.view() for name, arm in self.arms.items()},
+        }
 
     async def _move(self, decision: AdaptiveDecision) -> None:
         try:
@@ -235,9 +354,12 @@ class AdaptiveController:
         log.info("adaptive: paused (%s) at threshold %d", why, self.routing.threshold)
 
     def resume(self) -> None:
-        if self.paused:
+        if self.paused or self.holding is not None:
             log.info("adaptive: resumed at threshold %d", self.routing.threshold)
         self.routing.adaptive_paused, self.paused_why = False, None
+        # Explore starts over from the threshold serving now.
+        self.center, self.arm, self.holding = None, None, None
+        self.arms = {name: ExploreArm() for name in EXPLORE_ARMS}
 
     # -- views ----------------------------------------------------------------------------------
 
@@ -269,6 +391,7 @@ class AdaptiveController:
             "last_decision": mine["last_decision"],
             "last_move": mine["last_move"],
             "correction": {"prior_requests": self.correction.prior, "levels": self.correction.view()},
+            "explore": self.explore_view(),
         }
 
 

@@ -14,8 +14,10 @@ from crossover.gateway.policies.adaptive import (
     AdaptiveLimits,
     BenchTable,
     Correction,
+    ExploreArm,
     TableError,
     decide,
+    explore_verdict,
     level_load,
     mean_acceptance,
     threshold_for,
@@ -200,3 +202,20 @@ def test_the_live_rate_table_corrects_the_model_shrunk_toward_1_while_it_has_few
     assert table.predict(3.0, correction).crossover < table.predict(3.0).crossover
     decision = decide(12, 3.0, table, LIMITS, correction)
     assert decision.target is not None and decision.target < 12
+
+
+def test_an_explore_arm_disagrees_only_beyond_its_interval_and_after_enough_windows():
+    arm = ExploreArm()
+    arm.add(10.0, realized=1000.0, predicted=1000.0, low=900.0, high=1100.0)
+    assert not arm.disagrees()  # one window: not judged yet
+    arm.add(10.0, realized=1050.0, predicted=1000.0, low=900.0, high=1100.0)
+    assert not arm.disagrees() and explore_verdict({"up": arm}) is None  # 2050 within 1800-2200
+    arm.add(10.0, realized=1900.0, predicted=1000.0, low=900.0, high=1100.0)
+    assert arm.disagrees()  # 3950 past 3300
+    why = explore_verdict({"up": ExploreArm(), "down": arm})
+    assert why is not None and "down arm realized 131.7 tok/s" in why and "holding" in why
+    # No interval from the bench: the resolution's band.
+    bare = ExploreArm()
+    for _ in range(2):
+        bare.add(1.0, realized=102.0, predicted=100.0, low=100.0, high=100.0)
+    assert not bare.disagrees() and bare.view()["interval_tokens_per_s"] == [97.0, 103.0]
