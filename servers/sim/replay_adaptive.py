@@ -44,11 +44,12 @@ import itertools
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from crossover.gateway.config import AdaptiveSettings
 from crossover.gateway.modes import PLAIN, SPECULATIVE, Mode
 from crossover.gateway.policies import AdaptiveLimits, BenchTable, CurveRates, decide_threshold, switch
-from crossover.servers.sim.profile import Profile, with_overrides
+from crossover.servers.sim.profile import Profile, load_profile, with_overrides
 from crossover.servers.sim.replay import ADAPTIVE, ReplayResult, ReplaySetup, profiles_crossover, steady_level
-from crossover.servers.sim.trace import TracePhase
+from crossover.servers.sim.trace import TRACES_DIR, TracePhase, load_trace, shifts_acceptance, with_accept_drop
 
 # How long after the acceptance moves the controller decides on it: its look (ADAPTIVE_LOOK_S) at the gauge the
 # load scrape last read, and the engines' gauge itself, a mean over the last 40 decode batches (a few seconds).
@@ -318,3 +319,88 @@ def _settling(parts: list[Stretch], thresholds: list[int], rates: ModelRates, to
             out.append(Settling(part.start_s, part.accept_length, crossover, width, taken))
         previous = part.accept_length
     return out
+
+
+# --- every shipped trace: `python -m crossover.servers.sim.replay_adaptive` prints the table ---------------------
+
+# Each shipped trace on its pair (trace name prefix -> speculative, plain, input length, bench accept length): k25-*
+# on the k25 profiles at their own 2.4; llama-* on llama8b-h200 at input 768 benched at 2.0 - or at the profile's
+# 2.5 where the trace gives its own acceptance.
+SHIPPED_PAIRS = {
+    "k25": ("k25-eagle3", "k25-plain", 256, None),
+    "llama": ("llama8b-h200-eagle3", "llama8b-h200-plain", 768, 2.0),
+}
+# Where a shipped trace gives no acceptance, it drops to this halfway through.
+DROPPED_ACCEPT = 1.6
+
+
+class ShippedRow(NamedTuple):
+    trace: str
+    adaptive_tokens: int
+    best_fixed_threshold: int
+    best_fixed_tokens: float
+    oracle_tokens: float
+    settled: tuple[int | None, ...]  # windows to settle after each change of acceptance
+
+
+def shipped_setup(name: str, trace: list[TracePhase], adaptive: AdaptiveSettings | None = None) -> ReplaySetup:
+    """The replay setup of a shipped trace's pair (SHIPPED_PAIRS)."""
+    speculative, plain, input_len, accept = SHIPPED_PAIRS[name.split("-", maxsplit=1)[0]]
+    spec = load_profile(speculative)
+    shipped = {path.stem for path in TRACES_DIR.glob("*.csv")}
+    if accept is not None and not (name in shipped and shifts_acceptance(load_trace(name))):
+        spec = with_overrides(spec, accept_length=accept)
+    return ReplaySetup.from_profiles(spec, load_profile(plain), trace, input_len=input_len, adaptive=adaptive)
+
+
+def shipped_trace(name: str) -> list[TracePhase]:
+    """A shipped trace, its acceptance dropped to DROPPED_ACCEPT halfway where it gives none of its own."""
+    trace = load_trace(name)
+    if shifts_acceptance(trace):
+        return trace
+    half = sum(phase.duration_s for phase in trace) / 2
+    return with_accept_drop(trace, at_s=half, accept_length=DROPPED_ACCEPT)
+
+
+def shipped_rows() -> list[ShippedRow]:
+    """The adaptive replay of every shipped trace at the gateway's default [adaptive], beside the best fixed
+    threshold and the per-window oracle."""
+    from crossover.servers.sim.replay import replay  # replay.py imports this module lazily too
+
+    rows = []
+    for name in sorted(path.stem for path in TRACES_DIR.glob("*.csv")):
+        trace = shipped_trace(name)
+        result = replay(shipped_setup(name, trace), trace, ADAPTIVE)
+        report = result.adaptive
+        assert report is not None
+        rows.append(
+            ShippedRow(
+                name,
+                result.output_tokens,
+                report.best_fixed_threshold,
+                report.best_fixed_tokens,
+                report.oracle_tokens,
+                tuple(settling.windows for settling in report.settled),
+            )
+        )
+    return rows
+
+
+def format_rows(rows: list[ShippedRow]) -> str:
+    lines = [
+        "| trace | adaptive tokens | best fixed (threshold) | adaptive / best fixed | per-window oracle | adaptive / "
+        "oracle | windows to settle |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.trace} | {row.adaptive_tokens:,} | {row.best_fixed_tokens:,.0f} ({row.best_fixed_threshold}) | "
+            f"{100 * row.adaptive_tokens / row.best_fixed_tokens:.2f} % | {row.oracle_tokens:,.0f} | "
+            f"{100 * row.adaptive_tokens / row.oracle_tokens:.2f} % | "
+            f"{', '.join('-' if w is None else str(w) for w in row.settled)} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(format_rows(shipped_rows()))

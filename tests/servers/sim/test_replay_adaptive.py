@@ -20,9 +20,20 @@ import pytest
 from crossover.gateway.config import AdaptiveSettings
 from crossover.gateway.policies import BenchTable
 from crossover.gateway.policies.adaptive import threshold_for
-from crossover.servers.sim.profile import load_profile, with_overrides
-from crossover.servers.sim.replay import ADAPTIVE, ReplayResult, ReplaySetup, profiles_crossover, replay
-from crossover.servers.sim.replay_adaptive import BENCH_LEVELS, ModelRates, level_width, pool_at, stretches
+from crossover.servers.sim.profile import with_overrides
+from crossover.servers.sim.replay import ADAPTIVE, ReplayResult, profiles_crossover, replay
+from crossover.servers.sim.replay_adaptive import (
+    BENCH_LEVELS,
+    DROPPED_ACCEPT,
+    ModelRates,
+    format_rows,
+    level_width,
+    pool_at,
+    shipped_rows,
+    shipped_setup,
+    shipped_trace,
+    stretches,
+)
 from crossover.servers.sim.trace import TRACES_DIR, TracePhase, load_trace, shifts_acceptance, with_accept_drop
 
 # The must-show's bounds: at or above the best fixed threshold, within 5% of the per-window oracle. The tolerance is
@@ -31,32 +42,9 @@ from crossover.servers.sim.trace import TRACES_DIR, TracePhase, load_trace, shif
 # them) sends 59 and 63 clients to plain where speculative serves more; the best fixed threshold has hindsight.
 BEST_FIXED_TOLERANCE = 0.0002
 ORACLE_SHARE = 0.95
-DROPPED_ACCEPT = 1.6
 SETTLE_WINDOWS = 5
-
-PAIRS = {
-    "k25": ("k25-eagle3", "k25-plain", 256, None),
-    "llama": ("llama8b-h200-eagle3", "llama8b-h200-plain", 768, 2.0),
-}
 SHIPPED = sorted(path.stem for path in TRACES_DIR.glob("*.csv"))
-
-
-def setup_for(name: str, trace: list[TracePhase], adaptive: AdaptiveSettings | None = None) -> ReplaySetup:
-    speculative, plain, input_len, accept = PAIRS[name.split("-", maxsplit=1)[0]]
-    spec = load_profile(speculative)
-    # A trace that gives its own acceptance is benched at the profile's.
-    if accept is not None and not (name in SHIPPED and shifts_acceptance(load_trace(name))):
-        spec = with_overrides(spec, accept_length=accept)
-    return ReplaySetup.from_profiles(spec, load_profile(plain), trace, input_len=input_len, adaptive=adaptive)
-
-
-def shifting(name: str) -> list[TracePhase]:
-    """The shipped trace, its acceptance dropped halfway where it gives none of its own."""
-    trace = load_trace(name)
-    if shifts_acceptance(trace):
-        return trace
-    half = sum(phase.duration_s for phase in trace) / 2
-    return with_accept_drop(trace, at_s=half, accept_length=DROPPED_ACCEPT)
+setup_for, shifting = shipped_setup, shipped_trace
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -205,3 +193,14 @@ def test_the_command_lists_adaptive_and_reports_it():
         "--mechanism", "sleep", "--accept-drop", "600:1.6",
     )  # fmt: skip
     assert refused.returncode == 2 and "--mechanism adaptive" in refused.stderr
+
+
+def test_the_table_of_every_shipped_trace_prints_adaptive_beside_best_fixed_and_oracle():
+    rows = shipped_rows()
+    assert [row.trace for row in rows] == SHIPPED
+    table = format_rows(rows)
+    assert table.count("\n") == len(rows) + 1 and "| llama-accept-shift |" in table
+    for row in rows:
+        assert row.adaptive_tokens >= (1 - BEST_FIXED_TOLERANCE) * row.best_fixed_tokens, row
+        assert row.adaptive_tokens >= ORACLE_SHARE * row.oracle_tokens, row
+        assert all(windows is not None and windows <= SETTLE_WINDOWS for windows in row.settled), row
