@@ -442,6 +442,8 @@ class AdaptiveSettings(_Section):
     deadband: int = Field(DEFAULT_ADAPTIVE_DEADBAND, ge=0, le=MAX_THRESHOLD)
     max_levels: int = Field(DEFAULT_ADAPTIVE_MAX_LEVELS, ge=0, le=64)
     react: float = Field(DEFAULT_ADAPTIVE_REACT, gt=0, allow_inf_nan=False)
+    # The live rate table corrects the model per level (false: the bench table alone predicts).
+    correct: bool = True
     # Check itself (partitioned only): windows alternate at threshold + and - explore_delta; realized against
     # predicted tok/s in /admin/state; it holds where they disagree beyond the prediction's interval.
     explore: bool = False

@@ -209,7 +209,7 @@ class AdaptiveController:
     def correct(self, deltas: list[Delta], accept: float | None) -> None:
         """Add a window's `deltas` to the correction, against the model at `accept` (the speculative pool only with
         one)."""
-        if self.table is None:
+        if self.table is None or not self.settings.correct:
             return
         rates = self.table.rates if accept is None else self.table.speculative_at(accept)
         for pool, low, high, requests, tokens, seconds in deltas:
@@ -390,7 +390,11 @@ class AdaptiveController:
             "moves": mine["moves"],
             "last_decision": mine["last_decision"],
             "last_move": mine["last_move"],
-            "correction": {"prior_requests": self.correction.prior, "levels": self.correction.view()},
+            "correction": {
+                "on": settings.correct,
+                "prior_requests": self.correction.prior,
+                "levels": self.correction.view(),
+            },
             "explore": self.explore_view(),
         }
 
