@@ -122,7 +122,7 @@ class AdaptiveController:
             await asyncio.sleep(look)
             now = time.monotonic()
             reacting = now - last < window - look / 2
-            if reacting and not self.acceptance_moved():
+            if reacting and (self.exploring or not self.acceptance_moved()):  # explore keeps whole windows
                 continue
             last = now
             try:
