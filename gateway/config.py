@@ -136,6 +136,14 @@ DEFAULT_ADAPTIVE_MAX_STEP = 4
 DEFAULT_ADAPTIVE_MIN = 1
 DEFAULT_ADAPTIVE_MAX = 256
 DEFAULT_ADAPTIVE_DEADBAND = 1
+# A change of acceptance this large (tokens per step) since the last decision decides at once, not at the window's end.
+DEFAULT_ADAPTIVE_REACT = 0.2
+# Explore: the switchback's arms sit this far either side of the adaptive threshold.
+DEFAULT_ADAPTIVE_EXPLORE_DELTA = 4
+# A window's move may reach the next bench level toward the target where that is farther than max_step (0: off).
+DEFAULT_ADAPTIVE_MAX_LEVELS = 1
+# How often the controller looks at the acceptance between windows (seconds; the load scrape's order).
+ADAPTIVE_LOOK_S = 1.0
 
 
 class _Section(BaseModel):
@@ -417,10 +425,13 @@ class ClusterSettings(_Section):
 
 class AdaptiveSettings(_Section):
     """`[adaptive]`: every `window` seconds the threshold moves toward the crossover predicted at the speculative
-    backends' live acceptance from a bench table, at most `max_step`, within [min, max], holding within `deadband`."""
+    backends' live acceptance from a bench table, at most `max_step` or one bench level (`max_levels`), within
+    [min, max], holding within `deadband`;
+    at once (a look every ADAPTIVE_LOOK_S) when the acceptance moved by `react` or more since the last decision."""
 
     enabled: bool = False
-    # A `crossover bench` results.json: both pools' throughput by concurrency. None: the controller holds.
+    # A `crossover bench` rate-table.json (or its results.json): both pools' throughput by concurrency, the acceptance
+    # the engine reported during each level. None: the controller holds.
     table: Path | None = None
     # The accept length the engine reported during that bench, where the file does not record it.
     bench_accept_length: float | None = Field(None, ge=1, allow_inf_nan=False)
@@ -429,6 +440,14 @@ class AdaptiveSettings(_Section):
     min: int = Field(DEFAULT_ADAPTIVE_MIN, ge=0, le=MAX_THRESHOLD)
     max: int = Field(DEFAULT_ADAPTIVE_MAX, ge=0, le=MAX_THRESHOLD)
     deadband: int = Field(DEFAULT_ADAPTIVE_DEADBAND, ge=0, le=MAX_THRESHOLD)
+    max_levels: int = Field(DEFAULT_ADAPTIVE_MAX_LEVELS, ge=0, le=64)
+    react: float = Field(DEFAULT_ADAPTIVE_REACT, gt=0, allow_inf_nan=False)
+    # The live rate table corrects the model per level (false: the bench table alone predicts).
+    correct: bool = True
+    # Check itself (partitioned only): windows alternate at threshold + and - explore_delta; realized against
+    # predicted tok/s in /admin/state; it holds where they disagree beyond the prediction's interval.
+    explore: bool = False
+    explore_delta: int = Field(DEFAULT_ADAPTIVE_EXPLORE_DELTA, ge=1, le=MAX_THRESHOLD)
 
     @model_validator(mode="after")
     def _bounds_and_table(self) -> AdaptiveSettings:
@@ -439,7 +458,7 @@ class AdaptiveSettings(_Section):
         return self
 
     def limits(self) -> AdaptiveLimits:
-        return AdaptiveLimits(self.max_step, self.min, self.max, self.deadband)
+        return AdaptiveLimits(self.max_step, self.min, self.max, self.deadband, self.max_levels)
 
     def bench_table(self) -> BenchTable | None:
         """The table `table` names (None: none named); ValueError saying what is wrong with the file."""
@@ -452,7 +471,7 @@ class AdaptiveSettings(_Section):
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"table {self.table} is not JSON (a `crossover bench` results.json): {exc}") from None
         try:
-            return BenchTable.from_results(results, accept_length=self.bench_accept_length)
+            return BenchTable.from_file(results, accept_length=self.bench_accept_length)
         except TableError as exc:
             raise ValueError(f"table {self.table} is not a bench table: {exc}") from None
 
@@ -538,6 +557,15 @@ class Settings(BaseSettings):
         if "hysteresis" not in self.model_fields_set:
             self.hysteresis = fit_hysteresis(self.threshold, self.hysteresis)
         check_threshold(self.threshold, self.hysteresis)
+        return self
+
+    @model_validator(mode="after")
+    def _explore_partitioned(self) -> Settings:
+        if self.adaptive.explore and self.topology != "partitioned":
+            raise ValueError(
+                f"adaptive.explore runs switchback windows on two pools serving at once: topology 'partitioned' "
+                f"only, not '{self.topology}' (set adaptive.explore = false)"
+            )
         return self
 
     @model_validator(mode="after")

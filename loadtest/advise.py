@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from typing import Literal
 
 from crossover.gateway.cli import positive_float, positive_int
 from crossover.gateway.config import MAX_THRESHOLD, SettingsError, load_settings
+from crossover.loadtest.advise_live import MIN_REQUESTS, Live, LiveError, LiveLevel, compared, live_lines, read_live
 from crossover.loadtest.crossover import analyse, interpolate, no_data_levels, spillover_threshold
 from crossover.loadtest.models import Results
 from crossover.loadtest.results import ResultsError, load_results
@@ -152,6 +154,7 @@ class Advice:
     assumptions: list[str] = field(default_factory=list)
     refused: str | None = None  # nothing to advise (no data), and why
     measured: bool = False  # from a bench of this box (else from a performance model)
+    live: list[str] = field(default_factory=list)  # what a running gateway measured (--url)
 
     @property
     def best(self) -> Option | None:
@@ -165,6 +168,7 @@ class Advice:
             "resolution": self.resolution,
             "ranking": [option.as_json(self.today) for option in self.ranked],
             "acceptance": self.acceptance,
+            "live": self.live,
             "sure": self.sure,
             "assumptions": self.assumptions,
         }
@@ -686,9 +690,55 @@ def write(advice: Advice, out: Path, deployment: Deployment | None, deployment_t
 # --- the command ------------------------------------------------------------------------------------------------
 
 
+def advise_live(live: Live) -> Advice:
+    """From a running gateway alone: speculation always, never, or switched at the first level where its live
+    rate table has plain ahead beyond the margin (advise_live.py), each at the levels both pools served."""
+    pairs = compared(live)
+    today = Option("nothing", "nothing: speculation always (the speculative pool)")
+    if not pairs:
+        return Advice(
+            source="live gateway",
+            ranked=[today],
+            today=today,
+            resolution=DEFAULT_RESOLUTION,
+            refused=f"nothing to advise from {live.url}: no level where both pools served {MIN_REQUESTS} requests",
+            live=live_lines(live),
+        )
+
+    def outcome(row: LiveLevel, margin: float) -> Outcome:
+        return Outcome(f"level {row.level}", row.tokens_per_s, None, None, margin=margin)
+
+    today.outcomes = [outcome(spec, margin) for spec, _, margin in pairs]
+    off = Option("always-plain", "speculation off (the plain pool always)")
+    off.outcomes = [outcome(plain, margin) for _, plain, margin in pairs]
+    options = [today, off]
+    ahead = [spec for spec, plain, margin in pairs if plain.tokens_per_s - spec.tokens_per_s > margin]
+    if ahead:
+        threshold = math.ceil(ahead[0].load) - 1
+        switch = Option("switch", f"switch by load at threshold {threshold} (speculative while in-flight < it)")
+        switch.outcomes = [outcome(plain if spec.load > threshold else spec, m) for spec, plain, m in pairs]
+        switch.note = f"from level {ahead[0].level}, where plain was first measured ahead beyond the margin"
+        options.append(switch)
+    advice = Advice(
+        source="live gateway",
+        ranked=rank(options, today),
+        today=today,
+        resolution=DEFAULT_RESOLUTION,
+        measured=True,
+        live=live_lines(live),
+        assumptions=[
+            f"the live rate table of {live.url} since it started: each level's pool throughput is its per-stream "
+            "tok/s times the level's load; a level told apart beyond the resolution widened by 1/sqrt(requests)",
+        ],
+    )
+    advice.sure = how_sure(advice)
+    return advice
+
+
 def format_advice(advice: Advice) -> str:
     if advice.refused:
-        return f"crossover advise: {advice.refused}"
+        live = "".join(f"\n  {line}" for line in advice.live)
+        return f"crossover advise: {advice.refused}{live}"
     lines = [f"what pays ({advice.source}), best first; tokens against today, TTFT p50 / p99 seconds:"]
     today = advice.today
     for n, option in enumerate(advice.ranked, 1):
@@ -712,6 +762,9 @@ def format_advice(advice: Advice) -> str:
     if advice.acceptance:
         lines.append("acceptance:")
         lines += [f"  {line}" for line in advice.acceptance]
+    if advice.live:
+        lines.append("live (the running gateway's rate table):")
+        lines += [f"  {line}" for line in advice.live]
     lines.append(f"how sure: {advice.sure}")
     lines.append("rests on:")
     lines += [f"  {line}" for line in advice.assumptions]
@@ -745,6 +798,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--input-len", type=positive_int, default=256)
     parser.add_argument("--output-len", type=positive_int, default=512)
     parser.add_argument("--write", type=Path, metavar="DIR", help="write gateway.toml (and the profile change) here")
+    parser.add_argument(
+        "--url",
+        help="a running gateway: its live rate table and acceptance beside the advice (alone: advice from them)",
+    )
+    parser.add_argument("--admin-token", default=os.environ.get("CROSSOVER_ADMIN_TOKEN"), help="--url: its admin token")
     parser.add_argument("--json", action="store_true", help="the ranking as JSON")
     parser.set_defaults(run=run_command)
 
@@ -755,6 +813,7 @@ def run_command(args: argparse.Namespace) -> int:
         if args.deployment:
             deployment = load_deployment(args.deployment)
             deployment_text = _deployment_text(args.deployment)
+        live = None if args.url is None else read_live(args.url, args.admin_token)
         if args.results is not None:
             advice = advise_results(
                 load_results(args.results),
@@ -777,13 +836,27 @@ def run_command(args: argparse.Namespace) -> int:
                 input_len=args.input_len,
                 output_len=args.output_len,
             )
+        elif live is not None:
+            advice = advise_live(live)
+            cap = args.cap or DEFAULT_RAISED_CAP
         else:
             print(
-                "crossover advise: error: give --speculative and --plain (performance profiles), or --results",
+                "crossover advise: error: give --speculative and --plain (performance profiles), --results, or --url",
                 file=sys.stderr,
             )
             return 2
-    except (AdviseError, ResultsError, ProfileError, DeploymentError, TraceError, ValueError, OSError) as exc:
+        if live is not None and not advice.live:
+            advice.live = live_lines(live)
+    except (
+        AdviseError,
+        ResultsError,
+        ProfileError,
+        DeploymentError,
+        TraceError,
+        LiveError,
+        ValueError,
+        OSError,
+    ) as exc:
         print(f"crossover advise: error: {exc}", file=sys.stderr)
         return 2
     if args.json:

@@ -24,6 +24,7 @@ from crossover.loadtest.apply import ApplyError, apply_threshold
 from crossover.loadtest.engine_gate import GATES, EngineGate, EngineGateError
 from crossover.loadtest.models import Crossover, Level, LevelSchedule, Metadata, Results, Simulation, TargetInfo
 from crossover.loadtest.plan import BenchPlan, Target
+from crossover.loadtest.ratetable import pass_acceptance, read_metrics, write_rate_table
 from crossover.loadtest.runner import probe, run_sweep
 from crossover.loadtest.standin import read_pass, read_simulation
 from crossover.loadtest.workload import Workload
@@ -165,18 +166,25 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> Results:
     gate = None if plan.in_engine_url is None else EngineGate(plan.in_engine_url, plan.in_engine_admin_key)
     original = None if gate is None else await gate.read()
 
+    accepts: dict[str, list[float]] = {}  # the level's passes' acceptance, per target
+
     async def pass_begins(target: Target, concurrency: int) -> Callable[[], Awaitable[None]] | None:
         if gate is not None and target.name in GATES:
             await gate.set(GATES[target.name])
-        if (simulation := simulations[target.name]) is None:
-            return None
-        before, began = await server_info(target, headers), time.monotonic()
+        simulation = simulations[target.name]
+        metrics_before = await read_metrics(metrics_client, target, headers)
+        before = None if simulation is None else await server_info(target, headers)
+        began = time.monotonic()
 
         async def pass_ends() -> None:
             # Right after the pass; with the read right before it, the stand-in's speed over the whole pass.
-            info = await server_info(target, headers)
-            entry = read_pass(simulation, concurrency, info, before, time.monotonic() - began)
-            this_pass[target.name] = entry
+            if simulation is not None:
+                info = await server_info(target, headers)
+                entry = read_pass(simulation, concurrency, info, before, time.monotonic() - began)
+                this_pass[target.name] = entry
+            accept = pass_acceptance(metrics_before, await read_metrics(metrics_client, target, headers))
+            if accept is not None:
+                accepts.setdefault(target.name, []).append(accept)
 
         return pass_ends
 
@@ -195,12 +203,15 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> Results:
         return not rerun
 
     async def level_done(level: Level) -> None:
+        passes = accepts.pop(level.target, [])
+        level.accept_length = round(sum(passes) / len(passes), 4) if passes else None
         levels.append(level)
         display.level_done(level, kept.pop(level.target, None))
         # Rewritten after every level, so an interrupted sweep keeps what it measured.
         meta = metadata(plan, workload, infos, simulations, started)
         results.write_results(plan.out_dir, results.build_results(meta, levels, plan.speculative, plan.plain))
 
+    metrics_client = httpx.AsyncClient(trust_env=False)
     try:
         await run_sweep(
             plan.targets,
@@ -213,6 +224,7 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> Results:
             on_pass_done=pass_done,
         )
     finally:
+        await metrics_client.aclose()
         # Also on Ctrl-C (the runner cancels this task) and a failed level: the engine serves on as it was.
         if gate is not None:
             await gate.set(original)
@@ -244,7 +256,7 @@ def run(plan: BenchPlan) -> int:
         where = f"the levels done are in {kept}" if kept.exists() else "no level was done"
         print(f"crossover bench: interrupted; {where}", file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports Ctrl-C
-    written = results.write_results(plan.out_dir, run_results)
+    written = [*results.write_results(plan.out_dir, run_results), write_rate_table(plan.out_dir, run_results)]
     if plan.plots:
         series, markers = plots.series_of(run_results)
         meta = run_results.metadata

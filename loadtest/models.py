@@ -208,6 +208,14 @@ class Level(_Model):
     mean_tokens_per_chunk: float | None = Field(
         ge=0, description="Output tokens per streamed text chunk inside the window; above 1 on a speculative server."
     )
+    accept_length: float | None = Field(
+        None,
+        ge=1,
+        description="Tokens per speculative step (the bonus token included) the engine reported during the level, "
+        "read from its /metrics as the gateway reads it: vLLM's spec_decode counters between the start and the end "
+        "of each pass, SGLang's sglang:spec_accept_length gauge as it ends; the mean over the passes. Null: the "
+        "engine reported none (no speculation, or no /metrics).",
+    )
     mean_ttft_ms: float | None = _latency("mean", "ttft_ms")
     median_ttft_ms: float | None = _latency("median", "ttft_ms")
     std_ttft_ms: float | None = _latency("std", "ttft_ms")

@@ -5,6 +5,17 @@ from __future__ import annotations
 
 from crossover.gateway.backends.health import Breaker, HealthMonitor
 from crossover.gateway.backends.pools import Backend, Lease, Pools
-from crossover.gateway.backends.rates import LEVEL_NAMES, PROMPT_NAMES, RateTable
+from crossover.gateway.backends.rates import LEVEL_NAMES, PROMPT_NAMES, RateTable, level_bounds, prompt_bucket
 
-__all__ = ["LEVEL_NAMES", "PROMPT_NAMES", "Backend", "Breaker", "HealthMonitor", "Lease", "Pools", "RateTable"]
+__all__ = [
+    "LEVEL_NAMES",
+    "PROMPT_NAMES",
+    "Backend",
+    "Breaker",
+    "HealthMonitor",
+    "Lease",
+    "Pools",
+    "RateTable",
+    "level_bounds",
+    "prompt_bucket",
+]

@@ -5,7 +5,7 @@ the host's (host_store.py) implement it.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -56,6 +56,9 @@ class Control(BaseModel):
     mode_answer: ModeAnswer | None = None
     # An operator's PUT /admin/threshold paused the adaptive controller (until PUT /admin/adaptive resumes it).
     adaptive_paused: bool = False
+    # The adaptive controller's last decision and move as the leader (the one that decides) last shared them: what
+    # every follower's /admin/state shows as `adaptive`.
+    adaptive: dict[str, Any] | None = None
     # The operator switches the leader started: a follower that sees one applies the same rate limit from then.
     operator_switches: int = 0
     generation: int = 0

@@ -105,11 +105,14 @@ class Topology(ABC):
             hysteresis=routing.hysteresis,
             policy=routing.policy,
             adaptive_paused=routing.adaptive_paused,
+            adaptive=routing.adaptive_shared,
         )
 
     async def apply_control(self, control: Control) -> None:
         """What another replica changed; never raises (a bad value is logged and the old one serves)."""
         self.routing.adaptive_paused = control.adaptive_paused
+        if not self.coordination.leader:  # the leader's own is the one it shares
+            self.routing.adaptive_shared = control.adaptive
         try:
             self.routing.update(control.threshold, control.hysteresis, control.policy)
         except ThresholdError as exc:

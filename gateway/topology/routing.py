@@ -46,6 +46,8 @@ class Routing:
     priority_headroom: int = DEFAULT_PRIORITY_HEADROOM
     # An operator's PUT /admin/threshold pinned the threshold: the adaptive controller holds until resumed.
     adaptive_paused: bool = False
+    # The leader's adaptive decision and move as the cluster's state carries them (Control.adaptive).
+    adaptive_shared: dict | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Routing:

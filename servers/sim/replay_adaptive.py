@@ -6,12 +6,12 @@ and the per-window oracle.
     result.adaptive.best_fixed_tokens, result.adaptive.oracle_tokens, result.adaptive.settled
 
 What it runs:
-- The decision is `gateway/policies/adaptive.py`'s `decide` - the function the live controller calls - every
-  `[adaptive] window` seconds of virtual time, with `[adaptive]`'s limits (`setup.adaptive`: a gateway config's,
-  else the gateway's defaults). Its live acceptance is the trace's over the window just ended (time-weighted; a
-  phase without `accept_length` runs at the profile's), as the load scrape reads the engines' gauge; a move serves
-  from the next window on. It starts from the replay's threshold (the profiles' crossover unless `--threshold`),
-  within [min, max].
+- The decision is `gateway/policies/adaptive.py`'s `decide` - the function the live controller calls - at the end
+  of every `[adaptive] window` seconds of virtual time, with `[adaptive]`'s limits (`setup.adaptive`: a gateway
+  config's, else the gateway's defaults), at the acceptance then (the trace's; a phase without `accept_length` runs
+  at the profile's), as the load scrape reads the engines' gauge; and, as the live controller does, at once when the
+  acceptance moved by `react` or more since its last decision - REACT_LAG_S after the change. A move serves from
+  then on. It starts from the replay's threshold (the profiles' crossover unless `--threshold`), within [min, max].
 - Its bench table is the model's own: both profiles' closed-loop throughput (curve.py, as `crossover bench` would
   measure the stand-ins) at `BENCH_LEVELS`, the speculative one at the profile's accept length. No intervals (a
   replay has no noise), so the controller never holds `within_interval`.
@@ -23,9 +23,10 @@ What it runs:
   throughput at the stretch's concurrency and acceptance (`replay.steady_level`).
 - The performance model at a live acceptance A: the speculative profile with `accept_length` = A, stepped by the
   engine - a speculative step's cost does not depend on A (a verify pass over num_draft_tokens per request plus
-  the draft passes), and each request accepts A tokens per step on average. That is the controller's assumption
-  (speculative tok/s scales by A / bench A) for the decode steps; prefill and the context that grows faster make
-  the engine's closed-loop curve scale a little less than A, which is the controller's prediction error here.
+  the draft passes), each request accepts A tokens per step on average, and its prefill pass costs the same at any
+  A. The controller's model (gateway/policies/adaptive.py) splits a level's time the same way, the prefill read as
+  the bench reads it (the time to first token at the lowest level); what it leaves out (prefill batched at high
+  load, the context growing faster) is its prediction error here, and its levels' linear interpolation the rest.
 
 Against it, on the same stretches and model:
 - the best fixed threshold: every threshold that routes differently (0 and each concurrency of the trace), the one
@@ -43,12 +44,16 @@ import itertools
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from crossover.gateway.config import AdaptiveSettings
 from crossover.gateway.modes import PLAIN, SPECULATIVE, Mode
 from crossover.gateway.policies import AdaptiveLimits, BenchTable, CurveRates, decide_threshold, switch
-from crossover.servers.sim.profile import Profile, with_overrides
+from crossover.servers.sim.profile import Profile, load_profile, with_overrides
 from crossover.servers.sim.replay import ADAPTIVE, ReplayResult, ReplaySetup, profiles_crossover, steady_level
-from crossover.servers.sim.trace import TracePhase
+from crossover.servers.sim.trace import TRACES_DIR, TracePhase, load_trace, shifts_acceptance, with_accept_drop
 
+# How long after the acceptance moves the controller decides on it: its look (ADAPTIVE_LOOK_S) at the gauge the
+# load scrape last read, and the engines' gauge itself, a mean over the last 40 decode batches (a few seconds).
+REACT_LAG_S = 5.0
 # `crossover bench`'s default levels (loadtest/config.py DEFAULT_CONCURRENCY: servers may not import loadtest).
 BENCH_LEVELS = (1, 2, 5, 10, 30, 70, 100, 250)
 
@@ -156,7 +161,12 @@ class ModelRates:
         acceptance."""
         accept = self.accept_length
         curves = {mode: [(c, self.throughput(mode, c, accept)) for c in levels] for mode in (SPECULATIVE, PLAIN)}
-        return BenchTable(CurveRates.from_points(**curves), accept)
+        setup = self.setup
+        # The prefill as the bench reads it: the mean time to first token of one request alone (the lowest level).
+        alone = steady_level(self.speculative(accept), levels[0], setup.input_len, setup.output_len, setup.seed)
+        return BenchTable(
+            CurveRates.from_points(**curves), accept, prefill_s=alone.mean_ttft_s, output_tokens=setup.output_len
+        )
 
     def crossover(self, accept_length: float, top: int) -> int | None:
         """The lowest concurrency from which plain serves at least as much (replay.profiles_crossover)."""
@@ -219,20 +229,34 @@ def replay_adaptive(setup: ReplaySetup, trace: list[TracePhase]) -> ReplayResult
     phase_tokens = [0.0] * len(trace)
     thresholds: list[int] = []
     moves: list[Move] = []
+    decided_at = rates.accept_length  # the acceptance of the last decision (the bench's before the first)
+
+    def serve(part: Stretch, threshold: int) -> None:
+        nonlocal served
+        got = tokens(part, threshold)
+        served += got
+        phase_tokens[part.phase] += got
+
+    def decide_at(t: float, accept: float) -> None:
+        nonlocal threshold, decided_at
+        decision = decide_threshold(threshold, accept, table, limits)
+        decided_at = accept
+        if decision.moved:
+            predicted = None if decision.prediction is None else decision.prediction.crossover
+            moves.append(Move(t, threshold, decision.threshold, decision.reason, accept, predicted))
+        threshold = decision.threshold
+
     for window, window_parts in enumerate(by_window):
         thresholds.append(threshold)
         for part in window_parts:
-            got = tokens(part, threshold)
-            served += got
-            phase_tokens[part.phase] += got
-        span = sum(part.duration_s for part in window_parts)
-        live = sum(part.accept_length * part.duration_s for part in window_parts) / span if span else None
-        decision = decide_threshold(threshold, live, table, limits)
-        if decision.moved:
-            predicted = None if decision.prediction is None else decision.prediction.crossover
-            end_t = (window + 1) * window_s
-            moves.append(Move(end_t, threshold, decision.threshold, decision.reason, live or 0.0, predicted))
-        threshold = decision.threshold
+            if abs(part.accept_length - decided_at) >= setup.adaptive.react and part.duration_s > REACT_LAG_S:
+                # The acceptance moved: the controller sees it REACT_LAG_S later and decides at once.
+                serve(part._replace(duration_s=REACT_LAG_S), threshold)
+                decide_at(part.start_s + REACT_LAG_S, part.accept_length)
+                part = part._replace(start_s=part.start_s + REACT_LAG_S, duration_s=part.duration_s - REACT_LAG_S)
+            serve(part, threshold)
+        if window_parts:
+            decide_at((window + 1) * window_s, window_parts[-1].accept_length)  # the gauge at the window's end
 
     candidates = sorted({0, *(part.concurrency for part in parts)})
     fixed = {t: sum(tokens(part, t) for part in parts) for t in candidates}
@@ -295,3 +319,88 @@ def _settling(parts: list[Stretch], thresholds: list[int], rates: ModelRates, to
             out.append(Settling(part.start_s, part.accept_length, crossover, width, taken))
         previous = part.accept_length
     return out
+
+
+# --- every shipped trace: `python -m crossover.servers.sim.replay_adaptive` prints the table ---------------------
+
+# Each shipped trace on its pair (trace name prefix -> speculative, plain, input length, bench accept length): k25-*
+# on the k25 profiles at their own 2.4; llama-* on llama8b-h200 at input 768 benched at 2.0 - or at the profile's
+# 2.5 where the trace gives its own acceptance.
+SHIPPED_PAIRS = {
+    "k25": ("k25-eagle3", "k25-plain", 256, None),
+    "llama": ("llama8b-h200-eagle3", "llama8b-h200-plain", 768, 2.0),
+}
+# Where a shipped trace gives no acceptance, it drops to this halfway through.
+DROPPED_ACCEPT = 1.6
+
+
+class ShippedRow(NamedTuple):
+    trace: str
+    adaptive_tokens: int
+    best_fixed_threshold: int
+    best_fixed_tokens: float
+    oracle_tokens: float
+    settled: tuple[int | None, ...]  # windows to settle after each change of acceptance
+
+
+def shipped_setup(name: str, trace: list[TracePhase], adaptive: AdaptiveSettings | None = None) -> ReplaySetup:
+    """The replay setup of a shipped trace's pair (SHIPPED_PAIRS)."""
+    speculative, plain, input_len, accept = SHIPPED_PAIRS[name.split("-", maxsplit=1)[0]]
+    spec = load_profile(speculative)
+    shipped = {path.stem for path in TRACES_DIR.glob("*.csv")}
+    if accept is not None and not (name in shipped and shifts_acceptance(load_trace(name))):
+        spec = with_overrides(spec, accept_length=accept)
+    return ReplaySetup.from_profiles(spec, load_profile(plain), trace, input_len=input_len, adaptive=adaptive)
+
+
+def shipped_trace(name: str) -> list[TracePhase]:
+    """A shipped trace, its acceptance dropped to DROPPED_ACCEPT halfway where it gives none of its own."""
+    trace = load_trace(name)
+    if shifts_acceptance(trace):
+        return trace
+    half = sum(phase.duration_s for phase in trace) / 2
+    return with_accept_drop(trace, at_s=half, accept_length=DROPPED_ACCEPT)
+
+
+def shipped_rows() -> list[ShippedRow]:
+    """The adaptive replay of every shipped trace at the gateway's default [adaptive], beside the best fixed
+    threshold and the per-window oracle."""
+    from crossover.servers.sim.replay import replay  # replay.py imports this module lazily too
+
+    rows = []
+    for name in sorted(path.stem for path in TRACES_DIR.glob("*.csv")):
+        trace = shipped_trace(name)
+        result = replay(shipped_setup(name, trace), trace, ADAPTIVE)
+        report = result.adaptive
+        assert report is not None
+        rows.append(
+            ShippedRow(
+                name,
+                result.output_tokens,
+                report.best_fixed_threshold,
+                report.best_fixed_tokens,
+                report.oracle_tokens,
+                tuple(settling.windows for settling in report.settled),
+            )
+        )
+    return rows
+
+
+def format_rows(rows: list[ShippedRow]) -> str:
+    lines = [
+        "| trace | adaptive tokens | best fixed (threshold) | adaptive / best fixed | per-window oracle | adaptive / "
+        "oracle | windows to settle |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.trace} | {row.adaptive_tokens:,} | {row.best_fixed_tokens:,.0f} ({row.best_fixed_threshold}) | "
+            f"{100 * row.adaptive_tokens / row.best_fixed_tokens:.2f} % | {row.oracle_tokens:,.0f} | "
+            f"{100 * row.adaptive_tokens / row.oracle_tokens:.2f} % | "
+            f"{', '.join('-' if w is None else str(w) for w in row.settled)} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(format_rows(shipped_rows()))

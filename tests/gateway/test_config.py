@@ -193,6 +193,14 @@ def test_the_adaptive_table_is_read_at_load_and_refused_in_words(tmp_path):
         load_settings(write(tmp_path, section + "bench_accept_length = 2.5\n" + POOLS))
 
 
+def test_explore_is_for_the_partitioned_topology_only():
+    pools = {"speculative": {"backends": ["http://127.0.0.1:9"]}}
+    with pytest.raises(ValueError, match=r"adaptive\.explore .* topology 'partitioned' only, not 'in-engine'"):
+        Settings(topology="in-engine", pools=pools, adaptive={"explore": True})
+    both = {**pools, "plain": {"backends": ["http://127.0.0.1:10"]}}
+    assert Settings(pools=both, adaptive={"explore": True, "explore_delta": 2}).adaptive.explore_delta == 2
+
+
 def test_switch_settings_are_what_the_gateway_runs(tmp_path):
     """One set of switch settings for the controller and `crossover sim replay --gateway-config`: read from the
     file, the mechanism's prior cost unless one is given, the policy built with the live threshold."""

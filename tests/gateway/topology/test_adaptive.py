@@ -58,6 +58,8 @@ def adaptive_gateway(sim, gateway, table):
             "min": MINIMUM,
             "max": MAXIMUM,
             "deadband": 1,
+            "max_levels": 0,  # max_step alone bounds a move: what the test counts
+            "correct": False,  # the table is not the stand-ins' throughput: the acceptance alone moves it here
         },
     )
     return gw, spec
@@ -111,6 +113,7 @@ def test_the_threshold_follows_a_drop_in_acceptance_bounded_pinned_by_an_operato
         assert state["last_move"]["to"] == MINIMUM and state["last_move"]["reason"] == TOWARD_CROSSOVER
         assert state["last_decision"]["prediction"]["crossover"] < MINIMUM
         assert abs(state["accept_length"] - 1.2) < 0.4
+        assert not state["correction"]["on"] and state["correction"]["levels"] == []
         assert gw.metric("crossover_adaptive_moves_total", direction="down") == controller.moved["down"] >= len(downs)
         assert gw.metric("crossover_adaptive_predicted_crossover") == controller.last.prediction.crossover
         assert abs(gw.metric("crossover_adaptive_accept_length") - 1.2) < 0.4
@@ -162,7 +165,7 @@ def test_only_the_leader_decides_and_a_pause_holds(table):
         threshold=START,
         pools={"speculative": {"backends": ["http://127.0.0.1:9"]}, "plain": {"backends": ["http://127.0.0.1:10"]}},
         adaptive={"enabled": True, "table": str(table), "bench_accept_length": BENCH_ACCEPT, "max_step": MAX_STEP,
-                  "min": MINIMUM, "max": MAXIMUM},
+                  "min": MINIMUM, "max": MAXIMUM, "max_levels": 0},
     )  # fmt: skip
     registry = CollectorRegistry()
     state = build_state(settings, registry)
@@ -183,3 +186,55 @@ def test_only_the_leader_decides_and_a_pause_holds(table):
     assert state.routing.threshold == START - MAX_STEP and controller.windows == 4
     assert registry.get_sample_value("crossover_adaptive_moves_total", {"direction": "down"}) == 1
     assert registry.get_sample_value("crossover_adaptive_accept_length") == 1.2
+    # Between windows it decides at once only when the acceptance moved by `react` (0.2) since that decision.
+    backend.acceptance = SpecReading(1.3)
+    assert not controller.acceptance_moved()
+    backend.acceptance = SpecReading(1.45)
+    assert controller.acceptance_moved()
+    asyncio.run(controller.step(early=True))
+    assert controller.view()["early_decisions"] == 1 and not controller.acceptance_moved()
+
+
+def test_explore_alternates_the_arms_and_holds_saying_so_where_realized_leaves_the_predicted_interval(
+    sim, gateway, table
+):
+    """The table says 100 tok/s at one stream; the k25-eagle3 stand-in at time scale 10 serves several times that:
+    the switchback's realized tokens leave the prediction's band, and the controller holds and says so."""
+    spec, plain = sim("k25-eagle3", *SIM_SCALE), sim("k25-plain", *SIM_SCALE)
+    gw = gateway(
+        [spec.url],
+        [plain.url],
+        admin_token=TOKEN,
+        threshold=START,
+        health={"interval": 0.5, "timeout": 2.0, "load_interval": 0.1},
+        adaptive={"enabled": True, "table": str(table), "bench_accept_length": BENCH_ACCEPT, "window": 0.3,
+                  "max_step": MAX_STEP, "min": MINIMUM, "max": MAXIMUM, "explore": True, "explore_delta": 2},
+    )  # fmt: skip
+    controller, routing = gw.state.adaptive, gw.state.routing
+    served: set[tuple[int, str | None, int | None]] = set()  # (threshold, arm, center) as sampled
+    with httpx.Client(timeout=60, trust_env=False) as client:
+
+        def held() -> bool:
+            client.post(gw.url + "/v1/chat/completions", json=chat(max_tokens=32)).raise_for_status()
+            served.add((routing.threshold, controller.arm, controller.center))
+            return controller.holding is not None
+
+        wait_until(held, what="explore holding")
+        client_state = client.get(gw.url + "/admin/state", headers=AUTH).json()["adaptive"]
+        state = client_state["explore"]
+    center = controller.center
+    # Each arm served its side of the center (the center itself moves with the decisions).
+    arms = {arm for threshold, arm, at in served if at is not None and threshold == at + (2 if arm == "up" else -2)}
+    assert arms == {"up", "down"}, served
+    assert state["holding"] and "realized" in state["why"] and "outside the predicted" in state["why"]
+    # The live rate table's evidence against the model, per pool and level, with its counts and factor: the
+    # stand-in serves several times the table, so the factor is above 1, pulled toward 1 by the prior.
+    levels = client_state["correction"]["levels"]
+    assert levels and all(row["requests"] > 0 and row["ratio"] > row["factor"] > 1 for row in levels), levels
+    judged = [arm for arm in state["arms"].values() if arm["windows"] >= 2]
+    assert judged and all(arm["realized_tokens_per_s"] > arm["interval_tokens_per_s"][1] for arm in judged)
+    assert routing.threshold == center and controller.last.reason == "explore_disagrees"
+    # Resumed by the operator: it starts over.
+    with httpx.Client(timeout=10, trust_env=False) as client:
+        resumed = client.put(gw.url + "/admin/adaptive", headers=AUTH, json={"enabled": True}).json()
+    assert not resumed["explore"]["holding"] and resumed["explore"]["arms"]["up"]["windows"] == 0

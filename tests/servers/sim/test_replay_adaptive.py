@@ -18,41 +18,33 @@ import sys
 import pytest
 
 from crossover.gateway.config import AdaptiveSettings
-from crossover.servers.sim.profile import load_profile, with_overrides
-from crossover.servers.sim.replay import ADAPTIVE, ReplayResult, ReplaySetup, profiles_crossover, replay
-from crossover.servers.sim.replay_adaptive import BENCH_LEVELS, level_width, pool_at, stretches
+from crossover.gateway.policies import BenchTable
+from crossover.gateway.policies.adaptive import threshold_for
+from crossover.servers.sim.profile import with_overrides
+from crossover.servers.sim.replay import ADAPTIVE, ReplayResult, profiles_crossover, replay
+from crossover.servers.sim.replay_adaptive import (
+    BENCH_LEVELS,
+    DROPPED_ACCEPT,
+    ModelRates,
+    format_rows,
+    level_width,
+    pool_at,
+    shipped_rows,
+    shipped_setup,
+    shipped_trace,
+    stretches,
+)
 from crossover.servers.sim.trace import TRACES_DIR, TracePhase, load_trace, shifts_acceptance, with_accept_drop
 
-# The must-show's bounds: at or above the best fixed threshold (less this tolerance: a window's lag after a drop
-# on a 20-minute trace costs 0.6%), within 5% of the per-window oracle.
-BEST_FIXED_TOLERANCE = 0.01
+# The must-show's bounds: at or above the best fixed threshold, within 5% of the per-window oracle. The tolerance is
+# what holds: on llama-diurnal-24h the adaptive serves 99.99% of the best fixed (72): at 1.6 the speculative curve
+# falls off a cliff at 64 between the bench's levels 30 and 70, so the predicted crossover (57.5, linear between
+# them) sends 59 and 63 clients to plain where speculative serves more; the best fixed threshold has hindsight.
+BEST_FIXED_TOLERANCE = 0.0002
 ORACLE_SHARE = 0.95
-DROPPED_ACCEPT = 1.6
 SETTLE_WINDOWS = 5
-
-PAIRS = {
-    "k25": ("k25-eagle3", "k25-plain", 256, None),
-    "llama": ("llama8b-h200-eagle3", "llama8b-h200-plain", 768, 2.0),
-}
 SHIPPED = sorted(path.stem for path in TRACES_DIR.glob("*.csv"))
-
-
-def setup_for(name: str, trace: list[TracePhase], adaptive: AdaptiveSettings | None = None) -> ReplaySetup:
-    speculative, plain, input_len, accept = PAIRS[name.split("-", maxsplit=1)[0]]
-    spec = load_profile(speculative)
-    # A trace that gives its own acceptance is benched at the profile's.
-    if accept is not None and not (name in SHIPPED and shifts_acceptance(load_trace(name))):
-        spec = with_overrides(spec, accept_length=accept)
-    return ReplaySetup.from_profiles(spec, load_profile(plain), trace, input_len=input_len, adaptive=adaptive)
-
-
-def shifting(name: str) -> list[TracePhase]:
-    """The shipped trace, its acceptance dropped halfway where it gives none of its own."""
-    trace = load_trace(name)
-    if shifts_acceptance(trace):
-        return trace
-    half = sum(phase.duration_s for phase in trace) / 2
-    return with_accept_drop(trace, at_s=half, accept_length=DROPPED_ACCEPT)
+setup_for, shifting = shipped_setup, shipped_trace
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -73,24 +65,17 @@ def test_the_shipped_traces_include_one_whose_acceptance_shifts():
     assert any(shifts_acceptance(load_trace(name)) for name in SHIPPED)
 
 
-@pytest.mark.parametrize(
-    ("name", "max_step"),
-    [
-        ("k25-2-100-1h", None),  # the gateway's default max_step (4): crossover 4 -> 1
-        # 2.0 -> 1.6 moves llama8b's crossover 161 -> 64 (the table predicts 131 -> 42): 7 windows at max_step 4.
-        ("llama-4-512-drop", 8),
-    ],
-)
-def test_after_an_acceptance_drop_the_threshold_is_within_one_bench_level_of_the_new_crossover_in_5_windows(
-    name, max_step
-):
+@pytest.mark.parametrize("name", ["k25-2-100-1h", "llama-4-512-drop"])
+def test_after_an_acceptance_drop_the_threshold_is_within_one_bench_level_of_the_new_crossover_in_5_windows(name):
+    # The gateway's defaults: k25's crossover 4 -> 1; llama8b's 161 -> 64 (predicted 160 -> 63), one bench level a
+    # window at most (max_levels 1) where that is farther than max_step.
     if name == "llama-4-512-drop":
         trace = [TracePhase(duration_s=1800, concurrency=96), TracePhase(duration_s=1800, concurrency=48)]
     else:
         trace = load_trace(name)
     drop_at = sum(phase.duration_s for phase in trace) / 2
     trace = with_accept_drop(trace, at_s=drop_at, accept_length=DROPPED_ACCEPT)
-    adaptive = AdaptiveSettings() if max_step is None else AdaptiveSettings(max_step=max_step)
+    adaptive = AdaptiveSettings()
     setup = setup_for(name, trace, adaptive)
     report = replay(setup, trace, ADAPTIVE).adaptive
     assert report is not None
@@ -114,14 +99,37 @@ def test_after_an_acceptance_drop_the_threshold_is_within_one_bench_level_of_the
         assert far  # the drop did move the crossover away by more than a level
 
 
-def test_each_move_is_the_controllers_bounded_step_within_its_bounds():
+def test_the_model_predicts_the_crossover_at_2_0_from_a_bench_at_2_5_near_the_simulations():
+    # llama8b-h200 at input 768, benched at the profile's 2.5. The proportional model (speculative tok/s x 2.0/2.5,
+    # prefill scaled too) put it at 82; the split (prefill apart from the decode steps) lands near the engine's.
+    setup = setup_for("llama-accept-shift", load_trace("llama-accept-shift"))
+    rates = ModelRates(setup)
+    assert rates.accept_length == 2.5
+    table = rates.bench_table()
+    assert table.prefill_s > 0 and table.output_tokens == setup.output_len
+    simulated = rates.crossover(2.0, BENCH_LEVELS[-1])
+    assert simulated is not None
+    predicted = table.predict(2.0).crossover
+    assert predicted == pytest.approx(simulated, rel=0.05), (predicted, simulated)
+    proportional = BenchTable(table.rates, table.accept_length).predict(2.0).crossover
+    assert proportional < 0.6 * simulated
+    assert threshold_for(predicted) == math.ceil(predicted) - 1
+
+
+@pytest.mark.parametrize("max_levels", [0, 1])
+def test_each_move_is_the_controllers_bounded_step_within_its_bounds(max_levels):
     trace = load_trace("llama-accept-shift")
-    adaptive = AdaptiveSettings(max_step=4, min=8, max=200)
+    adaptive = AdaptiveSettings(max_step=4, min=8, max=200, max_levels=max_levels)
     report = replay(setup_for("llama-accept-shift", trace, adaptive), trace, ADAPTIVE).adaptive
     assert report is not None
     assert report.moves
-    steps = [b - a for a, b in zip(report.thresholds, report.thresholds[1:], strict=False)]
-    assert max(map(abs, steps)) <= 4
+    for move in report.moves:
+        step = abs(move.threshold - move.previous)
+        if max_levels == 0:
+            assert step <= 4
+        else:  # at most 4, or up to the next bench level toward the target
+            low, high = sorted((move.previous, move.threshold))
+            assert step <= 4 or not any(low < level < high for level in BENCH_LEVELS), move
     assert all(8 <= threshold <= 200 for threshold in report.thresholds)
     assert {move.reason for move in report.moves} <= {"toward_crossover", "into_bounds"}
 
@@ -185,3 +193,14 @@ def test_the_command_lists_adaptive_and_reports_it():
         "--mechanism", "sleep", "--accept-drop", "600:1.6",
     )  # fmt: skip
     assert refused.returncode == 2 and "--mechanism adaptive" in refused.stderr
+
+
+def test_the_table_of_every_shipped_trace_prints_adaptive_beside_best_fixed_and_oracle():
+    rows = shipped_rows()
+    assert [row.trace for row in rows] == SHIPPED
+    table = format_rows(rows)
+    assert table.count("\n") == len(rows) + 1 and "| llama-accept-shift |" in table
+    for row in rows:
+        assert row.adaptive_tokens >= (1 - BEST_FIXED_TOLERANCE) * row.best_fixed_tokens, row
+        assert row.adaptive_tokens >= ORACLE_SHARE * row.oracle_tokens, row
+        assert all(windows is not None and windows <= SETTLE_WINDOWS for windows in row.settled), row
