@@ -198,8 +198,9 @@ async def _internal_states(
         groups = response.json().get("internal_states") if response.status_code == 200 else None
     except (ValueError, AttributeError):
         groups = None
-    states = [group.get(GATE_STATE_KEY) for group in groups or () if isinstance(group, dict)]
-    if not states or not all(isinstance(state, dict) for state in states):
+    found = [group.get(GATE_STATE_KEY) for group in groups or () if isinstance(group, dict)]
+    states = [state for state in found if isinstance(state, dict)]
+    if not states or len(states) != len(found):
         raise NotPatched(
             f"{url} has no {GATE_PATH} and no {GATE_STATE_KEY} in {SERVER_INFO_PATH} "
             f"(HTTP {response.status_code}): {PATCH_HINT}"
@@ -246,8 +247,10 @@ async def _write_internal_state(
     if all(reply is True for reply in replies):
         return _agreed(url, states)
     refused = states[[reply is True for reply in replies].index(False)] if len(replies) == len(states) else states[0]
-    last = refused.get("last_update") if isinstance(refused.get("last_update"), dict) else {}
-    reason = last.get("reason") if isinstance(last.get("reason"), str) and last.get("reason") else "failed"
+    last = refused.get("last_update")
+    last = last if isinstance(last, dict) else {}
+    reason = last.get("reason")
+    reason = reason if isinstance(reason, str) and reason else "failed"
     message = f"{text} [false] ({reason}): {str(last.get('message') or 'refused')[:300]}"
     fence_view = refused.get("fence")
     highest = fence_view.get("highest") if isinstance(fence_view, dict) else None
