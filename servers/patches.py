@@ -1,5 +1,5 @@
 """`crossover patches`: the SGLang patches a deployment needs (patches/ at the top of the repository), applied to,
-checked on and reverted from an installed SGLang tree - the pinned release only.
+checked on and reverted from an installed SGLang tree - the pinned release, or SGLang main at pinned commits.
 
     crossover patches check  [--sglang PATH]   # applied / not applied / conflicts per file, and the target's
                                                # Starlette; exit 0 only if applied on Starlette >= 1.0.1
@@ -9,6 +9,10 @@ checked on and reverted from an installed SGLang tree - the pinned release only.
 A release's folder holds a series (its `series` file names the order; without one, the `*.patch` files by name):
 each patch is a diff of the tree the ones before it leave, `apply` puts on what is missing in order, `revert` takes
 off what is there newest first, `check` reports each patch.
+
+Two series: `sglang-0.5.23` (the pinned release, chosen by the tree's version) and `sglang-main` (SGLang's main at
+the commits its `originals` file pins, chosen by probing: a tree that is not 0.5.23 - or has no version, as a
+source checkout - gets the main series when every file it touches is that series' original or patched text).
 
 PATH is the `sglang` package directory or a directory that holds it (site-packages, an unzipped wheel); without
 it, the tree the given `--python` (default: this interpreter) would import. The patch is applied in Python, hunk
@@ -101,8 +105,32 @@ class FileSeries:
         return self.path.removesuffix(".py").replace("/", ".")
 
 
+# The series for SGLang's main branch: no release number, so a tree is matched by probing its files.
+MAIN_SERIES = "main"
+
+
 def patch_dir(version: str = SGLANG_VERSION) -> Path:
     return PATCHES_ROOT / f"sglang-{version}"
+
+
+def choose_series(root: Path) -> str:
+    """The series that fits the SGLang tree at `root`: the pinned release's by version, else the main series
+    when its files are there as the series knows them (original, partly or fully patched)."""
+    try:
+        found = tree_version(root)
+    except PatchRefused:
+        found = None
+    if found == SGLANG_VERSION:
+        return SGLANG_VERSION
+    patches = load_patches(MAIN_SERIES)
+    if all((root / fs.path).is_file() for fs in patches) and overall(inspect(root, patches)) != "conflict":
+        return MAIN_SERIES
+    raise PatchRefused(
+        f"SGLang {found or '(no version)'} at {root / 'sglang'}: no series fits. patches/sglang-{SGLANG_VERSION}/ is "
+        f"for SGLang {SGLANG_VERSION} only (the pinned release; install sglang=={SGLANG_VERSION}), "
+        f"patches/sglang-{MAIN_SERIES}/ for SGLang main at the commits its `originals` file pins, which these files "
+        "are not."
+    )
 
 
 def series_names(version: str = SGLANG_VERSION) -> list[str]:
@@ -326,6 +354,8 @@ def overall(states: list[FileState]) -> TreeState:
 
 
 def _require_release(root: Path, version: str) -> None:
+    if version == MAIN_SERIES:
+        return  # no release number: the series' own hunks are the check
     found = tree_version(root)
     if found != version:
         raise PatchRefused(
@@ -544,7 +574,7 @@ def _conflict_message(root: Path, states: list[FileState]) -> str:
 def register(subparsers: argparse._SubParsersAction) -> None:
     patches = subparsers.add_parser(
         "patches",
-        help=f"the SGLang {SGLANG_VERSION} patches (run-time speculation gate): apply, check, revert",
+        help=f"the SGLang patches ({SGLANG_VERSION} or main; run-time speculation gate): apply, check, revert",
         description=__doc__.split("\n\n")[0],
     )
     sub = patches.add_subparsers(dest="patches_command", required=True, metavar="SUBCOMMAND")
@@ -587,20 +617,21 @@ def _report_starlette(root: Path, python: str | None) -> bool:
 def _run(args: argparse.Namespace) -> int:
     try:
         root = locate(args.sglang, args.python)
+        series = choose_series(root)
         if args.patches_command == "check":
-            state, states = check(root)
-            for name, patch_state in per_patch(states):
+            state, states = check(root, series)
+            for name, patch_state in per_patch(states, series):
                 print(f"{patch_state:17} {name}")
                 for s in states:
                     if name in s.patches:
                         print(f"  {s.patch_state(name):15} {s.path}")
             starlette_refused = _report_starlette(root, args.python)
-            print(f"SGLang {SGLANG_VERSION} at {root / 'sglang'}: patches {state}")
+            print(f"SGLang {series} at {root / 'sglang'} (patches/sglang-{series}/): patches {state}")
             return 0 if state == "applied" and not starlette_refused else 1
         if args.patches_command == "apply":
-            outcome = apply(root, verify=not args.no_import_check, python=args.python)
+            outcome = apply(root, series, verify=not args.no_import_check, python=args.python)
         else:
-            outcome = revert(root)
+            outcome = revert(root, series)
     except PatchRefused as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.gateway.engines.calls import ControlCall, SpecReading
 from crossover.gateway.engines.calls import EngineError as SGLangError
-from crossover.gateway.engines.fence import FENCED, Fenced, fence_headers, is_fenced
+from crossover.gateway.engines.fence import FENCED, Fenced, fence_headers, is_fenced, refusal
 
 # Load endpoints: `/v1/loads` (0.5.x), `/get_load` (older releases), both JSON.
 LOADS_PATH = "/v1/loads"
@@ -89,10 +89,18 @@ def acceptance_from_metrics(text: str, previous: SpecReading | None = None) -> S
     return SpecReading(sum(values) / len(values)) if values else None
 
 
-# The run-time speculation gate of a server patched with patches/sglang-0.5.23 (`/speculative/adaptive`).
-PATCH_NAME = "patches/sglang-0.5.23 (the run-time speculation gate)"
+# The run-time speculation gate of a server patched with patches/sglang-0.5.23 (`/speculative/adaptive`), or with
+# patches/sglang-main: numeric `speculative_adaptive_*` keys of SGLang's own `/set_internal_state` (answered `[true]`
+# or `[false]`), read back under `speculative_adaptive` in `/server_info`'s `internal_states`, with why the last
+# update was refused (`last_update.reason`). A server without the first path is asked the second way.
+PATCH_NAME = "patches/sglang-0.5.23 or patches/sglang-main (the run-time speculation gate)"
 PATCH_HINT = f"apply {PATCH_NAME} with `crossover patches apply` on the GPU host and restart it"
 GATE_PATH = "/speculative/adaptive"
+INTERNAL_STATE_PATH = "/set_internal_state"
+SERVER_INFO_PATH = "/server_info"
+GATE_STATE_KEY = "speculative_adaptive"
+# The main series' refusals, by `last_update.reason`, as the statuses the 0.5.23 series answers them with.
+_REASON_STATUS = {"rejected": 400, "fence_jump": 403, "stale_generation": 409, FENCED: 409, "failed": 500}
 
 
 class NotPatched(SGLangError):
@@ -141,7 +149,10 @@ class Gate:
 async def read_gate(client: httpx.AsyncClient, url: str, *, headers: dict[str, str] | None, timeout: float) -> Gate:
     """The gate as the engine holds it now, in every DP group; NotPatched or GateRejected if it cannot say."""
     async with asyncio.timeout(timeout):
-        return _gate(url, await client.get(url + GATE_PATH, headers=headers, timeout=timeout))
+        response = await client.get(url + GATE_PATH, headers=headers, timeout=timeout)
+        if response.status_code in (404, 405):
+            return _agreed(url, await _internal_states(client, url, headers, timeout))
+        return _gate(url, response)
 
 
 async def write_gate(
@@ -164,9 +175,91 @@ async def write_gate(
         body["dry_run"] = True
     if expected_generation is not None:
         body["expected_generation"] = expected_generation  # compare-and-set: 409 if the gate moved since
-    headers = {**(headers or {}), **fence_headers(fence)}
     async with asyncio.timeout(timeout):
-        return _gate(url, await client.post(url + GATE_PATH, json=body, headers=headers, timeout=timeout))
+        response = await client.post(
+            url + GATE_PATH, json=body, headers={**(headers or {}), **fence_headers(fence)}, timeout=timeout
+        )
+        if response.status_code not in (404, 405):
+            return _gate(url, response)
+        args = {"zero_steps_above_bs": -1 if gate is None else gate}  # -1: no gate (the keys are numbers)
+        if expected_generation is not None:
+            args["expected_generation"] = expected_generation
+        if fence is not None:
+            args["fence"] = fence
+        return await _write_internal_state(client, url, args, headers, timeout, dry_run)
+
+
+async def _internal_states(
+    client: httpx.AsyncClient, url: str, headers: dict[str, str] | None, timeout: float
+) -> list[dict]:
+    """Each DP group's `speculative_adaptive` in `/server_info` (patches/sglang-main); NotPatched without one."""
+    response = await client.get(url + SERVER_INFO_PATH, headers=headers, timeout=timeout)
+    try:
+        groups = response.json().get("internal_states") if response.status_code == 200 else None
+    except (ValueError, AttributeError):
+        groups = None
+    found = [group.get(GATE_STATE_KEY) for group in groups or () if isinstance(group, dict)]
+    states = [state for state in found if isinstance(state, dict)]
+    if not states or len(states) != len(found):
+        raise NotPatched(
+            f"{url} has no {GATE_PATH} and no {GATE_STATE_KEY} in {SERVER_INFO_PATH} "
+            f"(HTTP {response.status_code}): {PATCH_HINT}"
+        )
+    return states
+
+
+def _agreed(url: str, states: list) -> Gate:
+    """The gate every DP group holds; GateRejected if they differ, MalformedGate for a state that is not one."""
+    gates = [_state(url, state) for state in states]
+    if len({gate.zero_steps_above_bs for gate in gates}) > 1:
+        raise GateRejected(
+            f"{url} {GATE_PATH}: DP groups hold different gates: {[g.zero_steps_above_bs for g in gates]}"
+        )
+    first = gates[0]
+    return Gate(first.zero_steps_above_bs, first.generation, first.active_steps, len(gates))
+
+
+async def _write_internal_state(
+    client: httpx.AsyncClient, url: str, args: dict, headers: dict[str, str] | None, timeout: float, dry_run: bool
+) -> Gate:
+    """The gate written as patches/sglang-main takes it, then read back; a `[false]` raises as the 0.5.23 series'
+    status would (the reason from `last_update`, a fence's refusal in `refusal`'s words). The main series has no dry
+    run: one checks that the engine can gate at all (step 0 captured) and reads the gate back."""
+    states = await _internal_states(client, url, headers, timeout)
+    if dry_run:
+        lacking = [state for state in states if 0 not in (state.get("captured_steps") or ())]
+        if lacking and args["zero_steps_above_bs"] != -1:
+            raise GateRejected(f"{url}: no 0-step runtime state captured: it cannot gate", 400, "rejected")
+        return _agreed(url, states)
+    server_args = {f"{GATE_STATE_KEY}_{name}": value for name, value in args.items()}
+    response = await client.post(
+        url + INTERNAL_STATE_PATH, json={"server_args": server_args}, headers=headers, timeout=timeout
+    )
+    text = f"{url} {INTERNAL_STATE_PATH}: HTTP {response.status_code}"
+    try:
+        replies = response.json()
+    except ValueError:
+        replies = None
+    if response.status_code != 200 or not isinstance(replies, list) or not replies:
+        reason = "unauthorized" if response.status_code in (401, 403) else None
+        raise GateRejected(f"{text}: {response.text[:200]}", response.status_code, reason)
+    states = await _internal_states(client, url, headers, timeout)
+    if all(reply is True for reply in replies):
+        return _agreed(url, states)
+    refused = states[[reply is True for reply in replies].index(False)] if len(replies) == len(states) else states[0]
+    last = refused.get("last_update")
+    last = last if isinstance(last, dict) else {}
+    reason = last.get("reason")
+    reason = reason if isinstance(reason, str) and reason else "failed"
+    message = f"{text} [false] ({reason}): {str(last.get('message') or 'refused')[:300]}"
+    fence_view = refused.get("fence")
+    highest = fence_view.get("highest") if isinstance(fence_view, dict) else None
+    if reason == FENCED:
+        token = args.get("fence")
+        if isinstance(token, int) and isinstance(highest, int):
+            message += f"; {refusal(token, highest)}"
+        raise GateFenced(message, 409, FENCED)
+    raise GateRejected(message, _REASON_STATUS.get(reason, 500), reason)
 
 
 def _gate(url: str, response: httpx.Response) -> Gate:
@@ -189,13 +282,7 @@ def _gate(url: str, response: httpx.Response) -> Gate:
     states = body.get("states")
     if not isinstance(states, list) or not states:
         states = [body.get("state")]
-    gates = [_state(url, state) for state in states]
-    if len({gate.zero_steps_above_bs for gate in gates}) > 1:
-        raise GateRejected(
-            f"{url} {GATE_PATH}: DP groups hold different gates: {[g.zero_steps_above_bs for g in gates]}"
-        )
-    first = gates[0]
-    return Gate(first.zero_steps_above_bs, first.generation, first.active_steps, len(gates))
+    return _agreed(url, states)
 
 
 def _state(url: str, state: object) -> Gate:

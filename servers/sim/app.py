@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,6 +34,7 @@ from crossover.servers.profile import ENGINE_TITLES, SIM_SLEEP_ARGS
 from crossover.servers.sim import generation
 from crossover.servers.sim.engine import PAUSE_MODES, Engine
 from crossover.servers.sim.generation import TooLarge, json_response, read_json
+from crossover.servers.sim.internal_state_gate import InternalStateGate, internal_state_routes
 from crossover.servers.sim.live import MEMORY_TAGS, Busy, LiveEngine
 from crossover.servers.sim.metrics import SimMetrics
 from crossover.servers.sim.openai_format import (
@@ -88,6 +89,9 @@ class SimSettings:
     admin_api_key: str | None = None
     # The gate's fence: how far above the highest accepted a token may lie (0: no limit), as the agent's.
     fence_max_jump: int = MAX_FENCE_JUMP
+    # Which patch series' wire the gate speaks: "0.5.23" (/speculative/adaptive) or "main" (/set_internal_state keys,
+    # read back in /server_info; internal_state_gate.py).
+    speculation_gate_wire: str = "0.5.23"
     # The engine it plays: SGLang's surface, or vLLM's (vllm_surface.py: its endpoints, metric names, errors).
     engine: EngineName = DEFAULT_ENGINE
     # vLLM's --enable-sleep-mode (with VLLM_SERVER_DEV_MODE=1): /sleep, /wake_up and /is_sleeping.
@@ -193,6 +197,8 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
             }
         )
 
+    upstream_gate: list[InternalStateGate] = []  # the main series' gate, read back in /server_info
+
     async def server_info() -> Response:
         return json_response(
             {
@@ -200,7 +206,7 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
                 "memory": memory_report(live),
                 "max_total_num_tokens": profile.limits.max_total_num_tokens,
                 "max_req_input_len": profile.limits.context_length - 1,
-                "internal_states": [internal_state(live, profile)],
+                "internal_states": [internal_state(live, profile, upstream_gate)],
                 "version": SGLANG_VERSION,
                 **simulation_report(settings, live),
             }
@@ -353,7 +359,11 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
             metrics.registry.register(
                 GateMetrics(gate, {"model_name": profile.model_name, **settings.extra_metric_labels})
             )
-            routes += gate_routes(gate)
+            if settings.speculation_gate_wire == "main":
+                upstream_gate.append(InternalStateGate(gate))
+                routes += internal_state_routes(upstream_gate[0])
+            else:
+                routes += gate_routes(gate)
         return [
             *routes,
             (ACCEPTANCE_PATH, acceptance, ["GET", "POST"]),
@@ -458,9 +468,12 @@ def server_args(settings: SimSettings) -> dict[str, Any]:
     }
 
 
-def internal_state(live: LiveEngine, profile: Profile) -> dict[str, Any]:
+def internal_state(live: LiveEngine, profile: Profile, gates: Sequence[InternalStateGate] = ()) -> dict[str, Any]:
+    """DP group 0's internal state; with the main series' gate, its `speculative_adaptive` readback."""
     spec, engine = profile.speculative, live.engine
+    gate = {"speculative_adaptive": gates[0].state()} if gates else {}
     return {
+        **gate,
         "speculative_num_steps": spec.num_steps if spec else None,
         "avg_spec_accept_length": engine.avg_accept_length if spec else None,
         "last_gen_throughput": live.gen_throughput(),

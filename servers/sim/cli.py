@@ -82,6 +82,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="serve GET/POST /speculative/adaptive as an SGLang patched with patches/sglang-0.5.23 does",
     )
+    serve.add_argument(
+        "--speculation-gate-wire",
+        choices=("0.5.23", "main"),
+        default="0.5.23",
+        help="with --speculation-gate: the wire of patches/sglang-0.5.23 (/speculative/adaptive, the default) or of "
+        "patches/sglang-main (speculative_adaptive_* keys of /set_internal_state, read back in /server_info)",
+    )
     admin_key = serve.add_mutually_exclusive_group()
     admin_key.add_argument(
         "--admin-api-key", metavar="KEY", help="as SGLang's: POST /speculative/adaptive then needs this bearer token"
@@ -312,6 +319,7 @@ def _serve(args: argparse.Namespace) -> int:
             speculation_gate=args.speculation_gate,
             admin_api_key=admin_api_key,
             fence_max_jump=args.fence_max_jump,
+            speculation_gate_wire=args.speculation_gate_wire,
             engine=args.engine,
             sleep_mode=args.enable_sleep_mode,
         ),

@@ -11,12 +11,17 @@ tree leave it byte for byte as it was; `revert` repairs a tree a cut-short run l
 series (the gate, then slot replacement on top of it): applied in order and reverted newest first, all or none.
 
 The release tree is never modified: each test patches a farm of symlinks to it (the patcher replaces a file, it
-never writes through one)."""
+never writes through one).
+
+patches/sglang-main (the port to SGLang main): `crossover patches` picks a series by the tree's version, else by
+probing its files; a tree no series fits is refused. With CROSSOVER_SGLANG_MAIN_FILES (the files its `originals`
+pins), the main series is applied to them over the release's tree and its upstream-layout tests run on CPU."""
 
 from __future__ import annotations
 
 import argparse
 import errno
+import hashlib
 import json
 import os
 import random
@@ -393,3 +398,76 @@ def test_the_stand_in_judges_every_body_as_the_patch_does(patched, patch_python)
         "conflict",
         "failed",
     )
+
+
+# -- The main series (patches/sglang-main/): chosen by probing, applied on SGLang main's own files ----------------
+
+MAIN_DIR = patches.patch_dir(patches.MAIN_SERIES)
+MAIN_TESTS = MAIN_DIR / "test" / "registered" / "unit" / "speculative"
+# A directory holding the files `originals` pins (sglang/srt/...), taken from sgl-project/sglang at those commits.
+MAIN_FILES = os.environ.get("CROSSOVER_SGLANG_MAIN_FILES")
+
+
+def main_originals() -> list[tuple[str, str, str]]:
+    """(commit, sha256, path) of every file the main series was written against."""
+    rows = [line.split() for line in (MAIN_DIR / "originals").read_text().splitlines() if not line.startswith("#")]
+    return [(commit, digest, path) for commit, digest, path in (row for row in rows if row)]
+
+
+def test_check_chooses_the_series_by_version_and_refuses_a_tree_no_series_fits(tree):
+    assert patches.choose_series(tree) == SGLANG_VERSION
+    main_series = ["adaptive-config-schema.patch", "runtime-speculation-gate.patch"]
+    assert patches.series_names(patches.MAIN_SERIES) == main_series
+    # The series' own files are the ones `originals` pins (plus the router the patched module imports).
+    touched_by_main = {fs.path for fs in patches.load_patches(patches.MAIN_SERIES)}
+    assert touched_by_main < {path for _commit, _digest, path in main_originals()}
+
+    # Without a version (a source checkout) the files decide: the release's are not main's.
+    (tree / "sglang/_version.py").unlink()
+    with pytest.raises(patches.PatchRefused, match="no series fits"):
+        patches.choose_series(tree)
+    result = run_patches("check", "--sglang", str(tree))
+    assert result.returncode == 2 and "no series fits" in result.stderr, result.stderr
+
+
+@pytest.fixture(scope="module")
+def main_tree(release: Path, tmp_path_factory) -> Path:
+    """The release's tree with SGLang main's pinned files over it and no version file, as a main checkout has."""
+    if MAIN_FILES is None:
+        pytest.skip("CROSSOVER_SGLANG_MAIN_FILES is not set (the pinned main files; patches/sglang-main/originals)")
+    root = symlink_farm(release, tmp_path_factory.mktemp("main"))
+    (root / "sglang/_version.py").unlink()
+    for _commit, digest, path in main_originals():
+        text = (Path(MAIN_FILES) / path).read_bytes()
+        assert hashlib.sha256(text).hexdigest() == digest, f"{path} is not the pinned main file"
+        target = root / path
+        if os.path.lexists(target):
+            target.unlink()  # a link into the release: replace it, never write through it
+        target.write_bytes(text)
+    return root
+
+
+@pytest.mark.timeout(SUITE_TIMEOUT_S)
+def test_the_main_series_applies_to_mains_files_and_its_tests_pass_on_cpu(main_tree, patch_python):
+    pristine = {path: (main_tree / path).read_bytes() for _c, _d, path in main_originals()}
+    result = run_patches("check", "--sglang", str(main_tree), python=patch_python)
+    assert result.returncode == 1 and "(patches/sglang-main/): patches not applied" in result.stdout, result.stdout
+    result = run_patches("apply", "--sglang", str(main_tree), python=patch_python)
+    assert result.returncode == 0, result.stderr
+    result = run_patches("check", "--sglang", str(main_tree), python=patch_python)
+    assert result.returncode == 0 and "patches applied" in result.stdout, result.stdout
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (main_tree, CPU_IMPORT_PATH, MAIN_TESTS)))}
+    suite = subprocess.run(
+        [str(patch_python), "-m", "unittest", "-v", "test_adaptive_spec_runtime_gate"],
+        capture_output=True,
+        text=True,
+        timeout=SUITE_TIMEOUT_S,
+        env=env,
+        cwd=main_tree,
+        check=False,
+    )
+    assert suite.returncode == 0 and suite.stderr.rstrip().endswith("OK"), suite.stderr[-6000:]
+
+    assert run_patches("revert", "--sglang", str(main_tree)).returncode == 0
+    assert {path: (main_tree / path).read_bytes() for path in pristine} == pristine

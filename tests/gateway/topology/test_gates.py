@@ -68,6 +68,26 @@ def test_the_threshold_is_every_engines_gate_and_reads_back(gateway, gated):
         assert gw.metric("crossover_backend_gate_in_sync", backend=s.url) == 1
 
 
+def test_engines_on_the_main_series_wire_are_gated_the_same_way(gateway, sim):
+    """Stand-ins playing patches/sglang-main (the gate as /set_internal_state keys, read back in /server_info): the
+    start-up gate, a PUT, a mode and a refused gate go through as on the 0.5.23 wire."""
+    engines = [sim("k25-eagle3", *SIM_SCALE, "--speculation-gate", "--speculation-gate-wire", "main") for _ in range(2)]
+
+    def gate_of(url: str) -> dict:
+        info = httpx.get(url + "/server_info", timeout=5, trust_env=False).json()
+        return info["internal_states"][0]["speculative_adaptive"]
+
+    gw = in_engine(gateway, [s.url for s in engines], threshold=4)
+    assert [gate_of(s.url)["zero_steps_above_bs"] for s in engines] == [4, 4]  # set at start-up
+    response = put(gw, "/admin/threshold", {"threshold": 12})
+    assert response.status_code == 200, response.text
+    assert {g["zero_steps_above_bs"] for g in response.json()["backend_gates"].values()} == {12}
+    assert [gate_of(s.url)["zero_steps_above_bs"] for s in engines] == [12, 12]
+    assert put(gw, "/admin/mode", {"mode": "speculative"}).status_code == 200  # no gate: -1 on this wire
+    assert [gate_of(s.url)["zero_steps_above_bs"] for s in engines] == [None, None]
+    assert all(gate_of(s.url)["last_update"]["result"] == "applied" for s in engines)
+
+
 def test_zero_step_batches_begin_at_the_gate(gateway, sim):
     backend = sim("k25-eagle3", *SIM_SCALE, "--speculation-gate")
     gw = in_engine(gateway, [backend.url], threshold=3)

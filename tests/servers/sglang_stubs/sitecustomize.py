@@ -25,6 +25,8 @@ _STUB = {
     "torchcomms",
     "xgrammar",
     "soundfile",
+    # sglang.test.test_utils (CustomTestCase, the upstream CPU tests' base) imports the benchmark datasets.
+    "datasets",
 }
 _VERSIONS = {"triton": "3.5.0", "torchvision": "0.29.0"}
 STUBBED = set()
