@@ -3,10 +3,10 @@
     for command in launch_commands(profile):
         print(command.name, command.argv, command.env)
 
-`server_args` is the part after the engine's command (`sglang serve`, `vllm serve`):
-what the engine's own parser must accept (tests/servers/test_sglang_parser.py feeds SGLang's to 0.5.23's
-`prepare_server_args`, tests/servers/test_vllm_parser.py vLLM's to 0.32's `vllm serve` parser). `env` holds only what the
-profile sets; the process gets it on top of the caller's environment.
+`server_args` is the part after the engine's command (`sglang serve`, `vllm serve`): what the engine's own parser
+must accept (tests/servers/test_sglang_parser.py feeds SGLang's to 0.5.23's `prepare_server_args`,
+tests/servers/test_vllm_parser.py vLLM's to 0.32's `vllm serve` parser). `env` holds only what the profile sets;
+the process gets it on top of the caller's environment.
 
 A server's admin key (`admin_api_key_file`) is never in `argv`: it shows as `<from /path>` there (what `plan`
 prints, the log and the state file record), and `run_argv()` reads the file - on the host that starts it, when
