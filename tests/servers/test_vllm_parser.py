@@ -22,7 +22,7 @@ from crossover.servers.profile import (
     shipped_profiles,
 )
 from crossover.servers.vllm_check import parse, parse_errors
-from tests.servers.conftest import SHIPPED, read_by_engine
+from tests.servers.conftest import SHIPPED, read_by_engine, run_cli
 
 
 def vllm_servers():
@@ -43,6 +43,17 @@ def test_gpu_profiles_run_vllm_serve_with_the_model_first_pinned_to_a_checked_re
         assert "--model" not in command.server_args
         assert profile.vllm_version in SUPPORTED_VLLM
         assert "--disable-log-stats" not in command.server_args
+
+
+def test_plan_names_the_pinned_release_and_says_why_dev_mode_stays_on_loopback():
+    plan = run_cli("plan", "llama8b-vllm-time-shared", "--no-fit-check")
+    assert plan.returncode == 0, plan.stderr
+    assert "topology time-shared, vLLM 0.34.0, switch by sleep" in plan.stdout
+    assert "--host 127.0.0.1" in plan.stdout and "VLLM_SERVER_DEV_MODE=1" in plan.stdout
+    assert "/collective_rpc, /pause, /resume and more with no authentication" in plan.stderr
+    assert "these servers listen on loopback only" in plan.stderr and "through the agent" in plan.stderr
+    partitioned = run_cli("plan", "llama8b-vllm-partitioned", "--no-fit-check")
+    assert "VLLM_SERVER_DEV_MODE" not in partitioned.stdout and "loopback" not in partitioned.stderr
 
 
 def test_vllm_accepts_every_shipped_argv_and_reads_the_values_meant(vllm_python):
