@@ -25,8 +25,9 @@ REFERENCE_WORK_S = 0.17
 WORK_ITERATIONS = 1_000_000
 SAMPLES = 5
 # No start is waited on longer than this, however slow the machine: past it the host cannot run these tests in
-# a CI's time, and the test says so (the tests' pytest-timeout backstops sit above it).
-CEILING_S = 1800.0
+# a CI's time, and the test says so (the tests' pytest-timeout backstops sit above it). Measured here: real vLLM
+# started in 483 s at a measured speed of 0.34 and in 640 s at 0.71 (the load rose from 10 to 30 meanwhile).
+CEILING_S = 2700.0
 
 
 def _work() -> float:

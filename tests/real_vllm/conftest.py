@@ -29,8 +29,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from crossover.gateway.modes import MODES
-from crossover.servers.process import free_port, spawn, stop
+from crossover.gateway.engines.vllm import DEV_MODE_ENV
+from crossover.gateway.modes import MODES, PLAIN
+from crossover.servers.launch import launch_command
+from crossover.servers.process import LOOPBACK, free_port, spawn, stop
+from crossover.servers.profile import load_profile
 from crossover.servers.sglang_check import venv_python
 from tests.conftest import missing_environment
 from tests.gateway.conftest import gateway  # noqa: F401  (the gateway's own fixture, in front of the engines)
@@ -42,9 +45,10 @@ from tests.servers.conftest import VLLM_VENV
 ROOT = Path(__file__).resolve().parents[2]
 VENV = VLLM_VENV  # CROSSOVER_VLLM_VENV, else .venv-vllm (the parser checks of tests/servers/ use it too)
 MODEL_NAME = "tiny-llama"
-# Both servers' start on the idle reference host (tests/host_speed.py) takes 50-90 s; the wait is 3x that,
-# scaled by the machine's measured speed.
-IDLE_START_S = 270.0
+# Both servers' start at once, compiling (vLLM's torch.compile cache is keyed by the flags): 8-9 min on the
+# reference host (tests/host_speed.py) measured at 0.6 of its idle speed, so ~5 min idle; the wait is twice that,
+# scaled by the machine's speed measured just before.
+IDLE_START_S = 600.0
 # Making the tiny model (the tokenizer; imports transformers): a few seconds idle.
 IDLE_MODEL_S = 60.0
 # Three drafts a step, accepted at a mean length of 2.75 tokens (the bonus token counted): vLLM's
@@ -64,6 +68,9 @@ PROBES = 2
 # plus BOUND_BASE_S (an HTTP round trip, a prefill): what a wait may take before the test says it gave up.
 BUSY_SLACK = 10.0
 BOUND_BASE_S = 10.0
+# The plain server runs in vLLM's dev mode on the host this shipped profile gives its servers (it sleeps them, so
+# dev mode is on): test_contract shows the dev routes answer on loopback and nothing answers off-host.
+DEV_MODE_PROFILE = "llama8b-vllm-time-shared"
 # Tests that change a server for good (an EngineCore killed) run after every other real-vLLM test.
 LAST_TESTS = ("test_engine_faults.py::test_health_is_503_once_the_engine_core_died",)
 
@@ -94,11 +101,15 @@ class VLLMServer:
     def metric(self, name: str) -> float:
         """A counter or gauge of vLLM's /metrics, summed over its samples (one engine: one sample)."""
         text = httpx.get(self.url + "/metrics", timeout=self.bound(0), trust_env=False).text
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name:
-                    return sample.value
-        raise AssertionError(f"{self.mode}: no {name} in /metrics")
+        values = [
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name
+        ]
+        if not values:
+            raise AssertionError(f"{self.mode}: no {name} in /metrics")
+        return sum(values)
 
     def bound(self, tokens: int) -> float:
         """Seconds a request of `tokens` alone may take here before a test gives up on it."""
@@ -140,14 +151,22 @@ def vllm_venv() -> Path:
     return VENV
 
 
-def server_argv(
-    venv: Path, model: Path, mode: str, port: int, core: int, *, speculative: bool | None = None
-) -> list[str]:
-    """`speculative`: whether the server runs EAGLE-3 (default: as its mode says)."""
+def dev_mode_launch() -> tuple[str, dict[str, str]]:
+    """The listen address and the dev-mode environment DEV_MODE_PROFILE's plain server is launched with."""
+    profile = load_profile(DEV_MODE_PROFILE)
+    command = launch_command(profile, profile.server(PLAIN))
+    host = command.server_args[command.server_args.index("--host") + 1]
+    return host, {DEV_MODE_ENV: command.env[DEV_MODE_ENV]}
+
+
+def server_argv(venv: Path, model: Path, mode: str, port: int, core: int) -> list[str]:
+    """The deprecated module, not `vllm serve`: the CPU build's `vllm` script looks up a distribution named `vllm`
+    and fails."""
+    host = dev_mode_launch()[0] if mode == PLAIN else LOOPBACK
     argv = ["taskset", "-c", str(core), str(venv_python(venv)), "-m", "vllm.entrypoints.openai.api_server"]
     argv += ["--model", str(model / "target"), "--served-model-name", MODEL_NAME, "--load-format", "dummy"]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--max-num-queued-reqs", str(BUSY_CAP)]
-    if (mode == "speculative") if speculative is None else speculative:
+    argv += ["--host", host, "--port", str(port), "--max-num-queued-reqs", str(BUSY_CAP)]
+    if mode == "speculative":
         spec = {
             "method": "eagle3",
             "model": str(model / "draft"),
@@ -159,9 +178,10 @@ def server_argv(
     return argv
 
 
-def server_env(venv: Path, core: int) -> dict[str, str]:
+def server_env(venv: Path, mode: str, core: int) -> dict[str, str]:
     return {
         **os.environ,
+        **(dev_mode_launch()[1] if mode == PLAIN else {}),
         # vLLM's CPU backend wants Intel's OpenMP loaded first (it warns, and runs slower, otherwise).
         "LD_PRELOAD": str(venv / "lib" / "libiomp5.so"),
         "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GB),
@@ -190,17 +210,17 @@ def make_model(venv: Path, out: Path) -> Path:
     return out
 
 
-def start_server(venv: Path, model: Path, mode: str, core: int, base: Path, **argv_options) -> VLLMServer:
+def start_server(venv: Path, model: Path, mode: str, core: int, base: Path) -> VLLMServer:
     port, log = free_port(), base / f"{mode}-{time.monotonic_ns()}.log"
     with log.open("wb") as out:
         proc = spawn(
-            server_argv(venv, model, mode, port, core, **argv_options),
-            env=server_env(venv, core),
+            server_argv(venv, model, mode, port, core),
+            env=server_env(venv, mode, core),
             stdout=out,
             stderr=subprocess.STDOUT,
             die_with_parent=False,
         )
-    return VLLMServer(mode, f"http://127.0.0.1:{port}", core, proc, log)
+    return VLLMServer(mode, f"http://{LOOPBACK}:{port}", core, proc, log)
 
 
 @pytest.fixture(scope="session")

@@ -12,13 +12,16 @@ reads each server's load from the `vllm:num_requests_running` / `_waiting` gauge
 
 from __future__ import annotations
 
+import socket
+
 import httpx
 import openai
 import pytest
 
-from crossover.gateway.engines.vllm import RUNNING, SPEC_ACCEPTED
+from crossover.gateway.engines.vllm import DEV_MODE_ENV, IS_SLEEPING_PATH, RUNNING, SPEC_ACCEPTED
+from crossover.servers.process import LOOPBACK
 from tests.gateway.gateway_helpers import sse_events
-from tests.real_vllm.conftest import ACCEPTANCE_LENGTH, DRAFT_TOKENS, PROBE_TOKENS, VLLMServer
+from tests.real_vllm.conftest import ACCEPTANCE_LENGTH, DRAFT_TOKENS, PROBE_TOKENS, VLLMServer, dev_mode_launch
 from tests.waiting import wait_until
 
 GENERATED = "vllm:generation_tokens_total"
@@ -103,6 +106,33 @@ def test_the_speculation_check_fails_on_a_server_launched_without_eagle3(real_vl
     plain = real_vllm.servers["plain"]
     with pytest.raises(AssertionError, match=f"plain: no {ACCEPTED} in /metrics"):
         mean_accept_length(plain, plain.url, real_vllm.model)
+
+
+def outward_address() -> str | None:
+    """This host's address on its network (the interface a packet out would leave by), None without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("198.51.100.1", 9))  # TEST-NET-2; nothing is sent: a UDP connect only picks a route
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def test_dev_mode_as_the_shipped_sleep_profile_launches_it_is_reachable_on_loopback_only(real_vllm):
+    # The plain server runs in vLLM's dev mode on the host the shipped sleeping profile gives its servers.
+    host, env = dev_mode_launch()
+    assert host == LOOPBACK and env == {DEV_MODE_ENV: "1"}
+    plain = real_vllm.servers["plain"]
+    # Its dev routes are there, for the agent on this host to call.
+    asleep = httpx.get(plain.url + IS_SLEEPING_PATH, timeout=real_vllm.timeout(0), trust_env=False)
+    assert asleep.status_code == 200 and asleep.json() == {"is_sleeping": False}
+    address = outward_address()
+    if address is None:
+        pytest.skip("this host has no network address but loopback: nothing off-host to be unreachable from")
+    port = httpx.URL(plain.url).port
+    with pytest.raises(httpx.ConnectError):
+        httpx.post(f"http://{address}:{port}/collective_rpc", json={"method": "noop"}, timeout=5, trust_env=False)
 
 
 def test_a_bad_parameter_is_vllms_400_with_its_message(speculative_gateway, real_vllm):

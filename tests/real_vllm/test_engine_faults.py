@@ -26,6 +26,8 @@ from tests.real_vllm.conftest import BUSY_CAP, PROBE_TOKENS
 from tests.waiting import wait_until
 
 BUSY_MESSAGE = "The engine is currently busy and cannot accept new requests."
+# vLLM's own count of requests it refused at admission (by reason: the queue cap, or queued prompt tokens).
+REJECTIONS = "vllm:admission_rejections_total"
 HEALTH_POLL_S = 0.05  # vLLM's watchdog ends the API server ~5 s after the engine died: look often
 ALL_PLAIN = 0  # spillover threshold: every request goes to the plain pool
 
@@ -43,12 +45,17 @@ def test_a_full_vllm_answers_503_busy_and_the_gateway_serves_the_request_on_the_
     full = {**one_token(real_vllm.model), "n": BUSY_CAP, "max_tokens": real_vllm.max_model_len // 2}
     full |= {"ignore_eos": True, "stream": True}
     timeout = real_vllm.timeout(PROBE_TOKENS)
+    rejected = plain.metric(REJECTIONS)
     with (
         httpx.Client(timeout=timeout, trust_env=False) as http,
         http.stream("POST", plain.url + "/v1/completions", json=full) as held,
     ):
         assert held.status_code == 200
-        assert next(held.iter_bytes()).startswith(b"data: ")  # admitted: the cap is reached
+        # The first event is sent before the request reaches the engine; the second carries generated text, so by
+        # then all BUSY_CAP choices are in flight and the cap is reached.
+        events, chunks = b"", held.iter_bytes()
+        while events.count(b"data: ") < 2:
+            events += next(chunks)
         refused = http.post(plain.url + "/v1/completions", json=one_token(real_vllm.model))
         assert refused.status_code == BUSY_STATUS, refused.text
         assert refused.json()["error"]["message"].startswith(BUSY_MESSAGE)
@@ -56,6 +63,8 @@ def test_a_full_vllm_answers_503_busy_and_the_gateway_serves_the_request_on_the_
         assert routed.status_code == 200, routed.text
         assert routed.headers["x-crossover-pool"] == SPECULATIVE
         assert gw.metric("crossover_failovers_total", reason=BACKEND_BUSY) == 1
+    # Both refusals were vLLM's queue cap, by its own count.
+    assert plain.metric(REJECTIONS) - rejected == 2
     plain.wait_for(RUNNING, 0)  # the held request was aborted when its client left
     gw.settled()
 
