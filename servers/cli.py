@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from crossover.gateway.cli import listen_error, non_negative_int, port
 from crossover.gateway.engines import MAX_FENCE_JUMP, TOKEN_ENV, EngineName
-from crossover.servers.profile import ENGINE_TITLES
+from crossover.servers.profile import ENGINE_TITLES, VLLM_DEV_MODE_RISK
 
 SERVERS_COMMAND_GROUP = "crossover.servers_commands"
 FOREGROUND_CHECK_S = 1.0  # --foreground: how often it looks for servers that exited
@@ -181,8 +181,9 @@ def _plan(args: argparse.Namespace) -> int:
     else:
         print(f"profile {profile.name}: {profile.description}")
         engines = sorted({server.plays for server in profile.servers})
-        # A profile pins SGLang's release (its flag names); vLLM's it leaves to the venv.
-        releases = {**ENGINE_TITLES, "sglang": f"{ENGINE_TITLES['sglang']} {profile.sglang_version}"}
+        # A profile pins each engine's release (its flag names; for vLLM also what its adapter was checked against).
+        pinned = {"sglang": profile.sglang_version, "vllm": profile.vllm_version}
+        releases = {e: " ".join(filter(None, [title, pinned[e]])) for e, title in ENGINE_TITLES.items()}
         print(f"topology {profile.topology}, {', '.join(releases[e] for e in engines)}", end="")
         if profile.time_shared is not None:
             ts = profile.time_shared
@@ -193,6 +194,12 @@ def _plan(args: argparse.Namespace) -> int:
             for key, value in command.env.items():
                 print(f"  {key}={value}")
             print("  " + " ".join(_quote(a) for a in command.argv))
+    if profile.sleeps and any(server.engine == "vllm" for server in profile.servers):
+        _say(
+            f"note: {VLLM_DEV_MODE_RISK}: these servers listen on loopback only; run the gateway on this host and "
+            "let it sleep and wake them through the agent (`crossover servers agent`, switching.agent_url), which "
+            "checks its token and the gateway's fence"
+        )
     if profile.needs_patch:
         _say(
             f"note: topology {profile.topology!r} needs SGLang patched with patches/sglang-{profile.sglang_version} "

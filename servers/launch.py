@@ -3,10 +3,10 @@
     for command in launch_commands(profile):
         print(command.name, command.argv, command.env)
 
-`server_args` is the part after the engine's command (`sglang serve`, `python -m vllm.entrypoints.openai.api_server`):
-what the engine's own parser must accept (tests/servers/test_sglang_parser.py feeds SGLang's to 0.5.23's
-`prepare_server_args`, tests/servers/test_vllm_parser.py vLLM's to 0.32's `make_arg_parser`). `env` holds only what the
-profile sets; the process gets it on top of the caller's environment.
+`server_args` is the part after the engine's command (`sglang serve`, `vllm serve`): what the engine's own parser
+must accept (tests/servers/test_sglang_parser.py feeds SGLang's to 0.5.23's `prepare_server_args`,
+tests/servers/test_vllm_parser.py vLLM's to 0.32's `vllm serve` parser). `env` holds only what the profile sets;
+the process gets it on top of the caller's environment.
 
 A server's admin key (`admin_api_key_file`) is never in `argv`: it shows as `<from /path>` there (what `plan`
 prints, the log and the state file record), and `run_argv()` reads the file - on the host that starts it, when
@@ -103,7 +103,8 @@ def _sglang_launch(profile: Profile, server: Server) -> Launch:
 
 
 def _vllm_launch(profile: Profile, server: Server) -> Launch:
-    # vLLM serves /sleep, /wake_up and /is_sleeping only in its dev mode.
+    # vLLM serves /sleep, /wake_up and /is_sleeping only in its dev mode, which opens unauthenticated routes besides:
+    # the profile keeps such a server on loopback (VLLM_DEV_MODE_ENV in profile.py), reached by the agent.
     env = {vllm.DEV_MODE_ENV: "1"} if profile.sleeps else {}
     return list(profile.vllm_command), vllm_args(profile, server), env
 
@@ -171,9 +172,11 @@ def sglang_args(profile: Profile, server: Server) -> list[str]:
 
 def vllm_args(profile: Profile, server: Server) -> list[str]:
     """vLLM's OpenAI server flags, as vLLM documents them (what tests/servers/test_vllm_parser.py feeds to its
-    own parser). vLLM has no admin key and no extra metric labels; its CPU build needs no device flag."""
+    own parser): `vllm serve MODEL --flags`, or `--model MODEL` after the deprecated module command (which
+    ignores a positional model). vLLM has no admin key and no extra metric labels; its CPU build needs no device
+    flag."""
     assert server.model_path is not None  # the profile validator guarantees it for engine "vllm"
-    args = ["--model", server.model_path]
+    args = [server.model_path] if profile.vllm_command[-1:] == ["serve"] else ["--model", server.model_path]
     if server.served_model_name:
         args += ["--served-model-name", server.served_model_name]
     args += ["--host", server.host, "--port", str(server.port), "--tensor-parallel-size", str(server.tp_size)]
@@ -188,6 +191,8 @@ def vllm_args(profile: Profile, server: Server) -> list[str]:
         args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     if server.max_running_requests is not None:
         args += ["--max-num-seqs", str(server.max_running_requests)]
+    if server.max_queued_requests is not None:
+        args += ["--max-num-queued-reqs", str(server.max_queued_requests)]
     if server.mem_fraction_static is not None:
         # SGLang's fraction for weights + KV cache; vLLM's is of the whole GPU, for everything the engine holds.
         args += ["--gpu-memory-utilization", f"{server.mem_fraction_static:g}"]

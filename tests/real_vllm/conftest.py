@@ -1,15 +1,19 @@
-"""Real vLLM 0.32.0 on CPU: a speculative (EAGLE-3) and a plain server for the whole run.
+"""Real vLLM 0.32.0 on CPU: a speculative (EAGLE-3) and a plain server for the whole run, sized to this host.
 
 - `real_vllm` (session): both servers of a tiny Llama made here (`tiny_model.py`, `--load-format dummy`), the
   speculative one with a random-weight EAGLE-3 draft that accepts at a set mean length (synthetic acceptance,
-  `engine_env.py`), each pinned to its own core - two engines on two shared cores unpinned, one starves.
-  Ready once `/health` answers and a 1-token generation did; stopped (whole process groups) at the end.
+  `engine_env.py`), each pinned to a core of its own that no other run on the host holds (`tests/host_cores.py`)
+  - two engines on two shared cores unpinned, one starves. The start-up wait scales with the machine's measured
+  speed (`tests/host_speed.py`). Ready once `/health` answers and a 1-token generation did; then a decode step of
+  each is measured at one stream (`RealVLLM.token_s`), and every later wait is a bound derived from it
+  (`RealVLLM.bound`), never a constant. Stopped (whole process groups) at the end.
 - `vllm_gateway`: the project's gateway (partitioned, real uvicorn in a thread) with one server per pool, both
   pools `engine = "vllm"` (load read from vLLM's /metrics gauges).
 
-Every test here runs on one xdist worker (`tests/conftest.py` schedules them as one unit), so the servers start
-once per run. The venv is `.venv-vllm` (tests/setup.sh builds it): without it these tests skip, and in CI
-(CI=true) they fail.
+Both servers run with `--max-num-queued-reqs` (BUSY_CAP), as the shipped vLLM profiles do: past it vLLM answers
+503 busy. Every test here runs on one xdist worker (`tests/conftest.py` schedules them as one unit), so the servers
+start once per run; LAST_TESTS run after all others (one kills an engine). The venv is `.venv-vllm`
+(tests/setup.sh builds it): without it these tests skip, and in CI (CI=true) they fail.
 """
 
 from __future__ import annotations
@@ -25,34 +29,64 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from crossover.gateway.modes import MODES
-from crossover.servers.process import free_port, spawn, stop, wait_ready
+from crossover.gateway.engines.vllm import DEV_MODE_ENV
+from crossover.gateway.modes import MODES, PLAIN
+from crossover.servers.launch import launch_command
+from crossover.servers.process import LOOPBACK, free_port, spawn, stop
+from crossover.servers.profile import load_profile
 from crossover.servers.sglang_check import venv_python
 from tests.conftest import missing_environment
 from tests.gateway.conftest import gateway  # noqa: F401  (the gateway's own fixture, in front of the engines)
+from tests.host_cores import claimed_cores
+from tests.host_speed import CEILING_S, StartupBudget, wait_started
 from tests.real_vllm.engine_env import is_built
 from tests.servers.conftest import VLLM_VENV
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = VLLM_VENV  # CROSSOVER_VLLM_VENV, else .venv-vllm (the parser checks of tests/servers/ use it too)
 MODEL_NAME = "tiny-llama"
-# A start takes 50-90 s on 2 idle cores; several minutes beside other work. Generous, never a sleep.
-READY_TIMEOUT_S = 900
+# Both servers' start at once, compiling (vLLM's torch.compile cache is keyed by the flags): 8-9 min on the
+# reference host (tests/host_speed.py) measured at 0.6 of its idle speed, so ~5 min idle; the wait is twice that,
+# scaled by the machine's speed measured just before.
+IDLE_START_S = 600.0
+# Making the tiny model (the tokenizer; imports transformers): a few seconds idle.
+IDLE_MODEL_S = 60.0
 # Three drafts a step, accepted at a mean length of 2.75 tokens (the bonus token counted): vLLM's
 # minimum-variance schedule then accepts position 0 always, position 1 3/4 of the time, position 2 never.
 DRAFT_TOKENS = 3
 ACCEPTANCE_LENGTH = 2.75
-WAIT_S = 120.0
 METRICS_POLL_S = 0.25
 KV_CACHE_GB = 1  # vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE): ~0.25 M tokens of the tiny model
+# vLLM's --max-num-queued-reqs on both servers (requests running + waiting; a request of n choices counts n):
+# above the bench's top level (64) and a test's few, so only the busy test reaches it.
+BUSY_CAP = 80
+# The start-up measurement: one stream of PROBE_TOKENS on each server, the best of PROBES (the first may still
+# warm caches).
+PROBE_TOKENS = 32
+PROBES = 2
+# A bound is the measured time times this (a machine busier than at start-up, a metrics scrape between steps)
+# plus BOUND_BASE_S (an HTTP round trip, a prefill): what a wait may take before the test says it gave up.
+BUSY_SLACK = 10.0
+BOUND_BASE_S = 10.0
+# The plain server runs in vLLM's dev mode on the host this shipped profile gives its servers (it sleeps them, so
+# dev mode is on): test_contract shows the dev routes answer on loopback and nothing answers off-host.
+DEV_MODE_PROFILE = "llama8b-vllm-time-shared"
+# Tests that change a server for good (an EngineCore killed) run after every other real-vLLM test.
+LAST_TESTS = ("test_engine_faults.py::test_health_is_503_once_the_engine_core_died",)
 
 
 def pytest_collection_modifyitems(items):
     here = Path(__file__).parent
-    for item in items:
-        if Path(item.path).parent == here:
-            # The first test here also waits for both servers to start; the bench runs minutes of load.
-            item.add_marker(pytest.mark.timeout(2 * READY_TIMEOUT_S))
+    mine = [item for item in items if Path(item.path).parent == here]
+    for item in mine:
+        # A backstop only: the first test here also waits for both servers to start (at most CEILING_S), and
+        # every wait after that has a bound derived from the measured step time.
+        item.add_marker(pytest.mark.timeout(2 * CEILING_S))
+    last = [item for item in mine if any(item.nodeid.endswith(name) for name in LAST_TESTS)]
+    ordered = [item for item in mine if item not in last] + last
+    slots = [index for index, item in enumerate(items) if Path(item.path).parent == here]
+    for slot, item in zip(slots, ordered, strict=True):
+        items[slot] = item
 
 
 @dataclass
@@ -62,23 +96,33 @@ class VLLMServer:
     core: int
     proc: subprocess.Popen
     log: Path
+    token_s: float = 0.0  # seconds a token takes at one stream, measured at start-up (prefill included)
 
     def metric(self, name: str) -> float:
         """A counter or gauge of vLLM's /metrics, summed over its samples (one engine: one sample)."""
-        text = httpx.get(self.url + "/metrics", timeout=10, trust_env=False).text
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name:
-                    return sample.value
-        raise AssertionError(f"{self.mode}: no {name} in /metrics")
+        text = httpx.get(self.url + "/metrics", timeout=self.bound(0), trust_env=False).text
+        values = [
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name
+        ]
+        if not values:
+            raise AssertionError(f"{self.mode}: no {name} in /metrics")
+        return sum(values)
 
-    def wait_for(self, name: str, value: float, timeout: float = WAIT_S) -> None:
-        """Poll a metric until it reads `value`. Gently: the API server shares its one core with the engine, and
-        /metrics at the usual 50 Hz poll starves both."""
+    def bound(self, tokens: int) -> float:
+        """Seconds a request of `tokens` alone may take here before a test gives up on it."""
+        return BOUND_BASE_S + BUSY_SLACK * tokens * self.token_s
+
+    def wait_for(self, name: str, value: float, tokens: int = PROBE_TOKENS) -> None:
+        """Poll a metric until it reads `value`, for as long as `tokens` of generation may take. Gently: the API
+        server shares its one core with the engine, and /metrics at the usual 50 Hz poll starves both."""
+        timeout = self.bound(tokens)
         deadline = time.monotonic() + timeout
         while (seen := self.metric(name)) != value:
             if time.monotonic() > deadline:
-                raise AssertionError(f"{self.mode}: {name} read {seen}, not {value}, for {timeout} s")
+                raise AssertionError(f"{self.mode}: {name} read {seen}, not {value}, for {timeout:.0f} s")
             time.sleep(METRICS_POLL_S)
 
 
@@ -87,6 +131,18 @@ class RealVLLM:
     servers: dict[str, VLLMServer]  # mode -> server
     model: str
     max_model_len: int
+    started_s: float  # how long both starts took
+    budget: StartupBudget
+
+    def token_s(self) -> dict[str, float]:
+        return {mode: server.token_s for mode, server in self.servers.items()}
+
+    def bound(self, tokens: int) -> float:
+        """The slower server's bound for a request of `tokens` alone."""
+        return max(server.bound(tokens) for server in self.servers.values())
+
+    def timeout(self, tokens: int) -> httpx.Timeout:
+        return httpx.Timeout(self.bound(tokens), connect=5.0)
 
 
 def vllm_venv() -> Path:
@@ -95,16 +151,21 @@ def vllm_venv() -> Path:
     return VENV
 
 
-def cores() -> dict[str, int]:
-    """One core each where there are two; both on the one core otherwise."""
-    mine = sorted(os.sched_getaffinity(0))
-    return {mode: mine[index % len(mine)] for index, mode in enumerate(MODES)}
+def dev_mode_launch() -> tuple[str, dict[str, str]]:
+    """The listen address and the dev-mode environment DEV_MODE_PROFILE's plain server is launched with."""
+    profile = load_profile(DEV_MODE_PROFILE)
+    command = launch_command(profile, profile.server(PLAIN))
+    host = command.server_args[command.server_args.index("--host") + 1]
+    return host, {DEV_MODE_ENV: command.env[DEV_MODE_ENV]}
 
 
 def server_argv(venv: Path, model: Path, mode: str, port: int, core: int) -> list[str]:
+    """The deprecated module, not `vllm serve`: the CPU build's `vllm` script looks up a distribution named `vllm`
+    and fails."""
+    host = dev_mode_launch()[0] if mode == PLAIN else LOOPBACK
     argv = ["taskset", "-c", str(core), str(venv_python(venv)), "-m", "vllm.entrypoints.openai.api_server"]
     argv += ["--model", str(model / "target"), "--served-model-name", MODEL_NAME, "--load-format", "dummy"]
-    argv += ["--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--host", host, "--port", str(port), "--max-num-queued-reqs", str(BUSY_CAP)]
     if mode == "speculative":
         spec = {
             "method": "eagle3",
@@ -117,9 +178,10 @@ def server_argv(venv: Path, model: Path, mode: str, port: int, core: int) -> lis
     return argv
 
 
-def server_env(venv: Path, core: int) -> dict[str, str]:
+def server_env(venv: Path, mode: str, core: int) -> dict[str, str]:
     return {
         **os.environ,
+        **(dev_mode_launch()[1] if mode == PLAIN else {}),
         # vLLM's CPU backend wants Intel's OpenMP loaded first (it warns, and runs slower, otherwise).
         "LD_PRELOAD": str(venv / "lib" / "libiomp5.so"),
         "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GB),
@@ -131,48 +193,80 @@ def server_env(venv: Path, core: int) -> dict[str, str]:
     }
 
 
+def make_model(venv: Path, out: Path) -> Path:
+    budget = StartupBudget.measure(IDLE_MODEL_S, "making the tiny model")
+    try:
+        made = subprocess.run(
+            [str(venv_python(venv)), "-m", "tests.real_vllm.tiny_model", str(out)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=budget.seconds,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError(budget.gave_up()) from None
+    assert made.returncode == 0, made.stderr[-2000:]
+    return out
+
+
+def start_server(venv: Path, model: Path, mode: str, core: int, base: Path) -> VLLMServer:
+    port, log = free_port(), base / f"{mode}-{time.monotonic_ns()}.log"
+    with log.open("wb") as out:
+        proc = spawn(
+            server_argv(venv, model, mode, port, core),
+            env=server_env(venv, mode, core),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            die_with_parent=False,
+        )
+    return VLLMServer(mode, f"http://{LOOPBACK}:{port}", core, proc, log)
+
+
 @pytest.fixture(scope="session")
 def real_vllm(tmp_path_factory):
     venv = vllm_venv()
     base = tmp_path_factory.mktemp("real-vllm")
-    model = base / "model"
-    made = subprocess.run(
-        [str(venv_python(venv)), "-m", "tests.real_vllm.tiny_model", str(model)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert made.returncode == 0, made.stderr[-2000:]
+    model = make_model(venv, base / "model")
     servers: dict[str, VLLMServer] = {}
-    try:
-        for mode, core in cores().items():
-            port, log = free_port(), base / f"{mode}.log"
-            with log.open("wb") as out:
-                proc = spawn(
-                    server_argv(venv, model, mode, port, core),
-                    env=server_env(venv, core),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    die_with_parent=False,
-                )
-            servers[mode] = VLLMServer(mode, f"http://127.0.0.1:{port}", core, proc, log)
-        for server in servers.values():  # both start at once: each on its own core
-            ready(server)
-        card = httpx.get(servers["plain"].url + "/v1/models", timeout=10, trust_env=False).json()["data"][0]
-        yield RealVLLM(servers=servers, model=MODEL_NAME, max_model_len=card["max_model_len"])
-    finally:
-        stop([server.proc for server in servers.values()])
+    with claimed_cores(len(MODES)) as cores:
+        try:
+            budget = StartupBudget.measure(IDLE_START_S, "the real vLLM servers")
+            began = time.monotonic()
+            for mode, core in zip(MODES, cores, strict=True):
+                servers[mode] = start_server(venv, model, mode, core, base)
+            for server in servers.values():  # both start at once: each on its own core
+                ready(server, budget, since=began)
+            started_s = time.monotonic() - began
+            for server in servers.values():
+                server.token_s = measure_token_s(server, budget.seconds)
+            card = httpx.get(servers["plain"].url + "/v1/models", timeout=10, trust_env=False).json()["data"][0]
+            rates = ", ".join(f"{mode} {1 / server.token_s:.1f} tok/s" for mode, server in servers.items())
+            print(f"\nreal vLLM: started in {started_s:.0f} s (speed {budget.speed:.2f}), one stream: {rates}")
+            yield RealVLLM(servers, MODEL_NAME, card["max_model_len"], started_s, budget)
+        finally:
+            stop([server.proc for server in servers.values()])
 
 
-def ready(server: VLLMServer) -> None:
+def ready(server: VLLMServer, budget: StartupBudget, since: float) -> None:
     try:
-        wait_ready(server.url + "/health", server.proc, READY_TIMEOUT_S)
+        wait_started(server.url + "/health", server.proc, budget, since=since)
         one_token = {"model": MODEL_NAME, "prompt": "Say OK.", "max_tokens": 1}
-        wait_ready(server.url + "/v1/completions", server.proc, READY_TIMEOUT_S, json=one_token)
+        wait_started(server.url + "/v1/completions", server.proc, budget, json=one_token, since=since)
     except Exception as error:
         raise AssertionError(f"{server.mode}: {error}\n{server.log.read_text(errors='replace')[-4000:]}") from None
+
+
+def measure_token_s(server: VLLMServer, timeout: float) -> float:
+    """Seconds a token takes at one stream on `server`: one request of PROBE_TOKENS, the best of PROBES."""
+    body = {"model": MODEL_NAME, "prompt": "Once upon a time", "max_tokens": PROBE_TOKENS, "ignore_eos": True}
+    best = timeout
+    for _ in range(PROBES):
+        began = time.perf_counter()
+        answer = httpx.post(server.url + "/v1/completions", json=body, timeout=timeout, trust_env=False)
+        answer.raise_for_status()
+        best = min(best, time.perf_counter() - began)
+    return best / PROBE_TOKENS
 
 
 @pytest.fixture
@@ -181,7 +275,7 @@ def vllm_gateway(gateway, real_vllm):  # noqa: F811  (the fixture imported above
 
     def start(**settings):
         # A probe waits for an engine busy on its one core (the bench's C=64): not a failure worth ejecting.
-        settings.setdefault("health", {"interval": 0.5, "timeout": 30.0})
+        settings.setdefault("health", {"interval": 0.5, "timeout": real_vllm.bound(PROBE_TOKENS)})
         servers = real_vllm.servers
         pools = {mode: {"backends": [servers[mode].url], "engine": "vllm"} for mode in MODES}
         return gateway([], [], pools=pools, **settings)

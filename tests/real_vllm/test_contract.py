@@ -12,16 +12,18 @@ reads each server's load from the `vllm:num_requests_running` / `_waiting` gauge
 
 from __future__ import annotations
 
+import socket
+
 import httpx
 import openai
 import pytest
 
-from crossover.gateway.engines.vllm import RUNNING, SPEC_ACCEPTED
+from crossover.gateway.engines.vllm import DEV_MODE_ENV, IS_SLEEPING_PATH, RUNNING, SPEC_ACCEPTED
+from crossover.servers.process import LOOPBACK
 from tests.gateway.gateway_helpers import sse_events
-from tests.real_vllm.conftest import ACCEPTANCE_LENGTH, DRAFT_TOKENS
+from tests.real_vllm.conftest import ACCEPTANCE_LENGTH, DRAFT_TOKENS, PROBE_TOKENS, VLLMServer, dev_mode_launch
 from tests.waiting import wait_until
 
-TIMEOUT = httpx.Timeout(120.0, connect=5.0)
 GENERATED = "vllm:generation_tokens_total"
 ACCEPTED = f"{SPEC_ACCEPTED}_total"  # a counter's sample
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -30,8 +32,11 @@ ALL_SPECULATIVE = 1000  # spillover threshold: every request goes to the specula
 ALL_PLAIN = 0
 
 
-def client(gateway_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gateway_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+SPEC_CHECK_TOKENS = 200
+
+
+def client(gateway_url: str, timeout: float) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway_url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
 
 
 @pytest.fixture
@@ -43,7 +48,7 @@ def speculative_gateway(vllm_gateway):
 @pytest.mark.parametrize("threshold", [ALL_SPECULATIVE, ALL_PLAIN], ids=["speculative", "plain"])
 def test_a_stream_through_the_official_client_has_text_usage_finish_and_done(vllm_gateway, real_vllm, threshold):
     gw = vllm_gateway(policy="spillover", threshold=threshold)
-    stream = client(gw.url).chat.completions.create(
+    stream = client(gw.url, real_vllm.bound(24)).chat.completions.create(
         model=real_vllm.model,
         messages=MESSAGES,
         max_tokens=24,
@@ -62,7 +67,7 @@ def test_a_stream_through_the_official_client_has_text_usage_finish_and_done(vll
     # from random weights may all be pieces of a character, which vLLM holds back - an empty text.)
     body = {"model": real_vllm.model, "messages": MESSAGES, "max_tokens": 4, "stream": True}
     body |= {"stream_options": {"include_usage": True}, "ignore_eos": True}
-    raw = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=TIMEOUT, trust_env=False)
+    raw = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=real_vllm.timeout(4), trust_env=False)
     assert raw.status_code == 200 and raw.headers["content-type"].startswith("text/event-stream")
     assert raw.content.endswith(b"data: [DONE]\n\n")
     *events, done = sse_events(raw.content)
@@ -74,33 +79,71 @@ def test_a_stream_through_the_official_client_has_text_usage_finish_and_done(vll
     assert raw.headers["x-crossover-pool"] == ("speculative" if threshold else "plain")
 
 
-def test_the_speculative_server_runs_eagle3_at_the_acceptance_it_was_set_to(speculative_gateway, real_vllm):
-    server = real_vllm.servers["speculative"]
+def mean_accept_length(server: VLLMServer, url: str, model: str) -> float:
+    """Generate SPEC_CHECK_TOKENS through `url` (a gateway routing to `server`, or the server) and read the mean
+    accept length of the verify rounds in between from `server`'s own counters. AssertionError where the server
+    does not speculate: no counters, or none grew."""
     accepted, drafts = server.metric(ACCEPTED), server.metric(DRAFTS)
-    answer = client(speculative_gateway.url).completions.create(
-        model=real_vllm.model, prompt="Say OK.", max_tokens=200, extra_body={"ignore_eos": True}
+    answer = client(url, server.bound(SPEC_CHECK_TOKENS)).completions.create(
+        model=model, prompt="Say OK.", max_tokens=SPEC_CHECK_TOKENS, extra_body={"ignore_eos": True}
     )
-    assert answer.usage.completion_tokens == 200
+    assert answer.usage.completion_tokens == SPEC_CHECK_TOKENS
     more_accepted, more_drafts = server.metric(ACCEPTED) - accepted, server.metric(DRAFTS) - drafts
-    assert more_drafts > 0 and more_accepted > 0
+    assert more_drafts > 0 and more_accepted > 0, f"{server.mode}: no verify round accepted a draft"
     # Each verify step emits its accepted drafts plus one token; synthetic acceptance sets their mean.
-    mean_length = 1 + more_accepted / more_drafts
+    return 1 + more_accepted / more_drafts
+
+
+def test_the_speculative_server_runs_eagle3_at_the_acceptance_it_was_set_to(speculative_gateway, real_vllm):
+    mean_length = mean_accept_length(real_vllm.servers["speculative"], speculative_gateway.url, real_vllm.model)
     assert 1.5 < mean_length <= DRAFT_TOKENS + 1, mean_length
     assert mean_length == pytest.approx(ACCEPTANCE_LENGTH, abs=0.5)
-    # The plain server has no drafter: no speculative counters at all.
-    plain = httpx.get(real_vllm.servers["plain"].url + "/metrics", timeout=10, trust_env=False).text
-    assert ACCEPTED not in plain
+
+
+def test_the_speculation_check_fails_on_a_server_launched_without_eagle3(real_vllm):
+    # The check above against the plain server, launched as the speculative one would be but without
+    # --speculative-config: a suite whose speculative server lost its EAGLE-3 fails, it does not pass quietly.
+    plain = real_vllm.servers["plain"]
+    with pytest.raises(AssertionError, match=f"plain: no {ACCEPTED} in /metrics"):
+        mean_accept_length(plain, plain.url, real_vllm.model)
+
+
+def outward_address() -> str | None:
+    """This host's address on its network (the interface a packet out would leave by), None without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("198.51.100.1", 9))  # TEST-NET-2; nothing is sent: a UDP connect only picks a route
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def test_dev_mode_as_the_shipped_sleep_profile_launches_it_is_reachable_on_loopback_only(real_vllm):
+    # The plain server runs in vLLM's dev mode on the host the shipped sleeping profile gives its servers.
+    host, env = dev_mode_launch()
+    assert host == LOOPBACK and env == {DEV_MODE_ENV: "1"}
+    plain = real_vllm.servers["plain"]
+    # Its dev routes are there, for the agent on this host to call.
+    asleep = httpx.get(plain.url + IS_SLEEPING_PATH, timeout=real_vllm.timeout(0), trust_env=False)
+    assert asleep.status_code == 200 and asleep.json() == {"is_sleeping": False}
+    address = outward_address()
+    if address is None:
+        pytest.skip("this host has no network address but loopback: nothing off-host to be unreachable from")
+    port = httpx.URL(plain.url).port
+    with pytest.raises(httpx.ConnectError):
+        httpx.post(f"http://{address}:{port}/collective_rpc", json={"method": "noop"}, timeout=5, trust_env=False)
 
 
 def test_a_bad_parameter_is_vllms_400_with_its_message(speculative_gateway, real_vllm):
     with pytest.raises(openai.BadRequestError) as raised:
-        client(speculative_gateway.url).chat.completions.create(
+        client(speculative_gateway.url, real_vllm.bound(2)).chat.completions.create(
             model=real_vllm.model, messages=MESSAGES, max_tokens=2, temperature=-1
         )
     direct = httpx.post(
         real_vllm.servers["speculative"].url + "/v1/chat/completions",
         json={"model": real_vllm.model, "messages": MESSAGES, "max_tokens": 2, "temperature": -1},
-        timeout=TIMEOUT,
+        timeout=real_vllm.timeout(2),
         trust_env=False,
     )
     assert direct.status_code == 400
@@ -113,7 +156,9 @@ def test_a_bad_parameter_is_vllms_400_with_its_message(speculative_gateway, real
 def test_a_prompt_past_the_context_is_vllms_400(speculative_gateway, real_vllm):
     long = [{"role": "user", "content": "hello world " * real_vllm.max_model_len}]
     with pytest.raises(openai.BadRequestError) as raised:
-        client(speculative_gateway.url).chat.completions.create(model=real_vllm.model, messages=long, max_tokens=2)
+        client(speculative_gateway.url, real_vllm.bound(2)).chat.completions.create(
+            model=real_vllm.model, messages=long, max_tokens=2
+        )
     assert raised.value.status_code == 400
     assert f"maximum context length is {real_vllm.max_model_len} tokens" in raised.value.body["message"]
 
@@ -130,7 +175,7 @@ def test_a_client_that_leaves_mid_stream_is_aborted_in_vllm(speculative_gateway,
         "stream": True,
     }
     with (
-        httpx.Client(timeout=TIMEOUT, trust_env=False) as http,
+        httpx.Client(timeout=real_vllm.timeout(PROBE_TOKENS), trust_env=False) as http,
         http.stream("POST", speculative_gateway.url + "/v1/chat/completions", json=body) as response,
     ):
         assert response.status_code == 200

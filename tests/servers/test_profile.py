@@ -28,6 +28,7 @@ def test_shipped_profiles():
         "kimi-k25-time-shared",
         "llama8b-partitioned",
         "llama8b-vllm-partitioned",
+        "llama8b-vllm-time-shared",
         "standin-in-engine",
         "standin-partitioned",
         "standin-time-shared",
@@ -38,7 +39,10 @@ def test_shipped_profiles():
         # Only a profile of vLLM servers (or stand-ins of them) leaves the SGLang release out.
         plays_sglang = any(server.plays == "sglang" for server in profile.servers)
         assert profile.sglang_version == ("0.5.23" if plays_sglang else None)
-        assert profile.warnings() == [], f"{name} would inherit SGLang's silent cap of 48"
+        # A profile of real vLLM servers pins the release it was checked against.
+        runs_vllm = any(server.engine == "vllm" for server in profile.servers)
+        assert profile.vllm_version == ("0.34.0" if runs_vllm else None)
+        assert profile.warnings() == [], f"{name}: {profile.warnings()}"
 
 
 @pytest.mark.parametrize("name", [p.stem for p in SHIPPED.glob("*.toml")])
@@ -225,6 +229,10 @@ def test_a_stand_in_takes_no_device():
         (("eagle_topk = 1 ", "eagle_topk = 2 "), "eagle_topk must be 1"),
         (("num_draft_tokens = 4 ", "num_draft_tokens = 4\nadaptive = true "), "fixes its draft length at launch"),
         (("sglang | vllm | sim", ""), None),  # a comment: still valid
+        (("extra_args = []", 'extra_args = ["--disable-log-stats"]'), "removes vLLM's /metrics load gauges"),
+        (("extra_args = []", 'extra_args = ["--disable_log_stats=true"]'), "removes vLLM's /metrics load gauges"),
+        (('vllm_version = "0.34.0"', ""), "pins the release it was checked against"),
+        (('vllm_version = "0.34.0"', 'vllm_version = "0.35.0"'), "0.35.0 is not one of them"),
     ],
 )
 def test_a_vllm_server_refuses_what_only_sglang_has(change, message):
@@ -237,6 +245,34 @@ def test_a_vllm_server_refuses_what_only_sglang_has(change, message):
         return
     with pytest.raises(ProfileError, match=message):
         parse_profile(text, name="x", source="x")
+
+
+def test_vllm_in_dev_mode_listens_on_loopback_only():
+    """Dev mode (which sleep needs) opens /collective_rpc, /pause, ... with no authentication."""
+    sleeping = (SHIPPED / "llama8b-vllm-time-shared.toml").read_text()
+    profile = parse_profile(sleeping, name="x", source="x")
+    assert all(server.host == "127.0.0.1" for server in profile.servers)
+    with pytest.raises(ProfileError, match=r"/collective_rpc, /pause, /resume .* host must be loopback"):
+        parse_profile(sleeping.replace('host = "127.0.0.1"', 'host = "0.0.0.0"', 1), name="x", source="x")
+    # Dev mode set by hand on a server that does not sleep: the same.
+    partitioned = (SHIPPED / "llama8b-vllm-partitioned.toml").read_text()
+    by_hand = partitioned.replace('NCCL_IB_DISABLE = "1"', 'NCCL_IB_DISABLE = "1"\nVLLM_SERVER_DEV_MODE = "1"', 1)
+    parse_profile(by_hand, name="x", source="x")  # on loopback: allowed
+    with pytest.raises(ProfileError, match="dev mode opens unauthenticated routes"):
+        parse_profile(by_hand.replace('host = "127.0.0.1"', 'host = "10.0.0.5"', 1), name="x", source="x")
+
+
+def test_a_vllm_server_without_a_queue_cap_is_warned_of_and_only_vllm_takes_one():
+    text = (SHIPPED / "llama8b-vllm-partitioned.toml").read_text()
+    uncapped = parse_profile(text.replace("max_queued_requests = 256", "", 1), name="x", source="x")
+    assert uncapped.warnings() == [
+        "server 'speculative': no max_queued_requests - vLLM's queue is then unbounded and the pool never answers "
+        "busy (503), so the gateway cannot fail over from it; set --max-num-queued-reqs"
+    ]
+    sglang = (SHIPPED / "llama8b-partitioned.toml").read_text()
+    capped = sglang.replace("max_running_requests = 128", "max_running_requests = 128\nmax_queued_requests = 9", 1)
+    with pytest.raises(ProfileError, match="max_queued_requests is vLLM's --max-num-queued-reqs"):
+        parse_profile(capped, name="x", source="x")
 
 
 def test_in_engine_takes_no_vllm_server():
