@@ -193,10 +193,8 @@ class Server(_Strict):
                 )
         if self.engine != "vllm":
             return
-        sglang_only = {
-            "cuda_graph_max_bs_decode": self.cuda_graph_max_bs_decode,
-            "admin_api_key_file": self.admin_api_key_file,
-        }
+        # admin_api_key_file is the patched gate's key on vLLM too (VLLM_SPECULATION_GATE_ADMIN_KEY).
+        sglang_only = {"cuda_graph_max_bs_decode": self.cuda_graph_max_bs_decode}
         given = [name for name, value in sglang_only.items() if value is not None]
         if given:
             raise ValueError(
@@ -294,8 +292,15 @@ class Profile(_Strict):
         if self.topology == "in-engine":
             for server in self.servers:
                 where = f"topology 'in-engine', server {server.name!r}"
-                if server.speculative is None or not server.speculative.adaptive:
-                    raise ValueError(f"{where}: every server is speculative with speculative.adaptive = true")
+                if server.speculative is None:
+                    raise ValueError(f"{where}: every server is speculative")
+                if server.plays == "sglang" and not server.speculative.adaptive:
+                    raise ValueError(f"{where}: every SGLang server has speculative.adaptive = true")
+                if server.plays == "vllm" and (server.max_running_requests or 0) < 2:
+                    raise ValueError(
+                        f"{where}: set max_running_requests >= 2 (vLLM's --max-num-seqs: the gate's start-up schedule "
+                        "speculates below it and puts K=0 in force at it)"
+                    )
                 if server.max_running_requests is None:
                     raise ValueError(
                         f"{where}: set max_running_requests (at SGLang's EAGLE default of "
@@ -304,9 +309,11 @@ class Profile(_Strict):
         return self
 
     @property
-    def needs_patch(self) -> bool:
-        """Whether its SGLang servers need patches/ (the run-time speculation gate) to run this profile."""
-        return self.topology == "in-engine" and any(s.engine == "sglang" for s in self.servers)
+    def needs_patch(self) -> list[EngineName]:
+        """The engines whose servers need patches/ (the run-time speculation gate) to run this profile."""
+        if self.topology != "in-engine":
+            return []
+        return [engine for engine in ENGINE_TITLES if any(s.engine == engine for s in self.servers)]
 
     def server(self, name: str) -> Server:
         for server in self.servers:

@@ -116,3 +116,98 @@ def test_the_patch_tests_pass_on_the_patched_tree_on_cpu(tree, vllm_python):
     )
     assert unpatched.returncode != 0
     assert "cannot import name" in unpatched.stderr and "vllm.v1.spec_decode.dynamic.utils" in unpatched.stderr
+
+
+# Run in the vLLM venv on the patched tree: each body through the route's own check, then the engine's
+# SpeculationGate on a fresh schedule; prints [status, reason] per body.
+PARITY_SCRIPT = """
+import json, sys
+from vllm.entrypoints.serve.dev.sleep.api_router import _GATE_STATUS, _gate_body_problem
+from vllm.v1.spec_decode.dynamic.utils import SpeculationGate, SpeculationGateRefused
+setup = json.loads(sys.stdin.read())
+verdicts = []
+for body in setup["bodies"]:
+    if _gate_body_problem(body):
+        verdicts.append([400, "invalid_body"])
+        continue
+    gate = SpeculationGate(setup["schedule"], setup["max_num_seqs"], setup["num_steps"])
+    try:
+        gate.update(body)
+    except SpeculationGateRefused as exc:
+        verdicts.append([_GATE_STATUS[exc.reason], exc.reason])
+    else:
+        verdicts.append([200, ""])
+print(json.dumps(verdicts))
+"""
+BODIES = [
+    {"zero_spec_tokens_above_batch_size": 4},
+    {"zero_spec_tokens_above_batch_size": None},
+    {"zero_spec_tokens_above_batch_size": 0, "dry_run": True},
+    {"zero_spec_tokens_above_batch_size": -1},
+    {"zero_spec_tokens_above_batch_size": 2**31},
+    {"zero_spec_tokens_above_batch_size": True},
+    {"zero_spec_tokens_above_batch_size": "4"},
+    {"zero_spec_tokens_above_batch_size": 4, "expected_generation": 0},
+    {"zero_spec_tokens_above_batch_size": 4, "expected_generation": 3},
+    {"num_speculative_tokens_per_batch_size": [[1, 8, 3], [9, 64, 0]]},
+    {"num_speculative_tokens_per_batch_size": [[1, 64, 2]]},
+    {"num_speculative_tokens_per_batch_size": [[2, 64, 0]]},
+    {"num_speculative_tokens_per_batch_size": [[1, 8, 3], [8, 64, 0]]},
+    {"num_speculative_tokens_per_batch_size": []},
+    {"num_speculative_tokens_per_batch_size": [[1, 1, 0]] * 300},
+    {"num_speculative_tokens_per_batch_size": "all"},
+    {"num_speculative_tokens_per_batch_size": [[1, 64, 3]], "reset_schedule": True},
+    {"reset_schedule": True},
+    {"dry_run": "yes"},
+    {"surprise": 1},
+    {},
+    [],
+]
+
+
+def test_the_stand_in_judges_every_body_as_the_patch_does(tree, vllm_python):
+    """The same bodies through the patch's route check and SpeculationGate (in the vLLM venv, on the stand-in's
+    start-up schedule) and through the stand-in's vLLM gate (servers/sim/vllm_gate.py): the same status and reason."""
+    import json
+    import random
+
+    from crossover.servers.sim.engine import Engine
+    from crossover.servers.sim.profile import load_profile
+    from crossover.servers.sim.speculation_gate import GateError
+    from crossover.servers.sim.vllm_gate import VLLMStandInGate
+
+    profile = load_profile("llama8b-h200-eagle3")
+
+    def stand_in() -> VLLMStandInGate:
+        return VLLMStandInGate(Engine(profile, random.Random(0)), profile.speculative.num_steps)
+
+    def verdict(body) -> list:
+        try:
+            stand_in().update(body)
+        except GateError as exc:
+            return [exc.status, exc.reason]
+        return [200, ""]
+
+    assert patches.apply(tree, VLLM_VERSION, package="vllm", verify=False).changed
+    gate = stand_in()
+    setup = {
+        "bodies": BODIES,
+        "schedule": gate.startup_schedule,
+        "max_num_seqs": gate.max_num_seqs,
+        "num_steps": gate.num_steps,
+    }
+    result = subprocess.run(
+        [str(vllm_python), "-c", PARITY_SCRIPT],
+        input=json.dumps(setup),
+        capture_output=True,
+        text=True,
+        timeout=SUITE_TIMEOUT_S,
+        env={**os.environ, "PYTHONPATH": str(tree), "VLLM_LOGGING_LEVEL": "ERROR"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    patch = json.loads(result.stdout.strip().splitlines()[-1])
+    mine = [verdict(body) for body in BODIES]
+    differ = [(b, m, p) for b, m, p in zip(BODIES, mine, patch, strict=True) if m != p]
+    assert differ == [], differ
+    assert {status for status, _ in mine} == {200, 400, 409}
