@@ -27,6 +27,7 @@ def test_shipped_profiles():
         "kimi-k25-in-engine",
         "kimi-k25-time-shared",
         "llama8b-partitioned",
+        "llama8b-vllm-in-engine",
         "llama8b-vllm-partitioned",
         "standin-in-engine",
         "standin-partitioned",
