@@ -414,6 +414,12 @@ class TestRoute(unittest.TestCase):
                 answer = self.post(body)
                 self.assertEqual(answer.status_code, status, answer.text[:300])
                 self.assertEqual(answer.json()["error"]["type"], reason)
+        deep = self.http.post(
+            "/speculation_gate",
+            content=b"[" * 30000 + b"]" * 30000,
+            headers={**self.auth, "Content-Type": "application/json"},
+        )
+        self.assertEqual((deep.status_code, deep.json()["error"]["type"]), (400, "invalid_body"))
         not_json = self.http.post(
             "/speculation_gate",
             content=b"{nope",
