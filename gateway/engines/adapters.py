@@ -96,8 +96,6 @@ class EngineAdapter:
     # /speculative/adaptive, patches/vllm-0.32.0's /speculation_gate. Errors: gate.py's.
     read_gate: ReadGate
     write_gate: WriteGate
-    # What makes a server's gate movable, for the message that refuses one that has none.
-    gate_hint: str
     # A speculative server's acceptance from its /metrics text and the previous reading (vLLM's is a window between
     # two): SGLang's gauge, vLLM's counters. None: the text has none.
     acceptance: Callable[[str, SpecReading | None], SpecReading | None]
@@ -153,7 +151,6 @@ SGLANG = EngineAdapter(
     busy_status=sglang.QUEUE_FULL_STATUS,
     read_gate=sglang.read_gate,
     write_gate=sglang.write_gate,
-    gate_hint=sglang.PATCH_HINT,
 )
 
 VLLM = EngineAdapter(
@@ -167,7 +164,6 @@ VLLM = EngineAdapter(
     busy_status=vllm.BUSY_STATUS,
     read_gate=vllm.read_gate,
     write_gate=vllm.write_gate,
-    gate_hint=vllm.PATCH_HINT,
     sleeping_path=vllm.IS_SLEEPING_PATH,
 )
 
