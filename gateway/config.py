@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from crossover.gateway.engines import DEFAULT_ENGINE, TOKEN_ENV, EngineName, adapter
+from crossover.gateway.engines import DEFAULT_ENGINE, TOKEN_ENV, EngineName
 from crossover.gateway.modes import MODES as POOL_NAMES
 from crossover.gateway.modes import PLAIN, SPECULATIVE, Mode
 from crossover.gateway.policies import (
@@ -179,9 +179,10 @@ class PoolSettings(_Section):
     engine: EngineName = DEFAULT_ENGINE
     # The pool's SGLang --api-key: sent on every call the gateway makes to these backends, in place of the client's.
     api_key: str = ""
-    # Its SGLang --admin-api-key, for control calls only (the speculation gate, release, resume); generation keeps
-    # api_key. Empty: control calls send api_key (SGLang's admin endpoints take it when it has no admin key). Or
-    # read from admin_api_key_file (one line; the key stays off the command line and out of the TOML).
+    # Its SGLang --admin-api-key (vLLM patched: VLLM_SPECULATION_GATE_ADMIN_KEY), for control calls only (the
+    # speculation gate, release, resume); generation keeps api_key. Empty: control calls send api_key (SGLang's admin
+    # endpoints take it when it has no admin key). Or read from admin_api_key_file (one line; the key stays off the
+    # command line and out of the TOML).
     admin_api_key: str = ""
     admin_api_key_file: Path | None = None
 
@@ -574,12 +575,6 @@ class Settings(BaseSettings):
             raise ValueError(
                 "topology 'in-engine' has one pool, pools.speculative (patched EAGLE-3 servers whose zero-step gate "
                 "is the threshold): remove pools.plain"
-            )
-        if self.topology == "in-engine" and not adapter(self.pools.speculative.engine).has_gate:
-            raise ValueError(
-                f"topology 'in-engine' moves a run-time speculation gate, which only SGLang patched with "
-                f"patches/sglang-0.5.23 has; pools.speculative.engine is {self.pools.speculative.engine!r} (vLLM fixes "
-                "its draft length at launch): use topology 'partitioned' or 'time-shared' with two vLLM pools"
             )
         if self.topology != "in-engine" and self.pools.plain is None:
             raise ValueError(f"topology {self.topology!r} needs pools.plain")

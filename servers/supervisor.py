@@ -85,6 +85,7 @@ class Supervisor:
         command = launch_command(self.profile, server)
         try:
             argv = command.run_argv()  # the admin key, read now on this host; the log and the record show its file
+            env = command.run_env()
         except LaunchError as exc:
             raise SupervisorError(f"{name}: {exc}") from None
         self.store.logs.mkdir(parents=True, exist_ok=True)
@@ -98,7 +99,7 @@ class Supervisor:
                     argv,
                     die_with_parent=False,
                     # The agent's token stays with the agent: a model server has no use for it.
-                    env={**{k: v for k, v in os.environ.items() if k != TOKEN_ENV}, **command.env},
+                    env={**{k: v for k, v in os.environ.items() if k != TOKEN_ENV}, **env},
                     stdout=log_file,
                     stderr=log_file,
                     stdin=subprocess.DEVNULL,

@@ -3,7 +3,7 @@ GPU-host agent's, and the fencing token every such call carries."""
 
 from __future__ import annotations
 
-from crossover.gateway.engines import sglang, vllm
+from crossover.gateway.engines import gate, sglang, vllm
 from crossover.gateway.engines.adapters import (
     DEFAULT_ENGINE,
     ENGINE_NAMES,
@@ -45,16 +45,8 @@ from crossover.gateway.engines.fence import (
     parse_fence,
     refusal,
 )
-from crossover.gateway.engines.sglang import (
-    Gate,
-    GateFenced,
-    GateRejected,
-    MalformedGate,
-    NotPatched,
-    SGLangError,
-    read_gate,
-    write_gate,
-)
+from crossover.gateway.engines.gate import Gate, GateFenced, GateRejected, MalformedGate, NotPatched
+from crossover.gateway.engines.sglang import SGLangError, read_gate, write_gate
 
 __all__ = [
     "DEFAULT_ENGINE",
@@ -90,6 +82,7 @@ __all__ = [
     "control",
     "error_message",
     "fence_headers",
+    "gate",
     "generate_once",
     "is_fenced",
     "jump_refusal",

@@ -17,16 +17,16 @@ and bodies are is its own module's (`sglang.py`, `vllm.py`); what they have in c
   busy is 503 - SGLang's "queue full" event, vLLM's `QueueOverflowError` past `--max-num-queued-reqs` - and
   gateway/errors.py reshapes either into the gateway's OpenAI error.
 - a client that leaves: both abort the request in the engine when its connection closes.
-- control: SGLang releases, resumes, pauses and continues (its memory saver) and, patched, has the speculation
-  gate; vLLM sleeps and wakes up (`--enable-sleep-mode`, `VLLM_SERVER_DEV_MODE=1`) and has no gate, so the
-  in-engine topology takes SGLang pools only (config.py refuses a vLLM one at load).
+- control: SGLang releases, resumes, pauses and continues (its memory saver); vLLM sleeps and wakes up
+  (`--enable-sleep-mode`, `VLLM_SERVER_DEV_MODE=1`). Patched, each has a run-time speculation gate (the in-engine
+  topology): `read_gate` / `write_gate` speak the engine's route and raise gate.py's errors alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, Protocol, get_args
 
 import httpx
 
@@ -40,6 +40,7 @@ from crossover.gateway.engines.calls import (
     error_message,
     generate_once,
 )
+from crossover.gateway.engines.gate import Gate
 
 EngineName = Literal["sglang", "vllm"]
 ENGINE_NAMES: tuple[EngineName, ...] = get_args(EngineName)
@@ -47,6 +48,27 @@ DEFAULT_ENGINE: EngineName = "sglang"
 
 
 __all__ = ["METRICS_PATH", "ControlCall", "EngineError", "SpecReading", "control", "error_message", "generate_once"]
+
+
+class ReadGate(Protocol):
+    def __call__(
+        self, client: httpx.AsyncClient, url: str, *, headers: dict[str, str] | None, timeout: float
+    ) -> Awaitable[Gate]: ...
+
+
+class WriteGate(Protocol):
+    def __call__(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        gate: int | None,
+        *,
+        headers: dict[str, str] | None,
+        timeout: float,
+        dry_run: bool = False,
+        expected_generation: int | None = None,
+        fence: int | None = None,
+    ) -> Awaitable[Gate]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +92,10 @@ class EngineAdapter:
     # What lets a resumed (or paused) server schedule again; None: `resume` does.
     resume_generation: ControlCall | None
     busy_status: int
-    # A run-time speculation gate (the in-engine topology): SGLang patched with patches/sglang-0.5.23 only.
-    has_gate: bool
+    # The run-time speculation gate of a patched server (the in-engine topology): patches/sglang-0.5.23's
+    # /speculative/adaptive, patches/vllm-0.32.0's /speculation_gate. Errors: gate.py's.
+    read_gate: ReadGate
+    write_gate: WriteGate
     # A speculative server's acceptance from its /metrics text and the previous reading (vLLM's is a window between
     # two): SGLang's gauge, vLLM's counters. None: the text has none.
     acceptance: Callable[[str, SpecReading | None], SpecReading | None]
@@ -125,7 +149,8 @@ SGLANG = EngineAdapter(
     pause=sglang.PAUSE,
     resume_generation=sglang.CONTINUE,
     busy_status=sglang.QUEUE_FULL_STATUS,
-    has_gate=True,
+    read_gate=sglang.read_gate,
+    write_gate=sglang.write_gate,
 )
 
 VLLM = EngineAdapter(
@@ -137,7 +162,8 @@ VLLM = EngineAdapter(
     pause=None,
     resume_generation=None,
     busy_status=vllm.BUSY_STATUS,
-    has_gate=False,
+    read_gate=vllm.read_gate,
+    write_gate=vllm.write_gate,
     sleeping_path=vllm.IS_SLEEPING_PATH,
 )
 

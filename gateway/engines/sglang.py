@@ -13,14 +13,14 @@ changes a body touches this file only.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.gateway.engines.calls import ControlCall, SpecReading
-from crossover.gateway.engines.calls import EngineError as SGLangError
-from crossover.gateway.engines.fence import FENCED, Fenced, fence_headers, is_fenced, refusal
+from crossover.gateway.engines.calls import EngineError as SGLangError  # noqa: F401  (the name callers use)
+from crossover.gateway.engines.fence import FENCED, fence_headers, is_fenced, refusal
+from crossover.gateway.engines.gate import Gate, GateFenced, GateRejected, MalformedGate, NotPatched, whole
 
 # Load endpoints: `/v1/loads` (0.5.x), `/get_load` (older releases), both JSON.
 LOADS_PATH = "/v1/loads"
@@ -101,49 +101,6 @@ SERVER_INFO_PATH = "/server_info"
 GATE_STATE_KEY = "speculative_adaptive"
 # The main series' refusals, by `last_update.reason`, as the statuses the 0.5.23 series answers them with.
 _REASON_STATUS = {"rejected": 400, "fence_jump": 403, "stale_generation": 409, FENCED: 409, "failed": 500}
-
-
-class NotPatched(SGLangError):
-    """A server with no gate to move: no /speculative/adaptive (an unpatched SGLang), or the patch's 501
-    `not_applicable` (no speculation, no --speculative-adaptive, PP > 1): no retry or gateway restart fixes it."""
-
-
-class GateRejected(SGLangError):
-    """The server answered, but refused the gate (`reason` says how, the message why) or read back another value."""
-
-    def __init__(self, message: str, status: int | None = None, reason: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-
-    @property
-    def refused(self) -> bool:
-        """The engine refused this gate itself (400 `invalid_body` / `rejected`): keep the one it has."""
-        return self.status == 400
-
-    @property
-    def unauthorized(self) -> bool:
-        """401 `unauthorized` / 403 `admin_api_key_required`: the gateway's admin credential is wrong or missing."""
-        return self.status in (401, 403)
-
-
-class GateFenced(GateRejected, Fenced):
-    """409 `fenced`: the engine accepted a newer lease's fencing token; this gateway no longer leads its gate."""
-
-
-class MalformedGate(GateRejected, ValueError):
-    """A 200 whose state is not a gate (`"state": "idle"`, `"generation": null`): logged, counted, read again."""
-
-
-@dataclass(frozen=True, slots=True)
-class Gate:
-    """What one server's engine says about its gate, as last read back (DP group 0's, when all groups agree)."""
-
-    zero_steps_above_bs: int | None
-    generation: int
-    active_steps: int | None = None
-    # How many DP groups answered (the patch's `states`, one per group); they all hold this gate.
-    groups: int = 1
 
 
 async def read_gate(client: httpx.AsyncClient, url: str, *, headers: dict[str, str] | None, timeout: float) -> Gate:
@@ -290,10 +247,6 @@ def _state(url: str, state: object) -> Gate:
     gate = state.get("zero_steps_above_bs", "missing") if isinstance(state, dict) else "missing"
     generation = state.get("generation") if isinstance(state, dict) else None
     active = state.get("active_steps") if isinstance(state, dict) else None
-
-    def whole(value: object) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
     if not (gate is None or whole(gate)) or not whole(generation) or not (active is None or whole(active)):
         raise MalformedGate(f"{url} {GATE_PATH}: HTTP 200 with a state that is not a gate: {str(state)[:200]}", 200)
     return Gate(gate, generation, active)

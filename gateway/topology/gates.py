@@ -1,7 +1,9 @@
 """The in-engine topology: one pool of patched EAGLE-3 servers whose zero-step gate *is* the live threshold.
 
 A server patched with patches/sglang-0.5.23 answers `GET/POST /speculative/adaptive`; `zero_steps_above_bs = N`
-runs batches of more than N requests with zero draft steps. The gateway's threshold T means "speculate while a
+runs batches of more than N requests with zero draft steps. A vLLM server patched with patches/vllm-0.32.0 answers
+`GET/POST /speculation_gate`, `zero_spec_tokens_above_batch_size = N` alike; each pool's engine adapter speaks its
+route (gateway/engines/adapters.py). The gateway's threshold T means "speculate while a
 request would join fewer than T others", i.e. a batch of at most T: so the gate is T itself (T = 0: never).
 
     sync = GateSync(pools, routing, client, timeout_s, interval_s, admin_key)
@@ -50,14 +52,13 @@ from crossover.gateway.backends import Backend, Pools
 from crossover.gateway.cluster import Coordination, Solo, StoreUnavailable
 from crossover.gateway.config import PLAIN
 from crossover.gateway.engines import (
+    EngineError,
     Fenced,
     Gate,
     GateRejected,
     MalformedGate,
     NotPatched,
-    SGLangError,
-    read_gate,
-    write_gate,
+    adapter,
 )
 from crossover.gateway.topology.routing import Routing
 from crossover.gateway.tracing import Tracing
@@ -78,7 +79,7 @@ class GateRefused(Exception):
     which engines and why."""
 
 
-class ControlUnauthorized(SGLangError):
+class ControlUnauthorized(EngineError):
     """A control call got 401/403: the pool's admin credential is missing or wrong (refuses start-up)."""
 
 
@@ -223,7 +224,7 @@ class GateSync:
     async def _dry_run(self, backend: Backend, wanted: int | None) -> str | None:
         """The engine's reason if it refuses `wanted`; None if it takes it or cannot say now (the rounds retry)."""
         try:
-            await write_gate(
+            await adapter(backend.engine).write_gate(
                 self._client, backend.url, wanted, headers=self.headers, timeout=self.timeout_s, dry_run=True
             )
         except GateRejected as exc:
@@ -251,10 +252,7 @@ class GateSync:
         for backend in self.pools.speculative:
             backend.gate_pending = self._candidate() is not None  # until its gate is read back
         results = await asyncio.gather(
-            *(
-                read_gate(self._client, b.url, headers=self.headers, timeout=self.timeout_s)
-                for b in self.pools.speculative
-            ),
+            *(self._read(b) for b in self.pools.speculative),
             return_exceptions=True,
         )
         missing = [str(r) for r in results if isinstance(r, NotPatched)]
@@ -279,7 +277,8 @@ class GateSync:
         if refused:
             raise ControlUnauthorized(
                 "the engines refused the gateway's control credential (set the pool's admin_api_key or "
-                "admin_api_key_file to the engines' --admin-api-key): " + "; ".join(refused)
+                "admin_api_key_file to the engines' --admin-api-key; vLLM: VLLM_SPECULATION_GATE_ADMIN_KEY): "
+                + "; ".join(refused)
             )
 
     async def stop(self) -> None:
@@ -317,7 +316,7 @@ class GateSync:
         wanted = self.wanted
         seen = backend.outages  # an outage during the read may be a restart after it
         try:
-            gate = await read_gate(self._client, url, headers=self.headers, timeout=self.timeout_s)
+            gate = await self._read(backend)
             self._slow.discard(url)
             if not self.coordination.leader and self._moved(url, gate) and gate.zero_steps_above_bs != self.wanted:
                 # Most often the leader's write of a change this replica's sync has not brought yet (the leader
@@ -334,7 +333,7 @@ class GateSync:
                 # Background rounds compare-and-set: a round that read before an operator's change cannot undo it.
                 expected = None if force else gate.generation
                 await self._write(backend, wanted, expected)
-                gate = await read_gate(self._client, url, headers=self.headers, timeout=self.timeout_s)
+                gate = await self._read(backend)
                 self._known(backend, gate, written=True)
             if wanted != self.wanted:
                 return  # a change came in meanwhile: it syncs this backend itself
@@ -366,8 +365,14 @@ class GateSync:
         with self.tracing.span("crossover.gate", attributes):
             await self._write_gate(backend, wanted, expected)
 
+    async def _read(self, backend: Backend) -> Gate:
+        """The backend's gate, through its engine's adapter (each engine speaks its own route)."""
+        return await adapter(backend.engine).read_gate(
+            self._client, backend.url, headers=self.headers, timeout=self.timeout_s
+        )
+
     async def _write_gate(self, backend: Backend, wanted: int | None, expected: int | None) -> None:
-        await write_gate(
+        await adapter(backend.engine).write_gate(
             self._client,
             backend.url,
             wanted,

@@ -29,7 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from crossover.gateway.engines import DEFAULT_ENGINE, MAX_FENCE_JUMP, EngineName, adapter
+from crossover.gateway.engines import DEFAULT_ENGINE, MAX_FENCE_JUMP, EngineName
 from crossover.servers.profile import ENGINE_TITLES, SIM_SLEEP_ARGS
 from crossover.servers.sim import generation
 from crossover.servers.sim.engine import PAUSE_MODES, Engine
@@ -47,6 +47,7 @@ from crossover.servers.sim.openai_format import (
 )
 from crossover.servers.sim.profile import Profile, ProfileError
 from crossover.servers.sim.speculation_gate import GateMetrics, StandInGate, bearer_matches, gate_routes
+from crossover.servers.sim.vllm_gate import VLLMGateMetrics, VLLMStandInGate, vllm_gate_routes
 from crossover.servers.sim.vllm_surface import VLLM_VERSION, Route, vllm_routes
 
 SGLANG_VERSION = "0.5.23"  # the release whose surface the stand-in mirrors
@@ -145,8 +146,6 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
     )
     surface, title = SURFACES[settings.engine], ENGINE_TITLES[settings.engine]
     errors = surface.errors
-    if settings.speculation_gate and not adapter(settings.engine).has_gate:
-        raise ValueError(f"--speculation-gate is an SGLang patch's: {title} has no run-time speculation gate")
     if settings.sleep_mode and not SIM_SLEEP_ARGS[settings.engine]:
         raise ValueError(f"--enable-sleep-mode is vLLM's: the {title} stand-in always has its memory saver")
 
@@ -335,8 +334,21 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
                 return json_response(error_body(str(exc)), 400)
         return json_response({"accept_length": engine.acceptance.mean, "num_steps": engine.acceptance.num_steps})
 
+    def gate_args() -> tuple[int, dict]:
+        """The gate's step count and keywords, either engine's."""
+        if spec is None:
+            raise ValueError("--speculation-gate needs a speculative profile (the gate sends batches to zero steps)")
+        return spec.num_steps, {"admin_api_key": settings.admin_api_key, "fence_max_jump": settings.fence_max_jump}
+
     def vllm_surface() -> list[Route]:
+        routes: list[Route] = []
+        if settings.speculation_gate:
+            num_steps, kwargs = gate_args()
+            vllm_gate = VLLMStandInGate(live.engine, num_steps, **kwargs)
+            metrics.registry.register(VLLMGateMetrics(vllm_gate))
+            routes += vllm_gate_routes(vllm_gate)
         return [
+            *routes,
             (ACCEPTANCE_PATH, acceptance, ["GET", "POST"]),
             *vllm_routes(live, model_card(profile, settings.engine), sleep_mode=settings.sleep_mode),
             ("/metrics", metrics_endpoint, ["GET"]),
@@ -346,16 +358,8 @@ def create_app(settings: SimSettings, *, registry: CollectorRegistry | None = No
     def sglang_surface() -> list[Route]:
         routes: list[Route] = []
         if settings.speculation_gate:
-            if spec is None:
-                raise ValueError(
-                    "--speculation-gate needs a speculative profile (the gate sends batches to zero steps)"
-                )
-            gate = StandInGate(
-                live.engine,
-                spec.num_steps,
-                admin_api_key=settings.admin_api_key,
-                fence_max_jump=settings.fence_max_jump,
-            )
+            num_steps, kwargs = gate_args()
+            gate = StandInGate(live.engine, num_steps, **kwargs)
             metrics.registry.register(
                 GateMetrics(gate, {"model_name": profile.model_name, **settings.extra_metric_labels})
             )

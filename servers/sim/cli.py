@@ -80,7 +80,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--speculation-gate",
         action="store_true",
-        help="serve GET/POST /speculative/adaptive as an SGLang patched with patches/sglang-0.5.23 does",
+        help="serve the run-time speculation gate as a patched engine does: GET/POST /speculative/adaptive "
+        "(patches/sglang-0.5.23), with --engine vllm GET/POST /speculation_gate (patches/vllm-0.32.0)",
     )
     serve.add_argument(
         "--speculation-gate-wire",
@@ -91,7 +92,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     admin_key = serve.add_mutually_exclusive_group()
     admin_key.add_argument(
-        "--admin-api-key", metavar="KEY", help="as SGLang's: POST /speculative/adaptive then needs this bearer token"
+        "--admin-api-key",
+        metavar="KEY",
+        help="as SGLang's (vLLM's VLLM_SPECULATION_GATE_ADMIN_KEY): the gate's POST then needs this bearer token",
     )
     admin_key.add_argument(
         "--admin-api-key-file", metavar="PATH", help="the same key, read from a file (it stays off the command line)"
@@ -273,7 +276,6 @@ def _fail(message: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from crossover.gateway.engines import adapter
     from crossover.servers.profile import ENGINE_TITLES, SIM_SLEEP_ARGS
     from crossover.servers.sim.app import SimSettings, run
     from crossover.servers.sim.profile import ProfileError
@@ -293,8 +295,6 @@ def _serve(args: argparse.Namespace) -> int:
     if (error := listen_error(args.host, args.port)) is not None:
         return _fail(error)
     engine = ENGINE_TITLES[args.engine]
-    if args.speculation_gate and not adapter(args.engine).has_gate:
-        return _fail(f"--speculation-gate is an SGLang patch's: {engine} has no run-time speculation gate")
     if args.enable_sleep_mode and not SIM_SLEEP_ARGS[args.engine]:
         return _fail(f"--enable-sleep-mode is vLLM's (with --engine vllm); the {engine} stand-in has its memory saver")
     spec = profile.speculative

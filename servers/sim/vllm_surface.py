@@ -7,7 +7,7 @@ engine lives (also while it sleeps), `/v1/models` owned by "vllm", `/metrics` wi
 errors as `{"error": {...}}` (openai_format.VLLM_ERRORS), and - started with `--enable-sleep-mode`, as vLLM with
 it and `VLLM_SERVER_DEV_MODE=1` - `POST /sleep?level=&mode=`, `POST /wake_up`, `GET /is_sleeping`. A sleep
 ends what runs (mode "abort") or waits for it ("wait"), then releases the weights and KV cache; a request that
-arrives while it sleeps waits for `/wake_up`. No /v1/loads, no pause/continue, no speculation gate.
+arrives while it sleeps waits for `/wake_up`. No /v1/loads, no pause/continue; the patched gate: vllm_gate.py.
 """
 
 from __future__ import annotations

@@ -68,5 +68,23 @@ def make(out: Path) -> Path:
     return out
 
 
+def build(venv: Path, out: Path, root: Path) -> Path:
+    """`make(out)` run in `venv`'s Python (it has transformers) from the repository `root`; AssertionError if not."""
+    import subprocess
+
+    from crossover.servers.sglang_check import venv_python
+
+    made = subprocess.run(
+        [str(venv_python(venv)), "-m", "tests.real_vllm.tiny_model", str(out)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr[-2000:]
+    return out
+
+
 if __name__ == "__main__":
     print(make(Path(sys.argv[1])))

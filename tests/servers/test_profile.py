@@ -27,6 +27,7 @@ def test_shipped_profiles():
         "kimi-k25-in-engine",
         "kimi-k25-time-shared",
         "llama8b-partitioned",
+        "llama8b-vllm-in-engine",
         "llama8b-vllm-partitioned",
         "llama8b-vllm-time-shared",
         "standin-in-engine",
@@ -41,7 +42,9 @@ def test_shipped_profiles():
         assert profile.sglang_version == ("0.5.23" if plays_sglang else None)
         # A profile of real vLLM servers pins the release it was checked against.
         runs_vllm = any(server.engine == "vllm" for server in profile.servers)
-        assert profile.vllm_version == ("0.34.0" if runs_vllm else None)
+        # In-engine, the release patches/vllm-0.32.0 is made for.
+        checked = "0.32.0" if profile.topology == "in-engine" else "0.34.0"
+        assert profile.vllm_version == (checked if runs_vllm else None)
         assert profile.warnings() == [], f"{name}: {profile.warnings()}"
 
 

@@ -31,8 +31,9 @@ def vllm_servers():
 
 
 def test_a_llama_8b_vllm_profile_ships_beside_the_sglang_one():
-    assert {"llama8b-partitioned", "llama8b-vllm-partitioned", "llama8b-vllm-time-shared"} <= set(shipped_profiles())
-    assert len(vllm_servers()) == 4
+    shipped = {"llama8b-partitioned", "llama8b-vllm-partitioned", "llama8b-vllm-time-shared", "llama8b-vllm-in-engine"}
+    assert shipped <= set(shipped_profiles())
+    assert len(vllm_servers()) == 5
 
 
 def test_gpu_profiles_run_vllm_serve_with_the_model_first_pinned_to_a_checked_release():
@@ -75,6 +76,9 @@ def test_vllm_accepts_every_shipped_argv_and_reads_the_values_meant(vllm_python)
             assert read["speculative_config"] is None
         else:
             expected = {"method": "eagle3", "model": spec.draft_model_path, "num_speculative_tokens": spec.num_steps}
+            if profile.topology == "in-engine":  # the schedule the gate moves within: K below the cap, 0 at it
+                cap = server.max_running_requests
+                expected["num_speculative_tokens_per_batch_size"] = [[1, cap - 1, spec.num_steps], [cap, cap, 0]]
             assert read["speculative_config"] == expected
 
 

@@ -8,6 +8,7 @@ import asyncio
 import httpx
 import pytest
 
+from crossover.gateway.engines import sglang, vllm
 from crossover.gateway.engines.adapters import ENGINE_NAMES, SGLANG, VLLM, EngineError, adapter, busy
 from tests.gateway.gateway_helpers import LONG, chat
 from tests.waiting import wait_until
@@ -44,9 +45,10 @@ def test_each_adapter_reads_the_load_its_engine_reports(sim, engine):
     wait_until(lambda: asyncio.run(load(adapter(engine))) == 0, what="the load to drop once the streams closed")
 
 
-def test_both_engines_say_busy_with_503_and_only_sglang_has_the_gate():
+def test_both_engines_say_busy_with_503_and_each_speaks_its_own_gate_route():
     assert busy(503) and not busy(500) and not busy(None)
-    assert SGLANG.has_gate and not VLLM.has_gate
+    assert (SGLANG.read_gate, SGLANG.write_gate) == (sglang.read_gate, sglang.write_gate)
+    assert (VLLM.read_gate, VLLM.write_gate) == (vllm.read_gate, vllm.write_gate)
     # vLLM's sleep does what SGLang's pause and continue do around a release: no separate calls.
     assert VLLM.pause is None and VLLM.resume_generation is None
     assert SGLANG.pause is not None and SGLANG.resume_generation is not None

@@ -1,4 +1,4 @@
-"""vLLM's runtime surface as the gateway reads it: its scheduler gauges, its sleep calls."""
+"""vLLM's runtime surface as the gateway reads it: its scheduler gauges, its sleep calls, the patched gate."""
 
 from __future__ import annotations
 
@@ -60,3 +60,47 @@ def test_acceptance_is_one_plus_accepted_over_drafts_between_two_readings_not_si
     assert idle is not None and idle.accept_length == pytest.approx(1.5)  # nothing drafted: the last window stands
     restarted = acceptance_from_metrics(spec_counters(10, 5), idle)
     assert restarted is not None and restarted.accept_length is None and restarted.counts == (10, 5)
+
+
+def test_the_gate_goes_through_vllms_route_with_its_fence_key_and_errors(sim):
+    """gateway/engines/vllm.py against the stand-in's patched /speculation_gate (servers/sim/vllm_gate.py): the token
+    travels as the header, a stale one is `GateFenced` whose `highest` the fence reads back, a missing key is
+    `unauthorized`, a K the start-up schedule never used is refused, an unpatched server is `NotPatched`."""
+    import asyncio
+
+    import httpx
+
+    from crossover.gateway.engines import GateFenced, GateRejected, NotPatched, vllm
+
+    server = sim("llama8b-h200-eagle3", "--engine", "vllm", "--speculation-gate", "--admin-api-key", "k")
+    plain = sim("llama8b-h200-eagle3", "--engine", "vllm")
+    admin = {"Authorization": "Bearer k"}
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(trust_env=False) as client:
+
+            async def write(gate: int | None, fence: int | None, headers=admin, **kwargs) -> vllm.Gate:
+                url = server.url
+                return await vllm.write_gate(client, url, gate, headers=headers, timeout=10, fence=fence, **kwargs)
+
+            assert (await write(16, 2)).zero_steps_above_bs == 16
+            with pytest.raises(GateFenced) as caught:
+                await write(4, 1)
+            assert caught.value.highest == 2 and caught.value.reason == "fenced"
+            with pytest.raises(GateRejected) as caught:
+                await write(4, None, headers=None)
+            assert caught.value.unauthorized and caught.value.status == 401
+            assert (await write(3, None, dry_run=True)).zero_steps_above_bs == 3
+            with pytest.raises(GateRejected) as caught:
+                await write(3, None, expected_generation=0)
+            assert (caught.value.status, caught.value.reason) == (409, "stale_generation")
+            gate = await vllm.read_gate(client, server.url, headers=admin, timeout=10)
+            assert (gate.zero_steps_above_bs, gate.generation) == (16, 1)
+            assert (await write(None, 3)).zero_steps_above_bs is None
+            schedule = {"num_speculative_tokens_per_batch_size": [[1, 8, 2]]}
+            refused = await client.post(server.url + vllm.GATE_PATH, json=schedule, headers=admin)
+            assert (refused.status_code, refused.json()["error"]["type"]) == (400, "rejected")
+            with pytest.raises(NotPatched, match=r"patches/vllm-0\.32\.0"):
+                await vllm.read_gate(client, plain.url, headers=None, timeout=10)
+
+    asyncio.run(scenario())

@@ -31,14 +31,14 @@ def engine_gate(url: str) -> dict:
     return httpx.get(url + "/speculative/adaptive", timeout=5, trust_env=False).json()["state"]
 
 
-def in_engine(gateway, backends: list[str], threshold: int = 4, eject_seconds: float = 30.0):
+def in_engine(gateway, backends: list[str], threshold: int = 4, eject_seconds: float = 30.0, engine: str = "sglang"):
     return gateway(
         [],
         [],
         topology="in-engine",
         threshold=threshold,
         admin_token=TOKEN,
-        pools={"speculative": {"backends": backends}},
+        pools={"speculative": {"backends": backends, "engine": engine}},
         health={"interval": 0.2, "timeout": 2.0, "eject_seconds": eject_seconds},
     )
 
@@ -86,6 +86,27 @@ def test_engines_on_the_main_series_wire_are_gated_the_same_way(gateway, sim):
     assert put(gw, "/admin/mode", {"mode": "speculative"}).status_code == 200  # no gate: -1 on this wire
     assert [gate_of(s.url)["zero_steps_above_bs"] for s in engines] == [None, None]
     assert all(gate_of(s.url)["last_update"]["result"] == "applied" for s in engines)
+
+
+def test_a_vllm_pool_is_gated_through_vllms_own_route(gateway, sim):
+    """patches/vllm-0.32.0's /speculation_gate, on stand-ins playing vLLM: the same threshold, the vLLM adapter's
+    calls (its field, its error body), and the engine's own gauge reads the gate back."""
+    engines = [sim("k25-eagle3", *SIM_SCALE, "--engine", "vllm", "--speculation-gate") for _ in range(2)]
+    gw = in_engine(gateway, [s.url for s in engines], threshold=4, engine="vllm")
+
+    def vllm_gate(url: str) -> dict:
+        return httpx.get(url + "/speculation_gate", timeout=5, trust_env=False).json()
+
+    assert [vllm_gate(s.url)["zero_spec_tokens_above_batch_size"] for s in engines] == [4, 4]
+    response = httpx.put(gw.url + "/admin/threshold", json={"threshold": 12}, headers=ADMIN, timeout=10)
+    assert response.status_code == 200, response.text
+    assert {g["zero_steps_above_bs"] for g in response.json()["backend_gates"].values()} == {12}
+    assert [vllm_gate(s.url)["zero_spec_tokens_above_batch_size"] for s in engines] == [12, 12]
+    text = httpx.get(engines[0].url + "/metrics", timeout=5, trust_env=False).text
+    assert "vllm:spec_decode_gate 12.0" in text
+    forced = httpx.put(gw.url + "/admin/mode", json={"mode": "plain"}, headers=ADMIN, timeout=10)
+    assert forced.status_code == 200, forced.text
+    assert [vllm_gate(s.url)["zero_spec_tokens_above_batch_size"] for s in engines] == [0, 0]
 
 
 def test_zero_step_batches_begin_at_the_gate(gateway, sim):

@@ -136,10 +136,7 @@ def test_the_cli_refuses_what_vllm_does_not_have(sim):
     import subprocess
     import sys
 
-    for extra, message in (
-        (["--engine", "vllm", "--speculation-gate"], "no run-time speculation gate"),
-        (["--enable-sleep-mode"], "--enable-sleep-mode is vLLM's"),
-    ):
+    for extra, message in ((["--enable-sleep-mode"], "--enable-sleep-mode is vLLM's"),):
         argv = [sys.executable, "-m", "crossover.gateway.cli", "sim", "serve", "--profile", "llama8b-h200-eagle3"]
         result = subprocess.run([*argv, "--port", "1", *extra], capture_output=True, text=True, timeout=60, check=False)
         assert result.returncode == 2 and message in result.stderr
