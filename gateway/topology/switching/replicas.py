@@ -1,11 +1,14 @@
 """Replicas: of the gateways that share one time-shared GPU set, only the one that holds the cluster's lease acts on
 it (decides, switches, recovers); the others follow the mode, phase and pin it publishes. A gateway alone always acts.
 
-    replica = Replica(coordination, take_over=adopt, step_back=halt)   # in the switch controller's __init__
+    replica = Replica(coordination, take_over=adopt, step_back=halt, clock=clock)   # in the controller's __init__
     replica.start()                   # with the controller: act at once if this replica holds the lease
     if replica.acts(): ...            # every tick: takes over or steps back as the lease came or went
     if replica.fenced(failure): ...   # a call on the GPU set was refused by its fence: stepped down
+    replica.refused(record, failure, target)   # ... refused a switch: kept, if an operator's, to run again
+    mode = replica.refused_again(serving)      # after a takeover: that switch, if recent and still to be made
     replica.acting                    # False: a follower; its controller mirrors what the leader publishes
+    replica.mirror(controller, mode, phase, target, pinned)   # a follower: what its leader published
 """
 
 from __future__ import annotations
@@ -15,10 +18,16 @@ from collections.abc import Callable
 
 from crossover.gateway.cluster import Coordination
 from crossover.gateway.engines import Fenced
+from crossover.gateway.modes import Mode
+from crossover.gateway.topology.switching.mechanisms import SwitchFailed
+from crossover.gateway.topology.switching.record import FAILED, OPERATOR, Host, Phase, SwitchRecord
 
-__all__ = ["Replica"]
+__all__ = ["FENCED_RETRY_S", "Replica"]
 
 log = logging.getLogger("crossover.switching")
+
+# An operator's switch the GPU set's fence refused runs again if this replica leads again within this long.
+FENCED_RETRY_S = 30.0
 
 
 class Replica:
@@ -28,13 +37,20 @@ class Replica:
     what it left)."""
 
     def __init__(
-        self, coordination: Coordination, *, take_over: Callable[[], None], step_back: Callable[[], None]
+        self,
+        coordination: Coordination,
+        *,
+        take_over: Callable[[], None],
+        step_back: Callable[[], None],
+        clock: Callable[[], float],
     ) -> None:
         self.coordination = coordination
         # This replica runs the switches (it held the lease when it last looked); a gateway alone always does.
         self.acting = coordination.leader
         self._take_over = take_over
         self._step_back = step_back
+        self._clock = clock
+        self._fenced_switch: tuple[Mode, float] | None = None  # an operator's switch the fence refused, and when
 
     def start(self) -> None:
         if self.coordination.leader:
@@ -74,3 +90,46 @@ class Replica:
         self.coordination.step_down(str(failure), failure.highest)
         self.acting = False
         return True
+
+    def refused(self, record: SwitchRecord, failure: SwitchFailed, target: Mode) -> None:
+        """The GPU set's fence refused the switch to `target` (`record`): this replica stepped down (`fenced`). An
+        operator's switch is not lost silently: /admin/state says why it did not run, and this replica runs it again
+        if it takes the lease back within FENCED_RETRY_S (it does at its next sync where the store had counted tokens
+        lower than the GPU set accepted: coordination.py); else it was dropped, and says so."""
+        record.failed_step, record.outcome = failure.step, FAILED
+        record.error = f"refused by the GPU set's fence, this replica stepped down: {failure.message}"
+        if record.reason == OPERATOR:
+            self._fenced_switch = (target, self._clock())
+            record.error += f"; run again if this replica leads again within {FENCED_RETRY_S:g} s, else dropped"
+        log.warning("switch %s -> %s %s", record.from_mode, record.to_mode, record.error)
+
+    def refused_again(self, serving: Mode | None) -> Mode | None:
+        """After a takeover that found `serving`: the operator's switch the fence refused, if it is recent and still
+        to be made (then the controller runs it); forgotten either way."""
+        refused, self._fenced_switch = self._fenced_switch, None
+        if refused is None:
+            return None
+        mode, at = refused
+        if mode == serving or self._clock() - at > FENCED_RETRY_S:
+            return None
+        log.warning("the fence refused the operator's switch to %s; this replica leads again: running it", mode)
+        return mode
+
+    def mirror(self, host: Host, mode: Mode | None, phase: str | None, target: Mode | None, pinned: bool) -> None:
+        """A follower: the leader published its mode, switch phase and pin. Requests are held while it switches,
+        served on its mode when it is active; this replica's own requests on the old mode are cut once the leader
+        has stopped draining (its hand-over would fail them anyway)."""
+        if self.acting or phase is None:
+            return
+        host.pinned = pinned
+        host.target = target
+        new = Phase(phase)
+        if new in (Phase.SWITCHING, Phase.VERIFYING, Phase.RECOVERING, Phase.UNAVAILABLE) and host.mode is not None:
+            for lease in list(host.leases[host.mode]):
+                lease.cut(f"the request was cut: the GPU set is leaving {host.mode} mode (phase {new})")
+        if new is Phase.ACTIVE and mode is not None:
+            host._activate(mode)
+            return
+        if mode is not None:
+            host.mode = mode
+        host._enter(new)
