@@ -50,7 +50,7 @@ import httpx
 from crossover.gateway.backends import Breaker, Pools
 from crossover.gateway.cluster import Coordination, Solo
 from crossover.gateway.config import Settings, SwitchSettings
-from crossover.gateway.errors import SwitchConflict, SwitchRateLimited, SwitchUnavailable
+from crossover.gateway.errors import SHUTDOWN_MESSAGE, SwitchConflict, SwitchRateLimited, SwitchUnavailable
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.modes import MODES, Mode, other
 from crossover.gateway.policies import PolicySettings, SwitchDecision
@@ -288,7 +288,7 @@ class SwitchController:
         if self.phase is Phase.ACTIVE:
             return True
         if self._closed:
-            raise SwitchUnavailable("the gateway is shutting down; retry the request", code="gateway_unavailable")
+            raise SwitchUnavailable(SHUTDOWN_MESSAGE, code="gateway_unavailable")
         if self.phase is Phase.UNAVAILABLE:
             self.metrics.switch_dropped.labels(NO_MODE).inc()
             raise SwitchUnavailable(
