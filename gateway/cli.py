@@ -15,8 +15,12 @@ import json
 import socket
 import sys
 from importlib.metadata import entry_points
+from typing import Literal, get_args
 
 COMMAND_GROUP = "crossover.commands"
+# Uvicorn's log levels: the gateway's `log_level` and every server command's --log-level.
+LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
 
 
 def port(text: str) -> int:

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from crossover.gateway.cli import LogLevel
 from crossover.gateway.engines import DEFAULT_ENGINE, TOKEN_ENV, EngineName
 from crossover.gateway.modes import MODES as POOL_NAMES
 from crossover.gateway.modes import PLAIN, SPECULATIVE, Mode
@@ -502,7 +503,7 @@ class Settings(BaseSettings):
 
     host: str = DEFAULT_HOST
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_level: LogLevel = "info"
 
     policy: Policy = DEFAULT_POLICY
     threshold: int = Field(DEFAULT_THRESHOLD, ge=0, le=MAX_THRESHOLD)

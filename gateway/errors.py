@@ -58,6 +58,8 @@ REQUEST_ID_HEADER = "x-request-id"
 RETRY_AFTER_S = 1
 # The longest Retry-After passed on from a backend: past two minutes the OpenAI SDK would not retry at all.
 MAX_RETRY_AFTER_S = 60
+# What a request the gateway's shutdown turns away or cuts is told, on whichever path it met it.
+SHUTDOWN_MESSAGE = "the gateway is shutting down; retry the request"
 
 # How a request ended (the `outcome` label of crossover_requests_total), each written down once here; the errors
 # below carry theirs.

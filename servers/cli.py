@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from crossover.gateway.cli import listen_error, non_negative_int, port
+from crossover.gateway.cli import LOG_LEVELS, listen_error, non_negative_int, port
 from crossover.gateway.engines import MAX_FENCE_JUMP, TOKEN_ENV, EngineName
 from crossover.servers.profile import ENGINE_TITLES, VLLM_DEV_MODE_RISK
 from crossover.servers.vllm_check import VLLM_VERSION
@@ -105,7 +105,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     agent.add_argument(
         "--log-level",
         default="warning",
-        choices=["critical", "error", "warning", "info", "debug"],
+        choices=LOG_LEVELS,
         help="info also logs every raise of a fence",
     )
     agent.set_defaults(run=_agent)

@@ -351,3 +351,34 @@ def test_the_cycle_check_sees_a_cycle_through_a_late_import():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+# --- the switch controller stops growing ----------------------------------------------------------------
+
+# SwitchController grew 374 -> 465 -> 540 lines as each job beside a switch landed in it; those jobs are
+# collaborators now (topology/switching/: adoption, recovery, replicas, drain). A new one goes beside it too.
+MAX_CONTROLLER_LINES = 450
+
+
+def class_lines(source: str, name: str) -> int:
+    """How many lines the class `name` of `source` spans, from its `class` line (or first decorator) to its end."""
+    import ast
+
+    node = next(n for n in ast.walk(parse(source)) if isinstance(n, ast.ClassDef) and n.name == name)
+    first = min([node.lineno, *(decorator.lineno for decorator in node.decorator_list)])
+    return node.end_lineno - first + 1
+
+
+def test_the_switch_controller_stays_under_its_size():
+    source = (ROOT / "gateway" / "topology" / "switching" / "controller.py").read_text()
+    assert class_lines(source, "SwitchController") < MAX_CONTROLLER_LINES, (
+        "SwitchController has grown to its limit: give the new job a module beside it (topology/switching/), as "
+        "adoption, recovery and the replica have"
+    )
+
+
+def test_the_size_check_counts_the_whole_class():
+    source = "x = 1\n\n@decorated\nclass C:\n    a = 1\n\n    def f(self):\n        return 2\n\ny = 3\n"
+    assert class_lines(source, "C") == 6
+    grown = "class SwitchController:\n" + "    x = 1\n" * MAX_CONTROLLER_LINES
+    assert class_lines(grown, "SwitchController") >= MAX_CONTROLLER_LINES

@@ -61,6 +61,8 @@ log = logging.getLogger("crossover.failover")
 LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL})
 BUSY_STATUSES = frozenset({429, 503})
 FAILOVER_STATUSES = frozenset({502, 504}) | BUSY_STATUSES
+# A stream under way that broke: what its client is told (an SSE error event), however the break was seen.
+MID_STREAM = "the backend failed mid-stream"
 
 
 class Fault(enum.Enum):
@@ -223,9 +225,7 @@ class Failover:
 
     def broke_mid_stream(self, backend: Backend, exc: Exception) -> None:
         """A stream under way broke: the backend's kind of failure, though nothing can fail over any more."""
-        failure = Failure(
-            Fault.BACKEND, BackendFailed("the backend failed mid-stream", pool=backend.pool), detail=repr(exc)
-        )
+        failure = Failure(Fault.BACKEND, BackendFailed(MID_STREAM, pool=backend.pool), detail=repr(exc))
         self._report(backend, failure)
 
     def _report(self, backend: Backend, failure: Failure) -> None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from crossover.gateway import metrics as labels
 from crossover.gateway.errors import (
+    SHUTDOWN_MESSAGE,
     BackendAnswered,
     BackendTimeout,
     ClientGone,
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("crossover.proxy")
 
-SHUTDOWN_MESSAGE = "the gateway is shutting down; retry the request"
 INTERNAL_ERROR = "internal gateway error"
 JSON = (b"content-type", b"application/json")
 

@@ -49,7 +49,7 @@ from crossover.gateway.errors import (
 )
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.request.auth import client_keys, key_tiers
-from crossover.gateway.request.failover import Failover, Opened, Outgoing
+from crossover.gateway.request.failover import MID_STREAM, Failover, Opened, Outgoing
 from crossover.gateway.request.lifecycle import (
     Live,
     Request,
@@ -279,7 +279,7 @@ class Exchange(Request):
         if isinstance(exc, httpx.HTTPError):  # the backend broke off a stream already under way
             if self.opened is not None:
                 self.endpoint.failover.broke_mid_stream(self.opened.backend, exc)
-            return BackendFailed("the backend failed mid-stream")
+            return BackendFailed(MID_STREAM)
         raise exc  # unexpected: `_failed` says so
 
     def _deadline_passed(self, stream: bool) -> BackendTimeout:

@@ -1,23 +1,19 @@
 """Time-shared: one GPU set serves one mode at a time, switched by its controller; a follower carries an operator's
-PUT /admin/mode to the leader (the answer shared for /admin/state on every replica)."""
+PUT /admin/mode to the leader (the answer shared for /admin/state on every replica: switching/replicas.py)."""
 
 from __future__ import annotations
 
-import logging
-import uuid
 from collections.abc import Callable
 
 from crossover.gateway.backends import Pools
-from crossover.gateway.cluster import Control, Coordination, ModeAnswer, ModeRequest
+from crossover.gateway.cluster import Control, Coordination
 from crossover.gateway.errors import BackendBusy, GatewayError, StateNotShared
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.modes import Mode
 from crossover.gateway.topology.collectors import SwitchCollector
 from crossover.gateway.topology.interface import ModeLease, Topology
 from crossover.gateway.topology.routing import Routing
-from crossover.gateway.topology.switching import ACTIVE_MODE, SwitchController
-
-log = logging.getLogger("crossover.topology")
+from crossover.gateway.topology.switching import ACTIVE_MODE, ModeRequests, SwitchController
 
 
 class TimeShared(Topology):
@@ -33,11 +29,7 @@ class TimeShared(Topology):
     ) -> None:
         super().__init__(pools, routing, metrics, coordination)
         self.controller = controller
-        # The last PUT /admin/mode a follower carried to the leader, and the leader's answer: both shared.
-        self._request: ModeRequest | None = None
-        self._answer: ModeAnswer | None = None
-        self._operator_switches = 0  # as the leader counts them (shared)
-        self._joined = False  # has this replica applied the cluster's state yet (what it finds then is old news)
+        self.requests = ModeRequests(controller, coordination)  # PUT /admin/mode, carried to the leader
         metrics.registry.register(SwitchCollector(lambda: (controller.serving, controller.queued)))
 
     async def start(self) -> None:
@@ -55,9 +47,7 @@ class TimeShared(Topology):
             "mode": controller.mode,
             "phase": str(controller.phase),
             "target": controller.target,
-            "mode_request": self._request,
-            "mode_answer": self._answer,
-            "operator_switches": self._operator_switches,
+            **self.requests.published(),
         }
         return super().control().model_copy(update=published)
 
@@ -65,39 +55,9 @@ class TimeShared(Topology):
         """The leader runs a follower's PUT /admin/mode and publishes its answer; a follower mirrors the leader's
         mode, phase and pin (and its operator changes: the rate limit holds on every replica alike)."""
         await super().apply_control(control)
-        request = control.mode_request
+        self.requests.apply(control)
         if not self.coordination.leader:
-            if self._joined and control.operator_switches > self._operator_switches:
-                self.controller.operator_switched()
-            self._request, self._answer, self._joined = request, control.mode_answer, True
-            self._operator_switches = control.operator_switches
             self.controller.mirror(control.mode, control.phase, control.target, control.pinned)
-            return
-        self._joined = True
-        if request is None or request == self._request:
-            return
-        self._request = request
-        self._answer = self._run(request)
-
-    def _run(self, request: ModeRequest) -> ModeAnswer:
-        """A request carried from a follower, which found no switch under way when it took it: refused here only
-        if one started meanwhile (or the rate limit says so). The refusal is not run later - the switch that won
-        may have done what was asked, and an operator's intent is stale by then - but published for
-        /admin/state on every replica and logged."""
-        log.info(
-            "running a PUT /admin/mode taken by %s (request %s): mode %s, pin %s",
-            request.member or "another replica",
-            request.id,
-            request.mode,
-            request.pin,
-        )
-        try:
-            started = self.controller.request_switch(request.mode, pin=request.pin)
-        except GatewayError as exc:
-            log.warning("the PUT /admin/mode of %s (request %s) is refused: %s", request.member, request.id, exc)
-            return ModeAnswer(id=request.id, status=exc.status, error=str(exc))
-        self._operator_switches += started
-        return ModeAnswer(id=request.id, status=202 if started else 200)
 
     async def admit(self, on_cut: Callable[[str], None]) -> ModeLease:
         # During a switch this waits in the switch queue (bounded in length and time).
@@ -127,16 +87,8 @@ class TimeShared(Topology):
         snapshot["inflight"] -= controller.queued
         snapshot["queued"] += controller.queued
         snapshot.update(controller.view())
-        snapshot["mode_request"] = self._request_view()
+        snapshot["mode_request"] = self.requests.view()
         return snapshot
-
-    def _request_view(self) -> dict | None:
-        """The last PUT /admin/mode a follower carried, and what the leader made of it (None: not yet answered)."""
-        request, answer = self._request, self._answer
-        if request is None:
-            return None
-        answered = answer is not None and answer.id == request.id
-        return {**request.model_dump(), "answer": answer.model_dump(exclude={"id"}) if answered else None}
 
     def mode_view(self) -> dict:
         return self.controller.view()
@@ -149,15 +101,4 @@ class TimeShared(Topology):
         if mode is not None and not self.coordination.connected:
             # The other replicas would not see the switch's phase, and route to the old mode meanwhile.
             raise StateNotShared("no switch starts while the cluster's store is unreachable; the mode is unchanged")
-        controller = self.controller
-        if self.coordination.leader:
-            started = controller.request_switch(mode, pin=pin)
-            self._operator_switches += started
-            return controller.view(), 202 if started else 200
-        mode = controller.check_request(mode)
-        if mode is None and pin is None:
-            return controller.view(), 200  # it serves already
-        if mode is not None:
-            controller.operator_switched()
-        self._request = ModeRequest(id=uuid.uuid4().hex, mode=mode, pin=pin, member=self.coordination.member)
-        return {**controller.view(), "mode_request": self._request_view()}, 202
+        return self.requests.put(mode, pin)

@@ -14,6 +14,7 @@ import json
 import sys
 
 from crossover.gateway.cli import (
+    LOG_LEVELS,
     json_string_map,
     listen_error,
     non_negative_float,
@@ -118,7 +119,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="with --engine vllm: serve /sleep, /wake_up and /is_sleeping (vLLM's --enable-sleep-mode)",
     )
-    serve.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
     serve.set_defaults(run=_serve)
 
     curve = sub.add_parser("curve", help="print the profile's closed-loop curve, computed in virtual time")

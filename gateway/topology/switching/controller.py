@@ -8,14 +8,15 @@
     controller.request_switch("plain", pin=True)   # PUT /admin/mode
     await controller.stop()
 
-What the controller does is the run of a switch; the rest is beside it: *when* is the pure stepper
-(`Switcher`, which `crossover sim replay` runs too), *how* the mechanism
+What the controller does is the run of a switch; the rest is beside it, in what it holds or calls: *when* is the
+pure stepper (`Switcher`, which `crossover sim replay` runs too), *how* the mechanism
 (gateway/topology/switching/mechanisms.py), *holding requests meanwhile* the switch queue
 (gateway/topology/switching/queue.py), *which mode serves at start-up or on taking the lease* adoption
 (gateway/topology/switching/adoption.py; a start under way that a lost leader began is finished, not undone),
 *when the serving mode is dead and how a mode comes back* recovery (gateway/topology/switching/recovery.py), *how far
 apart failed attempts are* the backoff (gateway/topology/switching/backoff.py), *whether this replica acts or
-follows the one that does* the replica (gateway/topology/switching/replicas.py).
+follows the one that does* the replica (gateway/topology/switching/replicas.py: take-over, step-back, a switch its
+fence refused, a follower's mirror). Adoption and recovery move the controller as `Host` (record.py) says.
 
 One switch, each step bounded by a named timeout:
 
@@ -43,33 +44,32 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from enum import StrEnum
 
 import httpx
 
 from crossover.gateway.backends import Breaker, Pools
 from crossover.gateway.cluster import Coordination, Solo
 from crossover.gateway.config import Settings, SwitchSettings
-from crossover.gateway.errors import SwitchConflict, SwitchRateLimited, SwitchUnavailable
+from crossover.gateway.errors import SHUTDOWN_MESSAGE, SwitchConflict, SwitchRateLimited, SwitchUnavailable
 from crossover.gateway.metrics import Metrics
 from crossover.gateway.modes import MODES, Mode, other
 from crossover.gateway.policies import PolicySettings, SwitchDecision
 from crossover.gateway.topology.routing import Routing
-from crossover.gateway.topology.switching.adoption import already_serving, find_serving, start_under_way
+from crossover.gateway.topology.switching.adoption import Adoption, already_serving
 from crossover.gateway.topology.switching.backoff import Backoff
 from crossover.gateway.topology.switching.drain import drain
-from crossover.gateway.topology.switching.mechanisms import Fenced, ModeState, SwitchFailed, Target, make_mechanism
+from crossover.gateway.topology.switching.mechanisms import ModeState, SwitchFailed, Target, make_mechanism
 from crossover.gateway.topology.switching.queue import SwitchQueue
 from crossover.gateway.topology.switching.record import (
     ADOPTED,
-    FAILED,
     OK,
     OPERATOR,
     RECOVERY,
     STARTUP,
+    Phase,
     SwitchRecord,
 )
-from crossover.gateway.topology.switching.recovery import ServingWatch, after_failed_switch, bring_up_first
+from crossover.gateway.topology.switching.recovery import Recovery, ServingWatch, after_failed_switch
 from crossover.gateway.topology.switching.replicas import Replica
 from crossover.gateway.tracing import Tracing
 from crossover.gateway.wire import bearer
@@ -79,8 +79,6 @@ __all__ = ["ACTIVE_MODE", "Lease", "Phase", "SwitchController", "SwitchUnavailab
 log = logging.getLogger("crossover.switching")
 
 MIN_RETRY_AFTER_S = 1
-# An operator's switch the GPU set's fence refused runs again if this replica leads again within this long.
-FENCED_RETRY_S = 30.0
 
 # The route decision reason (crossover_route_decisions_total) of every request a time-shared GPU set serves.
 ACTIVE_MODE = "active_mode"
@@ -88,16 +86,6 @@ ACTIVE_MODE = "active_mode"
 # The `reason` label of crossover_switch_dropped_total (the switch queue's own: switch_queue.py).
 CUT = "cut"
 NO_MODE = "no_mode"
-
-
-class Phase(StrEnum):
-    STARTING = "starting"
-    ACTIVE = "active"
-    DRAINING = "draining"
-    SWITCHING = "switching"
-    VERIFYING = "verifying"
-    RECOVERING = "recovering"
-    UNAVAILABLE = "unavailable"
 
 
 class Lease:
@@ -213,7 +201,7 @@ class SwitchController:
         self.queued_elsewhere = queued_elsewhere
         # Replicas: only the lease holder decides and moves the GPU set; the others mirror what it publishes.
         self.coordination = coordination if coordination is not None else Solo()
-        self.replica = Replica(self.coordination, take_over=self._take_over, step_back=self._step_back)
+        self.replica = Replica(self.coordination, take_over=self._take_over, step_back=self._step_back, clock=clock)
         self.clock = clock
         self.mode: Mode | None = self.settings.initial_mode
         self.phase = Phase.STARTING
@@ -238,10 +226,17 @@ class SwitchController:
         self._mechanism = make_mechanism(
             self.settings, self.targets, client, self.inflight, fence=self.coordination.token
         )
+        # The runs beside a switch: bringing a mode back (recovery.py), finding what serves (adoption.py).
+        mechanism, initial = self._mechanism, self.settings.initial_mode
+        self.recovery = Recovery(
+            self, mechanism, self.replica, pools, breaker, self.watch, initial=initial, clock=clock
+        )
+        self.adoption = Adoption(
+            self, mechanism, self.replica, self.settings, clock=clock, bring_up=lambda: self.recovery.run(None, STARTUP)
+        )
         self._timer: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
         self._last_operator = -math.inf
-        self._fenced_switch: tuple[Mode, float] | None = None  # an operator's switch the fence refused, and when
         self._next_look = -math.inf  # while no mode serves: when to look for one that serves by itself
         self._closed = False
 
@@ -293,7 +288,7 @@ class SwitchController:
         if self.phase is Phase.ACTIVE:
             return True
         if self._closed:
-            raise SwitchUnavailable("the gateway is shutting down; retry the request", code="gateway_unavailable")
+            raise SwitchUnavailable(SHUTDOWN_MESSAGE, code="gateway_unavailable")
         if self.phase is Phase.UNAVAILABLE:
             self.metrics.switch_dropped.labels(NO_MODE).inc()
             raise SwitchUnavailable(
@@ -405,6 +400,12 @@ class SwitchController:
         """This replica took the lease: adopt what really serves before deciding anything."""
         self._task = asyncio.create_task(self._adopt())
 
+    async def _adopt(self) -> None:
+        """At start-up, or on taking the lease: serve what really serves (adoption.py); then, if a mode served as it
+        was, an operator's switch the fence refused, if it is recent and still to be made (replicas.py)."""
+        if await self.adoption.adopt() and (refused := self.replica.refused_again(self.mode)) is not None:
+            self._begin(refused, OPERATOR)
+
     def _step_back(self) -> None:
         """The lease is gone: a switch under way ends where it is (the new leader adopts what it left)."""
         if self._task is not None:
@@ -412,23 +413,8 @@ class SwitchController:
             self._task = None
 
     def mirror(self, mode: Mode | None, phase: str | None, target: Mode | None, pinned: bool) -> None:
-        """A follower: the leader published its mode, switch phase and pin. Requests are held while it switches,
-        served on its mode when it is active; this replica's own requests on the old mode are cut once the leader
-        has stopped draining (its hand-over would fail them anyway)."""
-        if self.replica.acting or phase is None:
-            return
-        self.pinned = pinned
-        self.target = target
-        new = Phase(phase)
-        if new in (Phase.SWITCHING, Phase.VERIFYING, Phase.RECOVERING, Phase.UNAVAILABLE) and self.mode is not None:
-            for lease in list(self.leases[self.mode]):
-                lease.cut(f"the request was cut: the GPU set is leaving {self.mode} mode (phase {new})")
-        if new is Phase.ACTIVE and mode is not None:
-            self._activate(mode)
-            return
-        if mode is not None:
-            self.mode = mode
-        self._enter(new)
+        """A follower: what the leader published (replicas.py)."""
+        self.replica.mirror(self, mode, phase, target, pinned)
 
     def policy_settings(self) -> PolicySettings:
         return self.switch.policy(self.routing.threshold, self.routing.hysteresis)
@@ -443,18 +429,18 @@ class SwitchController:
             return
         if self.phase is Phase.UNAVAILABLE:
             if self.backoff.ready(now):
-                self._task = asyncio.create_task(self._recover_task(None))
+                self._task = asyncio.create_task(self.recovery.run(None))
             elif now >= self._next_look:
                 # Between attempts, every probe interval: a mode may have come up by itself (an agent that died
                 # while it started the target leaves that server starting). Adopt it, with no operator.
                 self._next_look = now + self.health_interval
-                self._task = asyncio.create_task(self._adopt_if_serving())
+                self._task = asyncio.create_task(self.adoption.adopt_if_serving())
             return
         if self.phase is not Phase.ACTIVE:
             return
         if self.watch.dead(now, self.mode, self.pools.pool(self.mode)):
             if self.backoff.ready(now):
-                self._task = asyncio.create_task(self._recover_task(self.mode))
+                self._task = asyncio.create_task(self.recovery.run(self.mode))
             return
         if self.settings.mechanism == "manual" or self.pinned or not self.backoff.ready(now):
             return
@@ -536,7 +522,8 @@ class SwitchController:
             await mechanism.preflight(old, target)
         except SwitchFailed as failure:
             if self.replica.fenced(failure):
-                self._refused(record, failure, target)
+                self.replica.refused(record, failure, target)
+                self.last_switch = record
                 return
             record.failed_step, record.error = failure.step, failure.message
             self.last_switch = record
@@ -564,7 +551,8 @@ class SwitchController:
             await mechanism.verify(target)
         except SwitchFailed as failure:
             if self.replica.fenced(failure):
-                self._refused(record, failure, target)
+                self.replica.refused(record, failure, target)
+                self.last_switch = record
                 return
             record.failed_step, record.error = failure.step, failure.message
             log.error(
@@ -581,29 +569,6 @@ class SwitchController:
             serving = target
         self._finish(record, serving, started)
 
-    def _refused(self, record: SwitchRecord, failure: SwitchFailed, target: Mode) -> None:
-        """The GPU set's fence refused the switch: this replica stepped down. An operator's switch is not lost
-        silently: /admin/state says why it did not run, and this replica runs it again if it takes the lease back
-        within FENCED_RETRY_S (it does at its next sync where the store had counted tokens lower than the GPU set
-        accepted: coordination.py); else it was dropped, and says so."""
-        record.failed_step, record.outcome = failure.step, FAILED
-        record.error = f"refused by the GPU set's fence, this replica stepped down: {failure.message}"
-        if record.reason == OPERATOR:
-            self._fenced_switch = (target, self.clock())
-            record.error += f"; run again if this replica leads again within {FENCED_RETRY_S:g} s, else dropped"
-        self.last_switch = record
-        log.warning("switch %s -> %s %s", record.from_mode, record.to_mode, record.error)
-
-    def _run_refused_again(self) -> None:
-        """After a takeover: the operator's switch the fence refused, if it is recent and still to be made."""
-        refused, self._fenced_switch = self._fenced_switch, None
-        if refused is None or self.phase is not Phase.ACTIVE:
-            return
-        mode, at = refused
-        if mode != self.mode and self.clock() - at <= FENCED_RETRY_S:
-            log.warning("the fence refused the operator's switch to %s; this replica leads again: running it", mode)
-            self._begin(mode, OPERATOR)
-
     async def _drain(self, old: Mode, target: Mode) -> int:
         """Wait for the old mode's requests, up to the drain deadline; then cut them. Returns how many were cut."""
         cut = await drain(
@@ -618,98 +583,3 @@ class SwitchController:
         if cut:
             self.metrics.switch_dropped.labels(CUT).inc(cut)
         return cut
-
-    async def _adopt(self) -> None:
-        """At start-up, or on taking the lease: serve the mode that really serves (the initial one first); else
-        finish a start under way (a leader lost mid-switch left its target starting); else bring one up."""
-        serving, states = await find_serving(self._mechanism, self.settings.initial_mode)
-        if serving is not None:
-            log.info("serving %s mode (found serving at start-up)", serving)
-            self._activate(serving)
-            self._run_refused_again()
-            return
-        starting = start_under_way(states)
-        if starting is not None and await self._finish_start(starting):
-            return
-        log.warning("no mode serves at start-up (%s): bringing one up", ", ".join(f"{m} {states[m]}" for m in MODES))
-        await self._recover_task(None, reason=STARTUP)
-
-    async def _finish_start(self, mode: Mode) -> bool:
-        """`mode` is starting and no mode serves: wait for that start (up to the mechanism's start-up time) and serve
-        it, rather than stop it to bring the initial mode up (one switch would become two starts and two stops).
-        False if it failed or timed out: then the caller recovers as from no serving mode."""
-        mechanism = self._mechanism
-        # A follower mirrored its leader's target: the agent's state is the truth, the published target says whose.
-        whose = "the switch its last leader began" if self.target == mode else "a start begun before this replica acted"
-        log.warning(
-            "%s mode is starting (%s): waiting up to %g s for it, then serving it",
-            mode,
-            whose,
-            self.settings.switch_timeout,
-        )
-        started = self.clock()
-        record = SwitchRecord(None, mode, mechanism.name, ADOPTED)
-        self.last_switch = record
-        self.target = mode
-        self._enter(Phase.SWITCHING)
-        try:
-            await mechanism.finish_start(mode)
-            self._enter(Phase.VERIFYING)
-            await mechanism.verify(mode)
-        except SwitchFailed as failure:
-            if self.replica.fenced(failure):
-                return True  # stepped down: the replica that holds the lease adopts what serves
-            log.error("the start of %s mode under way did not come up (%s): bringing a mode up", mode, failure)
-            return False
-        self._finish(record, mode, started)
-        return True
-
-    async def _adopt_if_serving(self) -> None:
-        """No mode serves: if one does by now, serve it (counted as a recovery)."""
-        started = self.clock()
-        serving = await already_serving(self._mechanism, self.settings.initial_mode)
-        if serving is None or self.phase is not Phase.UNAVAILABLE:
-            return
-        log.warning("%s mode serves (it came up without the gateway): adopting it", serving)
-        record = SwitchRecord(None, serving, self._mechanism.name, RECOVERY)
-        self.last_switch = record
-        self.recoveries += 1
-        self._finish(record, serving, started)
-
-    async def _recover_task(self, dead: Mode | None, reason: str = RECOVERY) -> None:
-        """The serving mode died (`dead`), or none serves: bring up whichever mode can serve soonest."""
-        mechanism = self._mechanism
-        initial = self.settings.initial_mode
-        # Nothing known to have died (start-up, or no mode served): the configured mode first.
-        order = mechanism.recovery_order(dead) if dead is not None else (initial, other(initial))
-        started = self.clock()
-        record = SwitchRecord(None, order[0], mechanism.name, reason)
-        self.last_switch = record
-        if dead is not None:
-            self.recoveries += 1
-            log.error(
-                "%s mode has had no usable backend for %.3g s: recovering without an operator (trying %s)",
-                dead,
-                self.clock() - (self.watch.dead_since or started),
-                ", then ".join(order),
-            )
-        self.target = order[0]
-        self._enter(Phase.RECOVERING)
-        for backend in self.pools.pool(dead) if dead is not None else ():
-            self.breaker.rest(backend)
-        # First a mode that already serves: starting one would stop it (one GPU set).
-        serving = await already_serving(self._mechanism, order[0])
-        if serving is not None:
-            log.warning("recovery: %s mode already serves: adopting it (nothing started or stopped)", serving)
-            record.to_mode = serving
-            self._finish(record, serving, started)
-            return
-        try:
-            serving = await bring_up_first(mechanism, order, record, trying=self._trying)
-        except Fenced as failure:  # the only failure it raises: no other mode would be let through either
-            self.replica.fenced(failure)
-            return
-        self._finish(record, serving, started)
-
-    def _trying(self, mode: Mode) -> None:
-        self.target = mode

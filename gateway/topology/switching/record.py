@@ -1,12 +1,30 @@
-"""One switch (or recovery) as it ran: for /admin/state, the logs and the metrics."""
+"""One switch (or recovery) as it runs and ran: its phases, its record (for /admin/state, the logs and the metrics),
+and `Host`, the switch controller as the jobs beside it (adoption, recovery, a follower's mirror) move it."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from crossover.gateway.modes import Mode
+from crossover.gateway.topology.switching.drain import Cuttable
 
 log = logging.getLogger("crossover.switching")
+
+
+class Phase(StrEnum):
+    STARTING = "starting"
+    ACTIVE = "active"
+    DRAINING = "draining"
+    SWITCHING = "switching"
+    VERIFYING = "verifying"
+    RECOVERING = "recovering"
+    UNAVAILABLE = "unavailable"
+
 
 # Outcomes (the `outcome` label of crossover_mode_switches_total).
 OK = "ok"
@@ -77,3 +95,27 @@ class SwitchRecord:
             "failed_step": self.failed_step,
             "error": self.error,
         }
+
+
+class Host(Protocol):
+    """The switch controller as adoption, recovery and a follower's mirror move it: what serves and what is under
+    way, the switch it shows, and the steps every run takes. The underscored three are the switching package's own
+    (asyncio's transports call their loop's `_add_reader` alike): nothing outside the package calls them."""
+
+    mode: Mode | None
+    phase: Phase
+    target: Mode | None
+    pinned: bool
+    last_switch: SwitchRecord | None
+    recoveries: int
+
+    @property
+    def leases(self) -> Mapping[Mode, Collection[Cuttable]]: ...
+
+    def _enter(self, phase: Phase) -> None: ...
+
+    def _activate(self, mode: Mode) -> None:
+        """Serve `mode` from now on."""
+
+    def _finish(self, record: SwitchRecord, serving: Mode | None, started: float) -> None:
+        """Account for a run that ended, and serve what serves (None: none does)."""

@@ -5,9 +5,11 @@
     serving = await after_failed_switch(mechanism, old, target)   # the first mode that verifies, or None
     await bring_up(mechanism, mode)                 # one mode from nothing (start-up, or the serving one died)
     serving = await bring_up_first(mechanism, order, record, trying=...)   # the first of `order` that comes up
+    recovery = Recovery(controller, mechanism, replica, pools, breaker, watch, initial="speculative", clock=clock)
+    await recovery.run(dead="plain")                # the controller's recovery, as one run: shown, then finished
 
-The switch controller (gateway/topology/switching/controller.py) decides when to call these and accounts for them;
-nothing here drains, holds requests or counts.
+The switch controller (gateway/topology/switching/controller.py) decides when to run a recovery; it accounts for it
+(`Host._finish`). Nothing here drains or holds requests.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
-from crossover.gateway.backends import Backend
-from crossover.gateway.modes import Mode
+from crossover.gateway.backends import Backend, Breaker, Pools
+from crossover.gateway.modes import Mode, other
+from crossover.gateway.topology.switching.adoption import already_serving
 from crossover.gateway.topology.switching.mechanisms import Fenced, Mechanism, SwitchFailed
-from crossover.gateway.topology.switching.record import SwitchRecord
+from crossover.gateway.topology.switching.record import RECOVERY, Host, Phase, SwitchRecord
+from crossover.gateway.topology.switching.replicas import Replica
 
 log = logging.getLogger("crossover.switching")
 
@@ -109,3 +113,65 @@ async def bring_up_first(
         record.failed_step = record.error = None
         return mode
     return None
+
+
+class Recovery:
+    """The serving mode died, or none serves: bring up whichever mode can serve soonest, as one run of the controller
+    (`host`): shown in /admin/state while it runs (phase `recovering`, its target), accounted for when it ends."""
+
+    def __init__(
+        self,
+        host: Host,
+        mechanism: Mechanism,
+        replica: Replica,
+        pools: Pools,
+        breaker: Breaker,
+        watch: ServingWatch,
+        *,
+        initial: Mode,
+        clock: Callable[[], float],
+    ) -> None:
+        self.host = host
+        self.mechanism = mechanism
+        self.replica = replica
+        self.pools = pools
+        self.breaker = breaker
+        self.watch = watch
+        self.initial = initial
+        self.clock = clock
+
+    async def run(self, dead: Mode | None, reason: str = RECOVERY) -> None:
+        host, mechanism = self.host, self.mechanism
+        # Nothing known to have died (start-up, or no mode served): the configured mode first.
+        order = mechanism.recovery_order(dead) if dead is not None else (self.initial, other(self.initial))
+        started = self.clock()
+        record = SwitchRecord(None, order[0], mechanism.name, reason)
+        host.last_switch = record
+        if dead is not None:
+            host.recoveries += 1
+            log.error(
+                "%s mode has had no usable backend for %.3g s: recovering without an operator (trying %s)",
+                dead,
+                self.clock() - (self.watch.dead_since or started),
+                ", then ".join(order),
+            )
+        host.target = order[0]
+        host._enter(Phase.RECOVERING)
+        for backend in self.pools.pool(dead) if dead is not None else ():
+            self.breaker.rest(backend)
+        # First a mode that already serves: starting one would stop it (one GPU set).
+        serving = await already_serving(mechanism, order[0])
+        if serving is not None:
+            log.warning("recovery: %s mode already serves: adopting it (nothing started or stopped)", serving)
+            record.to_mode = serving
+            host._finish(record, serving, started)
+            return
+        try:
+            serving = await bring_up_first(mechanism, order, record, trying=self._trying)
+        except Fenced as failure:  # the only failure it raises: no other mode would be let through either
+            self.replica.fenced(failure)
+            return
+        host._finish(record, serving, started)
+
+    def _trying(self, mode: Mode) -> None:
+        self.host.target = mode
