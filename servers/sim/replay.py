@@ -18,7 +18,8 @@ ends). Only one mode serves at a time:
   old mode up to `drain_deadline` (then they are cut and counted), new requests wait for the new mode, and
   the switch itself takes the profiles' cost: restart = stop + the new server's `startup_s`; sleep = the old
   server's `release_s` + the new one's `resume_s`. The measured duration (decision to serving again) feeds
-  the running switch-cost estimate, which starts at the gateway's prior (`initial_cost`), as live.
+  the running switch-cost estimate, which starts at the gateway's prior (`initial_cost`), as live; where none
+  is given, a restart's prior is the replayed restart's duration (`ReplaySetup.prior_s`).
 - `in-engine`: the speculative engine alone, patched (patches/sglang-0.5.23): decode batches above its gate
   run zero draft steps (engine.py's gate, costs.py's ZERO_STEP_MODEL), in the speculative server's KV pool
   and running cap. Nothing switches, nothing waits. The gate is where a zero-step step out-yields a
@@ -68,6 +69,10 @@ from crossover.servers.sim.trace import TracePhase, shifts_acceptance
 
 if TYPE_CHECKING:
     from crossover.servers.sim.replay_adaptive import AdaptiveReplay
+
+# The replay's model: what it answers for a given trace and profiles. Raised whenever a change moves the answers,
+# with the change and its reason at the head of servers/sim/CHANGELOG.md; printed in the text and the JSON.
+MODEL_VERSION = 3
 
 ALWAYS_SPECULATIVE = "always-speculative"
 ALWAYS_PLAIN = "always-plain"
@@ -180,6 +185,16 @@ class ReplaySetup:
     # The gateway's `[adaptive]` (window, limits) that `adaptive` runs; its table is the replay's own.
     adaptive: AdaptiveSettings = field(default_factory=AdaptiveSettings)
 
+    def prior_s(self, mechanism: Mechanism) -> float:
+        """What the policy believes a switch costs until it has measured one: the gateway's `initial_cost` where
+        given; else a restart's is the replayed restart (stop + start-up, the mean of both ways: an operator
+        who knows the start-up time sets it), a sleep's the gateway's default."""
+        if mechanism == RESTART and self.switch.initial_cost is None and not self.times.no_startup:
+            return (
+                self.times.seconds(RESTART, SPECULATIVE, PLAIN) + self.times.seconds(RESTART, PLAIN, SPECULATIVE)
+            ) / 2
+        return self.switch.prior_s(mechanism)
+
     @cached_property
     def settings(self) -> PolicySettings:
         return self.switch.policy()
@@ -264,6 +279,7 @@ class ReplayResult:
             }
         return {
             "mechanism": self.mechanism,
+            "model_version": MODEL_VERSION,
             "follows": self.follows,
             "output_tokens": self.output_tokens,
             "vs_best_percent": round(100 * self.output_tokens / best, 2),
@@ -463,7 +479,10 @@ class _Replay:
         self.target: Mode = self.mode
         self.switch_started = self.switch_done = self.drain_deadline = math.inf
         # The controller's own stepper (gateway/policies/switcher.py): the replay decides as production does.
-        self.switcher = setup.switch.switcher(mechanism if mechanism in (RESTART, SLEEP) else None)
+        switch = setup.switch
+        if mechanism in (RESTART, SLEEP):
+            switch = switch.model_copy(update={"initial_cost": setup.prior_s(mechanism)})
+        self.switcher = switch.switcher(mechanism if mechanism in (RESTART, SLEEP) else None)
         self.ttfts: list[float] = []
         self.completed = self.cut = self.switches = 0
         self.switching_s = 0.0
