@@ -104,6 +104,7 @@ class Topology(ABC):
             threshold=routing.threshold,
             hysteresis=routing.hysteresis,
             policy=routing.policy,
+            priority_headroom=routing.priority_headroom,
             adaptive_paused=routing.adaptive_paused,
         )
 
@@ -111,7 +112,7 @@ class Topology(ABC):
         """What another replica changed; never raises (a bad value is logged and the old one serves)."""
         self.routing.adaptive_paused = control.adaptive_paused
         try:
-            self.routing.update(control.threshold, control.hysteresis, control.policy)
+            self.routing.update(control.threshold, control.hysteresis, control.policy, control.priority_headroom)
         except ThresholdError as exc:
             log.error("the cluster's control state does not apply here (%s): keeping the live one", exc)
         except OSError:
