@@ -2,6 +2,7 @@
 
     curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8000/admin/threshold
     curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"threshold": 24}' http://127.0.0.1:8000/admin/threshold
+    curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"priority_headroom": 32}' .../admin/threshold  # service_tier
     curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"mode": "plain"}' http://127.0.0.1:8000/admin/mode
     curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"mode": "plain", "pin": true}' .../admin/mode  # until unpinned
     curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"enabled": true}' .../admin/adaptive  # after a threshold PUT
@@ -37,7 +38,8 @@ _Body = TypeVar("_Body", bound=BaseModel)
 
 
 class ThresholdUpdate(BaseModel):
-    """PUT /admin/threshold: any of the three, at least one."""
+    """PUT /admin/threshold: any of these, at least one (`priority_headroom`: per speculative server, as the
+    config's)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -45,11 +47,14 @@ class ThresholdUpdate(BaseModel):
     threshold: _Count = None  # type: ignore[assignment]
     hysteresis: _Count = None  # type: ignore[assignment]
     policy: Policy = None  # type: ignore[assignment]
+    priority_headroom: _Count = None  # type: ignore[assignment]
 
     @model_validator(mode="after")
     def _something(self) -> ThresholdUpdate:
         if not self.model_fields_set:
-            raise PydanticCustomError("empty_update", "send at least one of threshold, hysteresis, policy")
+            raise PydanticCustomError(
+                "empty_update", "send at least one of threshold, hysteresis, policy, priority_headroom"
+            )
         return self
 
 
@@ -131,7 +136,7 @@ def admin_routes(state: GatewayState) -> list[Route]:
         fields = set(update.model_fields_set)
         topology.check_threshold_update(fields)
         try:
-            state.routing.update(update.threshold, update.hysteresis, update.policy)
+            state.routing.update(update.threshold, update.hysteresis, update.policy, update.priority_headroom)
         except ThresholdError as exc:
             raise InvalidRequest(str(exc), param=exc.field, code="invalid_value") from None
         except OSError as exc:

@@ -104,6 +104,7 @@ class Topology(ABC):
             threshold=routing.threshold,
             hysteresis=routing.hysteresis,
             policy=routing.policy,
+            priority_headroom=routing.priority_headroom,
             adaptive_paused=routing.adaptive_paused,
             adaptive=routing.adaptive_shared,
         )
@@ -114,7 +115,7 @@ class Topology(ABC):
         if not self.coordination.leader:  # the leader's own is the one it shares
             self.routing.adaptive_shared = control.adaptive
         try:
-            self.routing.update(control.threshold, control.hysteresis, control.policy)
+            self.routing.update(control.threshold, control.hysteresis, control.policy, control.priority_headroom)
         except ThresholdError as exc:
             log.error("the cluster's control state does not apply here (%s): keeping the live one", exc)
         except OSError:

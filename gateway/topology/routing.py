@@ -19,6 +19,7 @@ from pathlib import Path
 from crossover.gateway.backends import Pools
 from crossover.gateway.config import (
     DEFAULT_PRIORITY_HEADROOM,
+    MAX_THRESHOLD,
     PLAIN,
     SPECULATIVE,
     Settings,
@@ -41,9 +42,10 @@ class Routing:
     state_file: Path | None = None
     # Why the state file was not restored at start, or the last save failed; None once a save succeeds.
     state_file_problem: str | None = None
-    # The speculative pool's load below which a `priority` request goes there, whatever the threshold: the
-    # setting (per speculative server) times the pool's servers.
+    # The speculative pool's load below which a `priority` request goes there, whatever the threshold: this
+    # (per speculative server, as [routing] priority_headroom and PUT /admin/threshold give it) times the servers.
     priority_headroom: int = DEFAULT_PRIORITY_HEADROOM
+    speculative_servers: int = 1
     # An operator's PUT /admin/threshold pinned the threshold: the adaptive controller holds until resumed.
     adaptive_paused: bool = False
     # The leader's adaptive decision and move as the cluster's state carries them (Control.adaptive).
@@ -56,7 +58,8 @@ class Routing:
             settings.threshold,
             settings.hysteresis,
             state_file=settings.state_file,
-            priority_headroom=settings.priority_headroom * len(settings.pools.speculative.backends),
+            priority_headroom=settings.priority_headroom,
+            speculative_servers=len(settings.pools.speculative.backends),
         )
         if routing.state_file is not None and routing.state_file.exists():
             try:
@@ -73,12 +76,19 @@ class Routing:
         self.side = decision.pool
         if tier is None:
             return decision
-        return for_tier(decision, tier, pools.pool_load(SPECULATIVE), self.priority_headroom, pools.usable(PLAIN))
+        room = self.priority_headroom * self.speculative_servers
+        return for_tier(decision, tier, pools.pool_load(SPECULATIVE), room, pools.usable(PLAIN))
 
-    def update(self, threshold: int | None = None, hysteresis: int | None = None, policy: str | None = None) -> None:
+    def update(
+        self,
+        threshold: int | None = None,
+        hysteresis: int | None = None,
+        policy: str | None = None,
+        priority_headroom: int | None = None,
+    ) -> None:
         """Apply a live change (all or nothing) and save it; raise ThresholdError naming the field at fault, or
         OSError if the change applies but cannot be saved."""
-        self._apply(threshold, hysteresis, policy)
+        self._apply(threshold, hysteresis, policy, priority_headroom)
         if self.state_file is not None:
             try:
                 self._persist(self.state_file)
@@ -88,7 +98,9 @@ class Routing:
                 raise
             self.state_file_problem = None
 
-    def _apply(self, threshold: int | None, hysteresis: int | None, policy: str | None) -> None:
+    def _apply(
+        self, threshold: int | None, hysteresis: int | None, policy: str | None, priority_headroom: int | None = None
+    ) -> None:
         new_threshold = self.threshold if threshold is None else threshold
         # A new threshold alone keeps the band, narrowed if it no longer fits under the threshold.
         new_hysteresis = fit_hysteresis(new_threshold, self.hysteresis) if hysteresis is None else hysteresis
@@ -96,17 +108,30 @@ class Routing:
         if new_policy not in POLICIES:
             raise ThresholdError("policy", f"policy must be one of {', '.join(POLICIES)}, got {new_policy!r}")
         check_threshold(new_threshold, new_hysteresis)
+        headroom = self.priority_headroom if priority_headroom is None else priority_headroom
+        if not 0 <= headroom <= MAX_THRESHOLD:
+            raise ThresholdError(
+                "priority_headroom", f"priority_headroom must be between 0 and {MAX_THRESHOLD}, got {headroom}"
+            )
         self.threshold, self.hysteresis, self.policy = new_threshold, new_hysteresis, new_policy
+        self.priority_headroom = headroom
 
     def state(self) -> dict:
-        view = {"threshold": self.threshold, "hysteresis": self.hysteresis, "policy": self.policy, "side": self.side}
+        view = {
+            "threshold": self.threshold,
+            "hysteresis": self.hysteresis,
+            "policy": self.policy,
+            "side": self.side,
+            "priority_headroom": self.priority_headroom,
+        }
         if self.state_file is not None:
             view["state_file"] = {"path": str(self.state_file), "problem": self.state_file_problem}
         return view
 
     def _persist(self, path: Path) -> None:
         # Write-then-rename so a crash never leaves a half-written file for the next start to trip on.
-        payload = json.dumps({"threshold": self.threshold, "hysteresis": self.hysteresis, "policy": self.policy})
+        saved = {"threshold": self.threshold, "hysteresis": self.hysteresis, "policy": self.policy}
+        payload = json.dumps({**saved, "priority_headroom": self.priority_headroom})
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         with os.fdopen(fd, "w") as file:
@@ -119,6 +144,10 @@ class Routing:
             for key in ("threshold", "hysteresis"):
                 if not isinstance(saved.get(key), int) or isinstance(saved.get(key), bool):
                     raise TypeError(f"{key} is not an integer")
-            self._apply(saved.get("threshold"), saved.get("hysteresis"), saved.get("policy"))  # read, not written
+            headroom = saved.get("priority_headroom")  # absent from files saved before it was live
+            if headroom is not None and (not isinstance(headroom, int) or isinstance(headroom, bool)):
+                raise TypeError("priority_headroom is not an integer")
+            # Read, not written.
+            self._apply(saved.get("threshold"), saved.get("hysteresis"), saved.get("policy"), headroom)
         except (OSError, ValueError, AttributeError, TypeError) as exc:
             raise ValueError(f"state_file {path} cannot be restored: {exc}") from exc

@@ -203,6 +203,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ):
         replay.add_argument(name, type=kind, help=f"the gateway's {field}")
     replay.add_argument(
+        "--initial-cost",
+        type=non_negative_float,
+        metavar="S",
+        help="the gateway's switching.initial_cost: what the policy believes a switch costs until it has measured "
+        "one (default: the gateway config's; without one, a restart's is the replayed restart's duration and a "
+        "sleep's the gateway's default)",
+    )
+    replay.add_argument(
         "--expected-phase-s", type=positive_float, metavar="S", help="the gateway's switching.expected_phase"
     )
     replay.add_argument(

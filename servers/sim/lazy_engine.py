@@ -47,6 +47,9 @@ class LazyEngine(Engine):
         self._ends: list[tuple[int, int, Sequence]] = []
         self._draws = count()
         self._zero_step = False  # the kind of step the requests' steps were drawn for (the gate's, engine.py)
+        # Speculative decode steps drawn so far, and their expectation: how lucky a stretch's acceptance was.
+        self.steps_drawn = 0
+        self.steps_expected = 0.0
 
     def abort(self, seq: Sequence) -> bool:
         if seq in self._lazy:
@@ -84,6 +87,8 @@ class LazyEngine(Engine):
             steps = left
         else:
             steps = _draw_steps(self.acceptance, left, self._rng)
+            self.steps_drawn += steps
+            self.steps_expected += mean_steps(self.acceptance.probabilities, left)
         rate = left / steps if steps else 0.0
         draw = next(self._draws)
         self._lazy[seq] = (self._steps, seq.generated, rate, draw)
@@ -127,6 +132,14 @@ class LazyEngine(Engine):
 def _draw_steps(acceptance: Acceptance, tokens: int, rng: random.Random) -> int:
     low, cumulative = steps_cdf(acceptance.probabilities, tokens)
     return low + min(bisect_right(cumulative, rng.random() * cumulative[-1]), len(cumulative) - 1)
+
+
+@cache
+def mean_steps(yields: tuple[float, ...], tokens: int) -> float:
+    """The decode steps a speculative request needs for `tokens` more tokens, on average (steps_cdf's mean)."""
+    low, cumulative = steps_cdf(yields, tokens)
+    below = sum(cumulative[:-1])  # sum of P(steps <= low + i) over all but the last
+    return low + len(cumulative) - 1 - below / cumulative[-1]
 
 
 @cache

@@ -18,7 +18,8 @@ ends). Only one mode serves at a time:
   old mode up to `drain_deadline` (then they are cut and counted), new requests wait for the new mode, and
   the switch itself takes the profiles' cost: restart = stop + the new server's `startup_s`; sleep = the old
   server's `release_s` + the new one's `resume_s`. The measured duration (decision to serving again) feeds
-  the running switch-cost estimate, which starts at the gateway's prior (`initial_cost`), as live.
+  the running switch-cost estimate, which starts at the gateway's prior (`initial_cost`), as live; where none
+  is given, a restart's prior is the replayed restart's duration (`ReplaySetup.prior_s`).
 - `in-engine`: the speculative engine alone, patched (patches/sglang-0.5.23): decode batches above its gate
   run zero draft steps (engine.py's gate, costs.py's ZERO_STEP_MODEL), in the speculative server's KV pool
   and running cap. Nothing switches, nothing waits. The gate is where a zero-step step out-yields a
@@ -69,6 +70,10 @@ from crossover.servers.sim.trace import TracePhase, shifts_acceptance
 if TYPE_CHECKING:
     from crossover.servers.sim.replay_adaptive import AdaptiveReplay
 
+# The replay's model: what it answers for a given trace and profiles. Raised whenever a change moves the answers,
+# with the change and its reason at the head of servers/sim/CHANGELOG.md; printed in the text and the JSON.
+MODEL_VERSION = 3
+
 ALWAYS_SPECULATIVE = "always-speculative"
 ALWAYS_PLAIN = "always-plain"
 RESTART: Mechanism = "restart"
@@ -87,15 +92,23 @@ DEFAULT_OUTPUT_LEN = 512
 # Stopping a server (SIGTERM to its process group, GPUs free again) before a restart loads the other.
 DEFAULT_STOP_S = 5.0
 # Steady phases are fast-forwarded (virtual seconds): once a phase has served the same clients in one mode for
-# STEADY_WARMUP_ROUNDS x clients requests, the replay measures a stretch of STEADY_SAMPLE_ROUNDS x clients
-# requests (whole rounds of the closed loop, so its first tokens are a fair sample) and then repeats that
-# stretch's output, tick by tick, asking the policy every sampling period as usual, until the policy switches or
-# the phase ends. A day at C = 500 then replays in seconds instead of an hour of per-token steps
-# (tests/servers/sim/test_replay.py bounds the difference from stepping every token). The stretch is the
-# replay's own, not a curve's level: a closed loop's state depends on its history (clients that joined
-# together stay in step), and a level from a cold start differs from it by a few percent.
+# STEADY_WARMUP_ROUNDS x clients requests (STEADY_SETTLE_ROUNDS for a speculative loop that STEADY_CROWD or more
+# of its clients joined at once: they drift apart as their accept lengths differ, for tens of rounds, at a rate a
+# few percent off), the replay measures stretches of STEADY_SAMPLE_ROUNDS x clients requests, each from one
+# completion to the one whole rounds later (the same point of the loop's cycle, so a lumpy loop's rate is not
+# sampled off its beat), each speculative one's decode time scaled by its steps' expectation over their draws (a
+# short stretch of lucky accept lengths is not a lucky rate). Once two in a row agree within STEADY_AGREEMENT it
+# repeats their output in whole rounds, tick by tick, asking the policy every sampling period as usual, until the
+# policy switches or the phase ends; until then it steps every token. A day at C = 500 then replays in seconds
+# instead of an hour of per-token steps (tests/servers/sim/test_replay.py bounds the difference from stepping
+# every token, a steep curve in alternating phases too). The stretch is the replay's own, not a curve's level: a
+# closed loop's state depends on its history (clients that joined together stay in step), and a level from a
+# cold start differs from it by a few percent.
 STEADY_WARMUP_ROUNDS = 2
+STEADY_SETTLE_ROUNDS = 20
+STEADY_CROWD = 0.5
 STEADY_SAMPLE_ROUNDS = 2
+STEADY_AGREEMENT = 0.005
 # After a small change of load (a share f of the clients new) both scale by f; a sample is never shorter than:
 STEADY_MIN_SAMPLE_ROUNDS = 1
 # ... nor than this many requests (a few clients' rounds are a noisy sample of accept lengths; more would cost
@@ -171,6 +184,16 @@ class ReplaySetup:
     fast_forward: bool = True  # repeat measured steady stretches instead of stepping them (STEADY_*)
     # The gateway's `[adaptive]` (window, limits) that `adaptive` runs; its table is the replay's own.
     adaptive: AdaptiveSettings = field(default_factory=AdaptiveSettings)
+
+    def prior_s(self, mechanism: Mechanism) -> float:
+        """What the policy believes a switch costs until it has measured one: the gateway's `initial_cost` where
+        given; else a restart's is the replayed restart (stop + start-up, the mean of both ways: an operator
+        who knows the start-up time sets it), a sleep's the gateway's default."""
+        if mechanism == RESTART and self.switch.initial_cost is None and not self.times.no_startup:
+            return (
+                self.times.seconds(RESTART, SPECULATIVE, PLAIN) + self.times.seconds(RESTART, PLAIN, SPECULATIVE)
+            ) / 2
+        return self.switch.prior_s(mechanism)
 
     @cached_property
     def settings(self) -> PolicySettings:
@@ -256,6 +279,7 @@ class ReplayResult:
             }
         return {
             "mechanism": self.mechanism,
+            "model_version": MODEL_VERSION,
             "follows": self.follows,
             "output_tokens": self.output_tokens,
             "vs_best_percent": round(100 * self.output_tokens / best, 2),
@@ -344,6 +368,38 @@ class _Request:
 SERVING, DRAINING, SWITCHING = "serving", "draining", "switching"
 
 
+class _Stretch(NamedTuple):
+    """A measured steady stretch: its tokens per second, its first-token times, its length, and one round's."""
+
+    rate: float
+    ttfts: list[float]
+    span: float
+    round_s: float
+
+
+class _Mark(NamedTuple):
+    """The replay's totals at a completion, where a measured stretch begins or ends."""
+
+    t: float
+    tokens: float
+    completed: int
+    ttfts: int  # first-token times seen
+    decode_s: float  # time spent in decode steps
+    steps_drawn: int  # speculative decode steps drawn (LazyEngine), and their expectation
+    steps_expected: float
+
+    def rate(self, start: _Mark) -> float:
+        """Tokens per second since `start`, as if acceptance had been as lucky as its mean: the decode time
+        scaled by expected over drawn steps, so a short stretch of a speculative loop is not a lucky one."""
+        decode_s = self.decode_s - start.decode_s
+        drawn = self.steps_drawn - start.steps_drawn
+        if drawn:
+            decode_s *= (self.steps_expected - start.steps_expected) / drawn - 1
+        else:
+            decode_s = 0.0
+        return (self.tokens - start.tokens) / (self.t - start.t + decode_s)
+
+
 @dataclass(slots=True)
 class _Steady:
     """What fast-forwarded stretches added (STEADY_*), and the stretch being measured."""
@@ -351,9 +407,10 @@ class _Steady:
     since: float = 0.0  # when the current steady stretch began (a phase, a switch, a change of load)
     since_completed: int | None = None  # requests completed then (set at the first steady tick)
     change: float = 1.0  # how much of the load is new (0-1): scales the rounds of warm-up and sample
-    sample: tuple[float, int, int, int] | None = None  # (t, tokens, completed, TTFTs seen) at its start
-    # The measured stretch: (tokens/s, its first-token times, its length); kept while the load stays the same.
-    measured: tuple[float, list[float], float] | None = None
+    sample: _Mark | None = None  # where the stretch being measured began
+    measured: _Stretch | None = None  # kept while the load stays the same
+    # The last stretch measured: (its tokens/s, its start as `sample`), for the next one to agree with.
+    previous: tuple[float, _Mark] | None = None
     tokens: float = 0.0
     completed: float = 0.0
     ttft_copies: list[tuple[list[float], float]] = field(default_factory=list)
@@ -362,7 +419,7 @@ class _Steady:
         if self.sample is None and self.since_completed is not None:
             change = max(change, self.change)  # still settling from the last change
         self.since, self.since_completed, self.sample, self.change = now, None, None, min(change, 1.0)
-        self.measured = None
+        self.measured = self.previous = None
 
     def rounds(self, full: int) -> float:
         """Rounds of the closed loop to wait (or measure) after this change: `full` for a new load."""
@@ -422,11 +479,15 @@ class _Replay:
         self.target: Mode = self.mode
         self.switch_started = self.switch_done = self.drain_deadline = math.inf
         # The controller's own stepper (gateway/policies/switcher.py): the replay decides as production does.
-        self.switcher = setup.switch.switcher(mechanism if mechanism in (RESTART, SLEEP) else None)
+        switch = setup.switch
+        if mechanism in (RESTART, SLEEP):
+            switch = switch.model_copy(update={"initial_cost": setup.prior_s(mechanism)})
+        self.switcher = switch.switcher(mechanism if mechanism in (RESTART, SLEEP) else None)
         self.ttfts: list[float] = []
         self.completed = self.cut = self.switches = 0
         self.switching_s = 0.0
         self.running_peak = 0
+        self.decode_s = 0.0  # time spent in decode steps (_Mark)
         self.steady = _Steady()
         self.phase_tokens: list[float] = []
         self.switch_log: list[SwitchEvent] = []
@@ -519,6 +580,8 @@ class _Replay:
         # The engine stamps each sequence's first token; reading it at the finish keeps this loop off the
         # batch (per step it would cost as much as the step itself at C = 500).
         self.running_peak = max(self.running_peak, self.engine.num_running)
+        if step.kind == "decode":
+            self.decode_s += step.duration
         _, finished = self.engine.finish_step(step, now)
         for seq in finished:
             request = self.owner.pop(seq)
@@ -529,6 +592,8 @@ class _Replay:
                 self.ttfts.append(first - request.arrival)
         if finished:
             self._top_up(now)
+            if self.setup.fast_forward:
+                self._measure(now)
 
     def _enter_phase(self, concurrency: int, now: float) -> None:
         if concurrency == self.clients:
@@ -541,50 +606,84 @@ class _Replay:
 
     # --- steady phases (STEADY_*) -------------------------------------------------------------------
 
-    def _steady_now(self, now: float) -> bool:
+    def _steady_now(self) -> bool:
         """Serving the phase's clients, every one in flight, nothing held: a stretch that repeats."""
         return self.state == SERVING and not self.held and self.clients > 0 and self.outstanding == self.clients
 
     def _fast_forward(self, now: float, next_tick: float, phase_end: float) -> tuple[float, float]:
-        """At a tick: measure a steady stretch, then repeat it tick by tick while the policy stays put."""
+        """At a tick: once a steady stretch is measured (_measure, at completions), repeat it tick by tick while
+        the policy stays put."""
         steady, period = self.steady, self.setup.switch.interval
-        if not self._steady_now(now):
-            steady.reset(now)
+        if not self._steady_now():
+            # Leavers still in flight settle the same change (a switch resets it in full).
+            steady.reset(now, steady.change)
             return now, next_tick
-        if steady.measured is None and not self._measure(now):
+        if steady.since_completed is None:
+            steady.since_completed = self.completed
+        if steady.measured is None:
             return now, next_tick
-        assert steady.measured is not None
-        tokens_rate, ttfts, span = steady.measured
-        skipped = 0.0
+        tokens_rate, ttfts, span, round_s = steady.measured
+        # Whole copies of the stretch: the loop then stands where it stood, at the same point of its cycle, and
+        # the phase's end sees the requests in flight that stepping would have seen.
+        until = now + round_s * math.floor((phase_end - now) / round_s)
+        start = now
         # Repeat the stretch while the phase has room and each tick (the real policy, same constant load) stays.
-        while next_tick < phase_end and self.state == SERVING:
+        while next_tick <= until and self.state == SERVING:
             now, next_tick = next_tick, next_tick + period
-            skipped += period
             self._tick(now)
+        if self.state == SERVING:
+            now = max(now, until)
+        skipped = now - start
         # Every request ends with output_len tokens: completions follow the tokens (they come in lumps).
         steady.add(skipped * tokens_rate, skipped * tokens_rate / self.setup.output_len, ttfts, skipped / span)
         self._shift(skipped)
         return now, next_tick
 
-    def _measure(self, now: float) -> bool:
-        """At a steady tick: warm up, then measure a stretch (whole rounds, at least a few requests); True once
-        it is measured."""
+    def _measure(self, now: float) -> None:
+        """At a completion while steady: warm up, then measure a stretch from one completion to the one that
+        ends whole rounds later (each client served as often: the same point of the closed loop's cycle, so
+        the stretch's rate is its average, whatever its clients' rhythm)."""
         steady = self.steady
-        if steady.since_completed is None:
-            steady.since_completed = self.completed
-        warmup = steady.rounds(STEADY_WARMUP_ROUNDS) * self.clients
-        if self.completed - steady.since_completed < warmup:
-            return False
+        if steady.since_completed is None or steady.measured is not None or not self._steady_now():
+            return
         if steady.sample is None:
-            steady.sample = (now, self._tokens(), self.completed, len(self.ttfts))
-            return False
-        t0, tokens0, completed0, ttfts0 = steady.sample
+            # A speculative loop's clients that joined together drift apart as their accept lengths differ (tens
+            # of rounds, at a rate a few percent off); a plain loop's keep their rhythm, and a few joiners change
+            # little.
+            crowd = self.engine.acceptance is not None and steady.change >= STEADY_CROWD
+            warmup = STEADY_SETTLE_ROUNDS if crowd else STEADY_WARMUP_ROUNDS
+            if self.completed - steady.since_completed >= steady.rounds(warmup) * self.clients:
+                steady.sample = self._mark(now)
+            return
+        done = self.completed - steady.sample.completed
         sample_rounds = max(steady.rounds(STEADY_SAMPLE_ROUNDS), STEADY_MIN_SAMPLE_ROUNDS)
-        if self.completed - completed0 < max(sample_rounds * self.clients, STEADY_MIN_SAMPLE_REQUESTS):
-            return False
-        span = now - t0
-        steady.measured = ((self._tokens() - tokens0) / span, self.ttfts[ttfts0:], span)
-        return True
+        least = max(sample_rounds * self.clients, STEADY_MIN_SAMPLE_REQUESTS)
+        # Whole rounds; clients that finish in lumps that never add up to one stop at twice the least.
+        if done < least or (done % self.clients and done < 2 * least):
+            return
+        mark = self._mark(now)
+        rate = mark.rate(steady.sample)
+        previous, steady.previous, steady.sample = steady.previous, (rate, steady.sample), mark
+        # Clients that joined together drift apart for tens of rounds: until two stretches in a row agree, the
+        # loop is still settling and is stepped.
+        if previous is None or abs(rate - previous[0]) > STEADY_AGREEMENT * previous[0]:
+            return
+        start = previous[1]
+        span = now - start.t
+        round_s = span * self.clients / (self.completed - start.completed)
+        steady.measured = _Stretch(mark.rate(start), self.ttfts[start.ttfts :], span, round_s)
+
+    def _mark(self, now: float) -> _Mark:
+        engines = self.engines.values()
+        return _Mark(
+            now,
+            self._tokens(),
+            self.completed,
+            len(self.ttfts),
+            self.decode_s,
+            sum(engine.steps_drawn for engine in engines),
+            sum(engine.steps_expected for engine in engines),
+        )
 
     def _tokens(self) -> int:
         return sum(engine.generated_total for engine in self.engines.values())

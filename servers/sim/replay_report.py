@@ -17,6 +17,7 @@ from crossover.servers.sim.replay import (
     DEFAULT_STOP_S,
     IN_ENGINE,
     MECHANISMS,
+    MODEL_VERSION,
     RESTART,
     SLEEP,
     InEngineAssumptions,
@@ -83,6 +84,7 @@ def run_command(args) -> int:
             window=args.window_s,
             expected_phase=args.expected_phase_s,
             drain_deadline=args.drain_timeout_s,
+            initial_cost=args.initial_cost,
         )
         setup = replace(setup, fast_forward=not args.exact)
         known: dict[str, ReplayResult] = {}
@@ -162,12 +164,13 @@ def describe(setup: ReplaySetup, trace: list[TracePhase]) -> str:
     total = sum(p.duration_s for p in trace)
     return (
         f"{setup.speculative.name}{accept} / {setup.plain.name}: {len(trace)} phases, {total:g} s, "
-        f"{setup.input_len} input / {setup.output_len} output tokens; virtual time, profile seconds\n"
+        f"{setup.input_len} input / {setup.output_len} output tokens; virtual time, profile seconds; replay model "
+        f"{MODEL_VERSION} (servers/sim/CHANGELOG.md)\n"
         f"policy (the gateway's): threshold {w.threshold} hysteresis {w.hysteresis}, a sample every "
         f"{w.interval:g} s, min dwell {w.dwell:g} s, window {w.window:g} s, expected phase "
         f"{f'{w.expected_phase:g} s' if w.expected_phase else 'learned'}, gain {100 * w.advantage:g}% for the "
-        f"mode the threshold calls for; switch cost until measured {w.prior_s(RESTART):g} s restart / "
-        f"{w.prior_s(SLEEP):g} s sleep; drain deadline {w.drain_deadline:g} s; starts {w.initial_mode}\n"
+        f"mode the threshold calls for; switch cost until measured {setup.prior_s(RESTART):g} s restart / "
+        f"{setup.prior_s(SLEEP):g} s sleep; drain deadline {w.drain_deadline:g} s; starts {w.initial_mode}\n"
         f"switch: restart {t.seconds(RESTART, SPECULATIVE, PLAIN):g} s to plain / "
         f"{t.seconds(RESTART, PLAIN, SPECULATIVE):g} s back, sleep {t.seconds(SLEEP, SPECULATIVE, PLAIN):g} s / "
         f"{t.seconds(SLEEP, PLAIN, SPECULATIVE):g} s (without the drain)"

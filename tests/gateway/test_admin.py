@@ -51,6 +51,7 @@ def test_reading_and_changing_the_threshold(sims, gateway):
             "hysteresis": 2,
             "policy": "switch",
             "side": "speculative",
+            "priority_headroom": 64,
             "load_signal": "local",
             "loads": {"speculative": 0, "plain": 0},
         }

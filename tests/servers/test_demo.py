@@ -188,6 +188,8 @@ class LoadStep:
         self.thread.join(timeout=130)
 
 
+# Its window, dwell and stand-in delays are wall seconds in the demo's config: `python -m tests.busy` runs it.
+@pytest.mark.timing
 @pytest.mark.parametrize(
     ("mechanism", "engine"), [("sleep", "sglang"), ("restart", "sglang"), ("sleep", "vllm"), ("restart", "vllm")]
 )

@@ -114,3 +114,35 @@ def test_a_stream_and_the_ordinary_lane_read_the_tier_too(tiered):
         response = client.post("/v1/chat/completions", json=chat(stream=True, service_tier="priority"))
     assert response.status_code == 200 and response.headers["x-crossover-pool"] == "speculative"
     assert json.loads(speculative.requests[0][2])["service_tier"] == "priority"
+
+
+def test_the_priority_headroom_moves_live_through_the_admin_api_and_shows_in_the_state(tiered):
+    gw, speculative, plain = tiered(threshold=0, admin_token="admin-1")
+    admin = {"authorization": "Bearer admin-1"}
+    client = sdk(gw)
+    ask(client, service_tier="priority")
+    assert (len(speculative.requests), len(plain.requests)) == (1, 0)  # the default headroom lets it in
+    moved = httpx.put(gw.url + "/admin/threshold", json={"priority_headroom": 0}, headers=admin)
+    assert moved.status_code == 200 and moved.json()["priority_headroom"] == 0
+    assert httpx.get(gw.url + "/admin/state", headers=admin).json()["priority_headroom"] == 0
+    ask(client, service_tier="priority")  # no room left: the threshold's pool serves it
+    assert (len(speculative.requests), len(plain.requests)) == (1, 1)
+    bad = httpx.put(gw.url + "/admin/threshold", json={"priority_headroom": -1}, headers=admin)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority_headroom"
+    assert httpx.get(gw.url + "/admin/threshold", headers=admin).json()["priority_headroom"] == 0
+
+
+def test_the_priority_headroom_is_part_of_what_every_replica_shares():
+    from crossover.gateway.cluster.store import Control
+    from crossover.gateway.config import Settings
+    from crossover.gateway.topology.routing import Routing
+
+    pools = {"speculative": {"backends": ["http://s:1"]}, "plain": {"backends": ["http://p:1"]}}
+    routing = Routing.from_settings(Settings(pools=pools))
+    ours = Control(threshold=routing.threshold, hysteresis=routing.hysteresis, policy=routing.policy)
+    theirs = ours.model_copy(update={"priority_headroom": 5})
+    assert theirs.changes(ours) == {"priority_headroom": 5}  # a change the cluster writes and reads back
+    routing.update(theirs.threshold, theirs.hysteresis, theirs.policy, theirs.priority_headroom)
+    assert routing.state()["priority_headroom"] == 5
+    routing.update(ours.threshold, ours.hysteresis, ours.policy, ours.priority_headroom)  # a member from before
+    assert routing.priority_headroom == 5

@@ -63,7 +63,8 @@ def test_live_changes_survive_a_restart_through_the_state_file(tmp_path):
     state_file = tmp_path / "state" / "routing.json"
     settings = Settings(threshold=8, state_file=state_file, pools=POOLS)
     Routing.from_settings(settings).update(threshold=20, hysteresis=3)
-    assert json.loads(state_file.read_text()) == {"threshold": 20, "hysteresis": 3, "policy": "spillover"}
+    saved = {"threshold": 20, "hysteresis": 3, "policy": "spillover", "priority_headroom": 64}
+    assert json.loads(state_file.read_text()) == saved
     restarted = Routing.from_settings(settings)
     assert (restarted.threshold, restarted.hysteresis) == (20, 3)
 
@@ -254,7 +255,7 @@ def test_a_tier_moves_its_own_request_and_not_the_switch_policys_side():
     two = {"speculative": {"backends": ["http://s:1", "http://s:2"]}, "plain": {"backends": ["http://p:2"]}}
     settings = Settings(policy="switch", threshold=4, hysteresis=2, priority_headroom=3, pools=two)
     routing, pools = Routing.from_settings(settings), Pools.from_settings(settings)
-    assert routing.priority_headroom == 6
+    assert (routing.priority_headroom, routing.speculative_servers) == (3, 2)
     pools.speculative[0].inflight = 5
     assert (routing.decide(pools, "priority").pool, routing.side) == ("speculative", "plain")
     pools.speculative[1].inflight = 1  # the pool holds 6: at its headroom
