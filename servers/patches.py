@@ -96,6 +96,10 @@ class PatchRefused(PatchError):
     """Bad input: no SGLang tree there, or a release the patches are not for."""
 
 
+class NotInstalled(PatchRefused):
+    """The interpreter runs but has no such engine installed (so another engine may be the one it has)."""
+
+
 @dataclass(frozen=True)
 class Hunk:
     old_start: int  # 1-based line in the unpatched file
@@ -294,7 +298,7 @@ def locate(sglang: Path | None = None, python: str | None = None, package: str =
             raise PatchRefused(f"--python {python} did not answer within 60 s: is it a Python interpreter?") from None
         where = [found.stdout.strip()] if found.returncode == 0 and found.stdout.strip() else []
     if not where:
-        raise PatchRefused(
+        raise NotInstalled(
             f"no {release.title} installed for {python or sys.executable}: pass --{package} PATH (the {package} "
             "package directory or the site-packages that holds it)"
         )
@@ -307,7 +311,7 @@ def installed(python: str | None) -> str:
     for package in RELEASES:
         try:
             locate(None, python, package)
-        except PatchRefused:
+        except NotInstalled:
             continue
         return package
     raise PatchRefused(

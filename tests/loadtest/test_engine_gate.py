@@ -1,5 +1,5 @@
-"""`crossover bench --in-engine`: one patched engine (the stand-in with `--speculation-gate`) measured with its
-gate off and at 0, beside a plain stand-in, through the real CLI.
+"""`crossover bench --in-engine`: one patched engine (the stand-in with `--speculation-gate`, playing SGLang on either
+of its wires or vLLM) measured with its gate off and at 0, beside a plain stand-in, through the real CLI.
 
 The stand-ins run at time scale 1 (k25 steps of tens of milliseconds), so a busy machine does not push them
 off their profiles; nothing here judges speed, only what the run reports and what it leaves on the engine.
@@ -15,6 +15,7 @@ import time
 
 import httpx
 import jsonschema
+import pytest
 
 from crossover.loadtest.engine_gate import GATE_OFF, GATE_ZERO
 from crossover.loadtest.results import load_schema
@@ -29,25 +30,46 @@ RUN = ("--duration-per-level", "2", "--warmup-rounds", "1", "--output-len", "16"
 WAIT_S = 60.0
 
 
-def gate_of(url: str) -> int | None:
+# How each engine's patch is started on the stand-in, and where its gate is read.
+ENGINE_FLAGS = {
+    "sglang": ("--speculation-gate",),
+    "sglang-main": ("--speculation-gate", "--speculation-gate-wire", "main"),
+    "vllm": ("--engine", "vllm", "--speculation-gate"),
+}
+AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def gate_of(url: str, engine: str = "sglang") -> int | None:
+    if engine == "vllm":
+        return httpx.get(f"{url}/speculation_gate", headers=AUTH, timeout=10).json()[
+            "zero_spec_tokens_above_batch_size"
+        ]
+    if engine == "sglang-main":
+        info = httpx.get(f"{url}/server_info", timeout=10).json()
+        return info["internal_states"][0]["speculative_adaptive"]["zero_steps_above_bs"]
     return httpx.get(f"{url}/speculative/adaptive", timeout=10).json()["state"]["zero_steps_above_bs"]
 
 
-def patched_engine(sim, tmp_path):
-    engine = sim("k25-eagle3", *STAND_IN, "--speculation-gate", "--admin-api-key", ADMIN_KEY)
-    httpx.post(
-        f"{engine.url}/speculative/adaptive",
-        json={"zero_steps_above_bs": ORIGINAL_GATE},
-        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-        timeout=10,
-    ).raise_for_status()
+def patched_engine(sim, tmp_path, engine: str = "sglang"):
+    server = sim("k25-eagle3", *STAND_IN, *ENGINE_FLAGS[engine], "--admin-api-key", ADMIN_KEY)
+    if engine == "vllm":
+        route, body = "/speculation_gate", {"zero_spec_tokens_above_batch_size": ORIGINAL_GATE}
+    elif engine == "sglang-main":
+        route, body = (
+            "/set_internal_state",
+            {"server_args": {"speculative_adaptive_zero_steps_above_bs": ORIGINAL_GATE}},
+        )
+    else:
+        route, body = "/speculative/adaptive", {"zero_steps_above_bs": ORIGINAL_GATE}
+    httpx.post(f"{server.url}{route}", json=body, headers=AUTH, timeout=10).raise_for_status()
     key_file = tmp_path / "admin.key"
     key_file.write_text(ADMIN_KEY + "\n")
-    return engine, key_file
+    return server, key_file
 
 
-def test_gate_off_and_gate_0_are_two_targets_compared_and_against_plain_and_the_gate_is_restored(sim, tmp_path):
-    engine, key_file = patched_engine(sim, tmp_path)
+@pytest.mark.parametrize("kind", list(ENGINE_FLAGS))
+def test_gate_off_and_gate_0_are_two_targets_compared_and_against_plain_and_the_gate_is_restored(sim, tmp_path, kind):
+    engine, key_file = patched_engine(sim, tmp_path, kind)
     plain = sim("k25-plain", *STAND_IN)
     out = tmp_path / "run"
     done = crossover_cli(
@@ -66,7 +88,7 @@ def test_gate_off_and_gate_0_are_two_targets_compared_and_against_plain_and_the_
     )
     print(done.stdout, done.stderr)
     assert done.returncode == 0, done.stderr
-    assert gate_of(engine.url) == ORIGINAL_GATE
+    assert gate_of(engine.url, kind) == ORIGINAL_GATE
     assert f"gate restored to {ORIGINAL_GATE}" in done.stdout
     # The run's crossover is gate-0 against gate-off; both settings are also set against plain.
     for versus in (f"{GATE_ZERO} vs {GATE_OFF}", f"plain vs {GATE_OFF}", f"plain vs {GATE_ZERO}"):
@@ -82,8 +104,9 @@ def test_gate_off_and_gate_0_are_two_targets_compared_and_against_plain_and_the_
     assert all(lv["completed"] > 0 and lv["failed"] == 0 for lv in run["levels"])
     assert run["metadata"]["targets"][GATE_OFF]["url"] == run["metadata"]["targets"][GATE_ZERO]["url"] == engine.url
     # The engine ran both settings: zero-step batches while gate-0 was measured, speculative ones otherwise.
-    state = httpx.get(f"{engine.url}/speculative/adaptive", timeout=10).json()["state"]
-    assert 0 < state["zero_step_batches"] < state["decode_batches"]
+    if kind == "sglang":
+        state = httpx.get(f"{engine.url}/speculative/adaptive", timeout=10).json()["state"]
+        assert 0 < state["zero_step_batches"] < state["decode_batches"]
 
 
 def test_without_the_admin_key_the_run_stops_before_measuring_and_the_gate_is_untouched(sim, tmp_path):

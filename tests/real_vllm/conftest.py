@@ -9,6 +9,10 @@
   (`RealVLLM.bound`), never a constant. Stopped (whole process groups) at the end.
 - `vllm_gateway`: the project's gateway (partitioned, real uvicorn in a thread) with one server per pool, both
   pools `engine = "vllm"` (load read from vLLM's /metrics gauges).
+- `gated_vllm` (session, started on first use): a third server, patches/vllm-0.32.0 applied to an overlay of the
+  installed package (the venv is never modified), launched as servers/ launches the gated in-engine profile, its
+  synthetic acceptance LOW_ACCEPTANCE: the gate's tests use it, and the adaptive test as its second acceptance
+  beside the session's speculative server - one start for both. Pinned to the plain server's core.
 
 Both servers run with `--max-num-queued-reqs` (BUSY_CAP), as the shipped vLLM profiles do: past it vLLM answers
 503 busy. Every test here runs on one xdist worker (`tests/conftest.py` schedules them as one unit), so the servers
@@ -30,15 +34,18 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossover.gateway.engines.vllm import DEV_MODE_ENV
-from crossover.gateway.modes import MODES, PLAIN
+from crossover.gateway.modes import MODES, PLAIN, SPECULATIVE
+from crossover.servers import patches
 from crossover.servers.launch import launch_command
 from crossover.servers.process import LOOPBACK, free_port, spawn, stop
-from crossover.servers.profile import load_profile
-from crossover.servers.sglang_check import venv_python
+from crossover.servers.profile import load_profile, parse_profile
+from crossover.servers.sglang_check import site_packages, venv_python
+from crossover.servers.vllm_check import VLLM_VERSION
 from tests.conftest import missing_environment
 from tests.gateway.conftest import gateway  # noqa: F401  (the gateway's own fixture, in front of the engines)
 from tests.host_cores import claimed_cores
 from tests.host_speed import CEILING_S, StartupBudget, wait_started
+from tests.patched_tree import overlay
 from tests.real_vllm.engine_env import is_built
 from tests.servers.conftest import VLLM_VENV
 
@@ -71,6 +78,34 @@ BOUND_BASE_S = 10.0
 # The plain server runs in vLLM's dev mode on the host this shipped profile gives its servers (it sleeps them, so
 # dev mode is on): test_contract shows the dev routes answer on loopback and nothing answers off-host.
 DEV_MODE_PROFILE = "llama8b-vllm-time-shared"
+# The gated server: its own admin key, a running cap of GATE_CAP (the start-up schedule is then
+# [[1, GATE_CAP - 1, DRAFT_TOKENS], [GATE_CAP, GATE_CAP, 0]]) and an acceptance of its own, below the session's.
+GATE_ADMIN_KEY = "gate-admin-key-for-the-test"
+GATE_CAP = 8
+LOW_ACCEPTANCE = 1.75  # 3 drafts: vLLM's schedule accepts position 0 3/4 of the time, the others never
+GATED_PROFILE = f"""
+description = "the tiny Llama, gated, on one CPU core"
+topology = "in-engine"
+vllm_version = "{VLLM_VERSION}"
+[[servers]]
+name = "gated"
+role = "speculative"
+engine = "vllm"
+device = "cpu"
+model_path = "{{model}}/target"
+served_model_name = "{MODEL_NAME}"
+host = "{LOOPBACK}"
+port = {{port}}
+max_running_requests = {GATE_CAP}
+admin_api_key_file = "{{key}}"
+extra_args = ["--load-format", "dummy"]
+[servers.speculative]
+draft_model_path = "{{model}}/draft"
+num_steps = {DRAFT_TOKENS}
+eagle_topk = 1
+num_draft_tokens = {DRAFT_TOKENS + 1}
+vllm_config = {{{{ rejection_sample_method = "synthetic", synthetic_acceptance_length = {LOW_ACCEPTANCE} }}}}
+"""
 # Tests that change a server for good (an EngineCore killed) run after every other real-vLLM test.
 LAST_TESTS = ("test_engine_faults.py::test_health_is_503_once_the_engine_core_died",)
 
@@ -246,6 +281,38 @@ def real_vllm(tmp_path_factory):
             yield RealVLLM(servers, MODEL_NAME, card["max_model_len"], started_s, budget)
         finally:
             stop([server.proc for server in servers.values()])
+
+
+@pytest.fixture(scope="session")
+def gated_vllm(real_vllm, tmp_path_factory):
+    """The gated server (GATED_PROFILE), on the plain server's core: the gate's tests and the adaptive test's
+    second acceptance run while the session's plain server idles."""
+    venv = vllm_venv()
+    base = tmp_path_factory.mktemp("gated-vllm")
+    model = make_model(venv, base / "model")
+    touched = [fs.path for fs in patches.load_patches(VLLM_VERSION, "vllm")]
+    tree = overlay(site_packages(venv), base / "patched", "vllm", touched)
+    assert patches.apply(tree, VLLM_VERSION, package="vllm", verify=False).changed
+    key = base / "gate.key"
+    key.write_text(GATE_ADMIN_KEY + "\n")
+    key.chmod(0o600)
+    port, core = free_port(), real_vllm.servers[PLAIN].core
+    profile = parse_profile(GATED_PROFILE.format(model=model, port=port, key=key), name="gated", source="test")
+    command = launch_command(profile, profile.servers[0])
+    # The module, not `vllm serve` (server_argv says why): it takes the model as --model, `vllm serve` first.
+    argv = ["taskset", "-c", str(core), str(venv_python(venv)), "-m", "vllm.entrypoints.openai.api_server"]
+    env = {**server_env(venv, SPECULATIVE, core), **command.run_env(), "PYTHONPATH": str(tree)}
+    log = base / "gated.log"
+    with log.open("wb") as out:
+        proc = spawn([*argv, "--model", *command.server_args], env=env, stdout=out, stderr=subprocess.STDOUT)
+    server = VLLMServer("gated", f"http://{LOOPBACK}:{port}", core, proc, log)
+    try:
+        budget = StartupBudget.measure(IDLE_START_S, "the gated vLLM server")
+        ready(server, budget, since=time.monotonic())
+        server.token_s = measure_token_s(server, budget.seconds)
+        yield server
+    finally:
+        stop([proc])
 
 
 def ready(server: VLLMServer, budget: StartupBudget, since: float) -> None:

@@ -1,5 +1,6 @@
-"""[adaptive] against real vLLM 0.32.0 on CPU: two EAGLE-3 servers of the tiny model at two synthetic acceptances
-(module fixture `two_acceptances`, each pinned to its own core), each behind its own gateway.
+"""[adaptive] against real vLLM 0.32.0 on CPU: two EAGLE-3 servers of the tiny model at two synthetic acceptances,
+each behind its own gateway: the session's speculative server (ACCEPTANCE_LENGTH) and the session's gated one
+(LOW_ACCEPTANCE, its gate off), each pinned to its own core (tests/real_vllm/conftest.py).
 
 - The gateway reads each server's acceptance from its /metrics (vLLM's spec_decode counters, 1 + accepted / drafts
   between two load scrapes) within +-0.2 of the synthetic setting.
@@ -8,39 +9,27 @@
   (its time per request split into a prefill, the TTFT alone, and decode steps scaled by 2.75 / 1.75) beside the
   measured one - printed for the report; a loose bound only, the two cores being shared with whatever else runs.
 
-Cheap: the two servers start once for the module (the session's `real_vllm` is not used), the traffic is C=2 of
-short requests, every wait is bounded.
+Cheap: no server of its own (the gated one starts once for this test and the gate's), the traffic is C=2 of short
+requests, every wait is bounded.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
+from crossover.gateway.engines import vllm
+from crossover.gateway.modes import SPECULATIVE
 from crossover.gateway.policies import BenchTable
-from crossover.servers.process import free_port, spawn, stop
-from crossover.servers.sglang_check import venv_python
-from tests.real_vllm.conftest import (
-    ACCEPTANCE_LENGTH,
-    MODEL_NAME,
-    ROOT,
-    VLLMServer,
-    cores,
-    ready,
-    server_argv,
-    server_env,
-    vllm_venv,
-)
+from tests.real_vllm.conftest import ACCEPTANCE_LENGTH, GATE_ADMIN_KEY, LOW_ACCEPTANCE, MODEL_NAME, VLLMServer
 from tests.waiting import wait_until
 
-HIGH, LOW = ACCEPTANCE_LENGTH, 1.75  # 3 drafts: rates (1, .75, 0) and (.75, 0, 0)
+HIGH, LOW = ACCEPTANCE_LENGTH, LOW_ACCEPTANCE  # 3 drafts: rates (1, .75, 0) and (.75, 0, 0)
 TOLERANCE = 0.2
 STREAMS = 2
 MAX_TOKENS = 24
@@ -52,42 +41,14 @@ LEVELS = {"eagle": ((1, 100), (4, 380), (16, 1200), (32, 1600), (64, 1800)),
           "plain": ((1, 60), (4, 240), (16, 1000), (32, 1900), (64, 2600))}  # fmt: skip
 
 
-@dataclass
-class Pair:
-    servers: dict[float, VLLMServer]  # accept length -> its server
-
-
-@pytest.fixture(scope="module")
-def two_acceptances(tmp_path_factory):
-    venv = vllm_venv()
-    base = tmp_path_factory.mktemp("adaptive-vllm")
-    model = base / "model"
-    made = subprocess.run(
-        [str(venv_python(venv)), "-m", "tests.real_vllm.tiny_model", str(model)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert made.returncode == 0, made.stderr[-2000:]
-    servers: dict[float, VLLMServer] = {}
-    try:
-        for accept, core in zip((HIGH, LOW), cores().values(), strict=True):
-            port, log = free_port(), base / f"eagle3-{accept}.log"
-            argv = server_argv(venv, model, "speculative", port, core)
-            at = argv.index("--speculative-config") + 1
-            argv[at] = json.dumps({**json.loads(argv[at]), "synthetic_acceptance_length": accept})
-            with log.open("wb") as out:
-                proc = spawn(
-                    argv, env=server_env(venv, core), stdout=out, stderr=subprocess.STDOUT, die_with_parent=False
-                )
-            servers[accept] = VLLMServer(f"eagle3-{accept}", f"http://127.0.0.1:{port}", core, proc, log)
-        for server in servers.values():
-            ready(server)
-        yield Pair(servers)
-    finally:
-        stop([server.proc for server in servers.values()])
+@pytest.fixture
+def two_acceptances(real_vllm, gated_vllm) -> dict[float, VLLMServer]:
+    """accept length -> its server; the gated one with its gate off (the gate's test may have moved it)."""
+    headers = {"Authorization": f"Bearer {GATE_ADMIN_KEY}"}
+    off = {"zero_spec_tokens_above_batch_size": None}
+    answer = httpx.post(gated_vllm.url + vllm.GATE_PATH, json=off, headers=headers, timeout=30, trust_env=False)
+    assert answer.status_code == 200, answer.text
+    return {HIGH: real_vllm.servers[SPECULATIVE], LOW: gated_vllm}
 
 
 def table_file(path: Path) -> Path:
@@ -155,7 +116,7 @@ def test_the_gateway_reads_each_acceptance_and_the_threshold_is_lower_at_the_low
 ):
     table = table_file(tmp_path / "results.json")
     gateways = {}
-    for accept, server in two_acceptances.servers.items():
+    for accept, server in two_acceptances.items():
         pools = {mode: {"backends": [server.url], "engine": "vllm"} for mode in ("speculative", "plain")}
         gateways[accept] = gateway(
             [],
@@ -169,7 +130,7 @@ def test_the_gateway_reads_each_acceptance_and_the_threshold_is_lower_at_the_low
                       "correct": False},
         )  # fmt: skip
     prefill = {accept: ttft_s(gw.url) for accept, gw in gateways.items()}  # one request alone: the prefill
-    counted = {accept: counters(server) for accept, server in two_acceptances.servers.items()}
+    counted = {accept: counters(server) for accept, server in two_acceptances.items()}
     traffic = {accept: Traffic(gw.url) for accept, gw in gateways.items()}
     readings: dict[float, list[float]] = {accept: [] for accept in gateways}
     try:
@@ -200,7 +161,7 @@ def test_the_gateway_reads_each_acceptance_and_the_threshold_is_lower_at_the_low
     means = {accept: sum(seen) / len(seen) for accept, seen in readings.items()}
     # The engine's own count over the whole run, beside the gateway's windows.
     overall = {}
-    for accept, server in two_acceptances.servers.items():
+    for accept, server in two_acceptances.items():
         drafts, accepted = (b - a for a, b in zip(counted[accept], counters(server), strict=True))
         overall[accept] = 1 + accepted / drafts if drafts else None
     thresholds = {accept: gw.state.routing.threshold for accept, gw in gateways.items()}

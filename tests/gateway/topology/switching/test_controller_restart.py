@@ -349,7 +349,15 @@ def test_the_agent_dying_mid_switch_leaves_no_serving_mode_and_the_gateway_says_
 
     # Once an agent is back, the operator brings a mode back.
     box.start_agent()
-    assert put_mode(gw, "speculative").status_code == 202
+
+    # The gateway keeps retrying by itself meanwhile: a PUT that lands during an attempt is refused 409
+    # switch_in_progress, and the operator sends it again.
+    def taken() -> bool:
+        answer = put_mode(gw, "speculative")
+        assert answer.status_code == 202 or answer.json()["error"]["code"] == "switch_in_progress", answer.text
+        return answer.status_code == 202
+
+    wait_until(taken, timeout=60, what="the PUT taken")
     state = wait_phase(gw, "active", "speculative", timeout=60)
     assert state["last_switch"]["outcome"] == "ok"
     assert box.status("plain")["state"] == "stopped"
