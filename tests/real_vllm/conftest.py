@@ -283,21 +283,17 @@ def real_vllm(tmp_path_factory):
             stop([server.proc for server in servers.values()])
 
 
-@pytest.fixture(scope="session")
-def gated_vllm(real_vllm, tmp_path_factory):
-    """The gated server (GATED_PROFILE), on the plain server's core: the gate's tests and the adaptive test's
-    second acceptance run while the session's plain server idles."""
-    venv = vllm_venv()
-    base = tmp_path_factory.mktemp("gated-vllm")
-    model = make_model(venv, base / "model")
+def start_gated(venv: Path, model: Path, accept: float, core: int, base: Path) -> tuple[VLLMServer, Path]:
+    """A gated server (GATED_PROFILE at acceptance `accept`) pinned to `core`, and its admin key's file."""
     touched = [fs.path for fs in patches.load_patches(VLLM_VERSION, "vllm")]
     tree = overlay(site_packages(venv), base / "patched", "vllm", touched)
     assert patches.apply(tree, VLLM_VERSION, package="vllm", verify=False).changed
     key = base / "gate.key"
     key.write_text(GATE_ADMIN_KEY + "\n")
     key.chmod(0o600)
-    port, core = free_port(), real_vllm.servers[PLAIN].core
-    profile = parse_profile(GATED_PROFILE.format(model=model, port=port, key=key), name="gated", source="test")
+    port = free_port()
+    text = GATED_PROFILE.replace(f"length = {LOW_ACCEPTANCE}", f"length = {accept}")
+    profile = parse_profile(text.format(model=model, port=port, key=key), name="gated", source="test")
     command = launch_command(profile, profile.servers[0])
     # The module, not `vllm serve` (server_argv says why): it takes the model as --model, `vllm serve` first.
     argv = ["taskset", "-c", str(core), str(venv_python(venv)), "-m", "vllm.entrypoints.openai.api_server"]
@@ -305,14 +301,23 @@ def gated_vllm(real_vllm, tmp_path_factory):
     log = base / "gated.log"
     with log.open("wb") as out:
         proc = spawn([*argv, "--model", *command.server_args], env=env, stdout=out, stderr=subprocess.STDOUT)
-    server = VLLMServer("gated", f"http://{LOOPBACK}:{port}", core, proc, log)
+    return VLLMServer("gated", f"http://{LOOPBACK}:{port}", core, proc, log), key
+
+
+@pytest.fixture(scope="session")
+def gated_vllm(real_vllm, tmp_path_factory):
+    """The gated server at LOW_ACCEPTANCE, on the plain server's core: the gate's tests and the adaptive test's
+    second acceptance run while the session's plain server idles."""
+    venv = vllm_venv()
+    base = tmp_path_factory.mktemp("gated-vllm")
+    server, _ = start_gated(venv, make_model(venv, base / "model"), LOW_ACCEPTANCE, real_vllm.servers[PLAIN].core, base)
     try:
         budget = StartupBudget.measure(IDLE_START_S, "the gated vLLM server")
         ready(server, budget, since=time.monotonic())
         server.token_s = measure_token_s(server, budget.seconds)
         yield server
     finally:
-        stop([proc])
+        stop([server.proc])
 
 
 def ready(server: VLLMServer, budget: StartupBudget, since: float) -> None:
