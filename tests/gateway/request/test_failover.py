@@ -35,7 +35,9 @@ def test_a_backend_killed_mid_test(sim, gateway):
     # One running slot on the speculative stand-in, so a second stream waits in its queue.
     speculative = sim("k25-eagle3", "--time-scale", "20", "--max-running-requests", "1")
     plain = sim("k25-plain", "--time-scale", "20")
-    gw = gateway([speculative.url], [plain.url], health={"interval": 60})
+    # No probe but the start-up one, and that one not failed by a loaded machine's slowness: a backend whose first
+    # probe fails is out until the next (a minute away), and the first stream would go to plain.
+    gw = gateway([speculative.url], [plain.url], health={"interval": 60, "timeout": 30})
 
     async def scenario():
         async with httpx.AsyncClient(base_url=gw.url, timeout=30, trust_env=False) as client:
@@ -56,10 +58,16 @@ def test_a_backend_killed_mid_test(sim, gateway):
             after = [await client.post("/v1/chat/completions", json=chat(stream)) for stream in (True, False) * 3]
             return started + rest, await queued, after
 
-    def speculative_waiting() -> int:
+    def speculative_load(key: str = "num_waiting_reqs") -> int:
         loads = httpx.get(speculative.url + "/v1/loads", timeout=5, trust_env=False).json()["loads"]
-        return loads[0]["num_waiting_reqs"]
+        return loads[0][key]
 
+    def speculative_waiting() -> int:
+        return speculative_load()
+
+    # The gateway's start-up probe generates a token on the stand-in's one slot (SGLang's /health does): once it
+    # is done, the first stream holds the slot and the second queues behind that stream, not behind the probe.
+    wait_until(lambda: speculative_load("num_running_reqs") + speculative_load() == 0, what="the probe's slot free")
     cut, queued, after = asyncio.run(asyncio.wait_for(scenario(), 60))
     events = sse_events(cut)
     assert stream_text(events)  # tokens arrived before the cut
@@ -133,7 +141,10 @@ def test_busy_everywhere_is_503_with_retry_after_and_the_openai_sdk_backs_off(se
     assert error.status_code == 503 and error.response.headers["retry-after"] == "1"
     assert error.body["code"] == "backend_busy" and error.body["message"] == "The request queue is full."
     # Three attempts (max_retries=2), each tried on both pools; between attempts the SDK slept Retry-After.
-    assert len(speculative.arrived) == len(plain.arrived) == 3
+    paths = {
+        name: [path for path, _, _ in backend.requests] for name, backend in (("spec", speculative), ("plain", plain))
+    }
+    assert len(speculative.arrived) == len(plain.arrived) == 3, paths
     gaps = [later - earlier for earlier, later in itertools.pairwise(speculative.arrived)]
     assert all(gap >= 0.9 for gap in gaps), gaps  # the SDK's own backoff without Retry-After: 0.375-0.5 s first
     gw.settled()

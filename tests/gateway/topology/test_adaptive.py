@@ -86,11 +86,18 @@ def test_the_threshold_follows_a_drop_in_acceptance_bounded_pinned_by_an_operato
             return lambda: controller.windows >= start + n
 
         # The gateway reads the bench's acceptance: the predicted crossover is about where the threshold starts.
+        # The stand-in's gauge is SGLang's: until its first window of 40 decode batches ends, the batches so far (one
+        # request: ~13), so a reading can be a few batches' luck (3 of them: 3.33) - the next request evens it out.
         wait_until(
-            traffic_then(lambda: controller.last is not None and controller.last.accept_length is not None),
-            what="a window with the acceptance read",
+            traffic_then(
+                lambda: (
+                    controller.last is not None
+                    and controller.last.accept_length is not None
+                    and abs(controller.last.accept_length - BENCH_ACCEPT) < 0.4
+                )
+            ),
+            what="a window with the bench's acceptance read",
         )
-        assert abs(controller.last.accept_length - BENCH_ACCEPT) < 0.4
         before = len(controller.moves)
 
         client.post(spec.url + "/sim/acceptance", json={"accept_length": 1.2}).raise_for_status()
