@@ -15,6 +15,9 @@ from typing import TypeGuard
 from crossover.gateway.engines.calls import EngineError
 from crossover.gateway.engines.fence import FENCE_JUMP, Fenced
 
+# The reason both patches give a compare-and-set (`expected_generation`) that lost to a newer write.
+STALE_GENERATION = "stale_generation"
+
 
 class NotPatched(EngineError):
     """A server with no gate to move: no gate route (an unpatched engine), or the patch's 501 `not_applicable` (no
@@ -33,6 +36,11 @@ class GateRejected(EngineError):
     def refused(self) -> bool:
         """The engine refused this gate itself (400 `invalid_body` / `rejected`): keep the one it has."""
         return self.status == 400
+
+    @property
+    def stale(self) -> bool:
+        """409 `stale_generation`: a compare-and-set lost to a write made since its read - the gate is not wrong."""
+        return self.reason == STALE_GENERATION
 
     @property
     def unauthorized(self) -> bool:

@@ -109,6 +109,8 @@ class GateSync:
         # Each backend's gate as last read back from the engine that runs now; absent: unknown (never read, or
         # it may have restarted since).
         self.gates: dict[str, Gate] = {}
+        # Each backend's gate as last read, kept through outages: what a move or a restart is judged against.
+        self._seen: dict[str, Gate] = {}
         self.errors: dict[str, str] = {}
         self.error_counts: Counter[tuple[str, str]] = Counter()  # (backend, kind)
         self.moved: Counter[str] = Counter()  # gates moved by someone else, per backend
@@ -313,7 +315,6 @@ class GateSync:
             # It may come back restarted, on its start-up gate: unknown until read again.
             self.gates.pop(url, None)
             self._hold(backend)
-        wanted = self.wanted
         seen = backend.outages  # an outage during the read may be a restart after it
         try:
             gate = await self._read(backend)
@@ -322,6 +323,9 @@ class GateSync:
                 # Most often the leader's write of a change this replica's sync has not brought yet (the leader
                 # shares a change before it writes it): take the cluster's state before judging the move.
                 await self.coordination.refresh()
+            # The gate wanted now, not before the read: a change written while the read was out must not be undone
+            # by writing the one it replaced (the compare-and-set below guards only writes made after the read).
+            wanted = self.wanted
             self._known(backend, gate)
             backend.gate_read_outages = seen  # its gate is known again (held by _known if it is none)
             if not self.coordination.leader:
@@ -332,8 +336,24 @@ class GateSync:
             if force or gate.zero_steps_above_bs != wanted:
                 # Background rounds compare-and-set: a round that read before an operator's change cannot undo it.
                 expected = None if force else gate.generation
-                await self._write(backend, wanted, expected)
+                try:
+                    await self._write(backend, wanted, expected)
+                except GateRejected as exc:
+                    if force or not exc.stale:
+                        raise
+                    # Written since this round read it: an operator's change, whose own sync writes and reads it
+                    # back, or a hand's, which the next round sees. Not this round's failure to report (a PUT
+                    # that collected it answered 502 for a gate it had set).
+                    return
+                before = self._seen.get(url)
                 gate = await self._read(backend)
+                if (
+                    before is not None
+                    and gate.generation > before.generation
+                    and gate.zero_steps_above_bs not in (wanted, self.wanted)
+                ):
+                    # Written again between this write and its read-back, to neither gate this gateway wants.
+                    self._moved_by_someone_else(url, wanted, gate)
                 self._known(backend, gate, written=True)
             if wanted != self.wanted:
                 return  # a change came in meanwhile: it syncs this backend itself
@@ -384,7 +404,7 @@ class GateSync:
 
     def _moved(self, url: str, gate: Gate) -> bool:
         """`gate`, just read from `url`, was written since the last read and holds another value."""
-        last = self.gates.get(url)
+        last = self._seen.get(url)
         return (
             last is not None
             and gate.generation > last.generation
@@ -396,25 +416,31 @@ class GateSync:
         went back is a restart; a gate that moved to another than the cluster's wanted gate, not by this gateway, is
         someone else's change (a move to the wanted gate is the leader's write, on a replica that does not lead)."""
         url = backend.url
-        last = self.gates.get(url)
+        last = self._seen.get(url)
         if last is not None and self._moved(url, gate):
-            if not written and not self._lock.locked() and gate.zero_steps_above_bs != self.wanted:
-                self.moved[url] += 1
-                logger.warning(
-                    "gate of %s moved by someone else: %s -> %s (generation %d); %s %s",
-                    url,
-                    last.zero_steps_above_bs,
-                    gate.zero_steps_above_bs,
-                    gate.generation,
-                    "restoring" if self.coordination.leader else "the replica that leads restores",
-                    self.wanted,
-                )
+            # A replica that does not lead may read the leader's write of a change older than its own, while its
+            # own is under way; the leader writes only the wanted gate, so it judges a move whenever it reads one.
+            judged = self.coordination.leader or not self._lock.locked()
+            if not written and judged and gate.zero_steps_above_bs != self.wanted:
+                self._moved_by_someone_else(url, last.zero_steps_above_bs, gate)
         elif last is not None and gate.generation < last.generation:
             logger.warning(
                 "%s restarted (gate generation %d -> %d): re-gating it", url, last.generation, gate.generation
             )
-        self.gates[url] = gate
+        self.gates[url] = self._seen[url] = gate
         self._hold(backend)
+
+    def _moved_by_someone_else(self, url: str, was: int | None, gate: Gate) -> None:
+        self.moved[url] += 1
+        logger.warning(
+            "gate of %s moved by someone else: %s -> %s (generation %d); %s %s",
+            url,
+            was,
+            gate.zero_steps_above_bs,
+            gate.generation,
+            "restoring" if self.coordination.leader else "the replica that leads restores",
+            self.wanted,
+        )
 
     def _hold(self, backend: Backend) -> None:
         """In rotation on the gate it has, unless it has none while one is wanted, or its gate is unknown."""

@@ -30,6 +30,7 @@ class TimeShared(Topology):
         super().__init__(pools, routing, metrics, coordination)
         self.controller = controller
         self.requests = ModeRequests(controller, coordination)  # PUT /admin/mode, carried to the leader
+        controller.after_adoption = self.requests.adopted
         metrics.registry.register(SwitchCollector(lambda: (controller.serving, controller.queued)))
 
     async def start(self) -> None:

@@ -7,6 +7,7 @@ it saw: the credentials per path, the gate calls, and the requests its engine se
     faults.hang.set()            # every gate call waits until faults.release is set (the test's teardown sets it)
     faults.hang_writes.set()     # ... every gate write (not a dry run), already sent by its caller, alike
     faults.on_held = look        # look() runs as each held write arrives (what was true when it was sent)
+    faults.after_write = act     # act() runs once a gate write has landed, before its answer goes back
     faults.malformed = 3         # the next 3 gate reads answer {"success": true, "state": "idle"}
     faults.queue_full = True     # chat completions answer SGLang's queue-full (HTTP 503), as a full server does
 """
@@ -38,6 +39,7 @@ class GateFaults:
         self.hang_writes = threading.Event()
         self.held_writes = 0  # gate writes that waited for faults.release
         self.on_held: Callable[[], None] | None = None
+        self.after_write: Callable[[], None] | None = None
         self.release = threading.Event()
         self.malformed = 0
         self.malformed_sent = 0
@@ -90,6 +92,9 @@ class GateFaults:
             return JSONResponse({"error": {"message": "upstream down"}}, 502)
         if path == GATE and request.method == "POST" and answer.status_code == 200 and not body.get("dry_run"):
             self.gated = body.get("zero_steps_above_bs") is not None
+            if self.after_write is not None:
+                act, self.after_write = self.after_write, None
+                await asyncio.to_thread(act)
         if path == "/v1/chat/completions" and answer.status_code == 200:
             self.served += 1
             self.ungated_served += 0 if self.gated else 1

@@ -236,6 +236,9 @@ class SwitchController:
         )
         self._timer: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
+        self._adopting = False  # the task finds out what serves (start-up, or the lease just taken)
+        # Runs once an adoption has ended (the time-shared topology: an operator's request that waited for it).
+        self.after_adoption: Callable[[], None] = lambda: None
         self._last_operator = -math.inf
         self._next_look = -math.inf  # while no mode serves: when to look for one that serves by itself
         self._closed = False
@@ -398,13 +401,26 @@ class SwitchController:
 
     def _take_over(self) -> None:
         """This replica took the lease: adopt what really serves before deciding anything."""
+        self._adopting = True
         self._task = asyncio.create_task(self._adopt())
+
+    @property
+    def adopting(self) -> bool:
+        """This replica is finding out which mode serves (start-up, or the lease just taken): no switch is under way
+        yet, so a carried operator's request waits for it rather than being refused (replicas.py)."""
+        return self._adopting and self.busy
 
     async def _adopt(self) -> None:
         """At start-up, or on taking the lease: serve what really serves (adoption.py); then, if a mode served as it
         was, an operator's switch the fence refused, if it is recent and still to be made (replicas.py)."""
-        if await self.adoption.adopt() and (refused := self.replica.refused_again(self.mode)) is not None:
+        try:
+            served = await self.adoption.adopt()
+        finally:
+            self._adopting = False
+        if served and (refused := self.replica.refused_again(self.mode)) is not None:
             self._begin(refused, OPERATOR)
+        # Once this task has ended: until then a switch it would start is refused as one under way.
+        asyncio.get_running_loop().call_soon(self.after_adoption)
 
     def _step_back(self) -> None:
         """The lease is gone: a switch under way ends where it is (the new leader adopts what it left)."""

@@ -144,6 +144,9 @@ class Replica:
 class Operated(Protocol):
     """The switch controller as PUT /admin/mode reaches it."""
 
+    @property
+    def adopting(self) -> bool: ...
+
     def request_switch(self, mode: Mode | None, *, pin: bool | None = None) -> bool: ...
 
     def check_request(self, mode: Mode | None) -> Mode | None: ...
@@ -204,10 +207,23 @@ class ModeRequests:
             self.operator_switches = control.operator_switches
             return
         self._joined = True
-        if request is None or request == self.request:
-            return
-        self.request = request
-        self.answer = self._run(request)
+        if control.mode_answer is not None and request is not None and control.mode_answer.id == request.id:
+            self.answer = control.mode_answer  # answered by the replica that led before this one took the lease
+        if request is not None and not self._answered(request):
+            self.request = request
+            if not self.controller.adopting:
+                self.answer = self._run(request)
+            # Else this replica has just taken the lease (or started) and is finding out what serves: nothing the
+            # request could conflict with runs yet, so it waits for that (`adopted`) rather than being refused.
+
+    def adopted(self) -> None:
+        """The leader found what serves: a request that waited for it runs now."""
+        request = self.request
+        if self.coordination.leader and request is not None and not self._answered(request):
+            self.answer = self._run(request)
+
+    def _answered(self, request: ModeRequest) -> bool:
+        return self.answer is not None and self.answer.id == request.id
 
     def _run(self, request: ModeRequest) -> ModeAnswer:
         """A request carried from a follower, which found no switch under way when it took it: refused here only

@@ -446,6 +446,37 @@ def test_a_follower_refuses_a_put_mode_mid_switch_and_too_soon_as_the_leader_doe
     asyncio.run(scenario())
 
 
+def test_a_put_mode_that_reaches_a_leader_still_finding_out_what_serves_waits_for_it(tmp_path):
+    """A replica that has just taken the lease first finds out which mode serves (adoption.py). A request a follower
+    carried meanwhile meets no switch: it waits for that and then runs - it is not refused for it (an operator told
+    202 whose switch never ran, seen when Redis restarted empty under two replicas)."""
+
+    async def scenario() -> None:
+        async with leader_and_follower(tmp_path) as (leader, follower, _):
+            controller, found = leader.controller, asyncio.Event()
+
+            async def adopt() -> bool:
+                await found.wait()
+                controller._activate("speculative")
+                return True
+
+            controller.adoption.adopt = adopt
+            controller.replica.take_over()  # the lease just taken: finding out what serves
+            assert (await follower.put_mode("plain"))[1] == 202
+            for replica in (leader, leader, follower):
+                await replica.sync()
+            assert controller.adopting and follower.mode_request()["answer"] is None  # waiting, not refused
+            found.set()
+            await controller._task  # adopted: now it runs
+            await asyncio.sleep(0)
+            assert controller.target == "plain" and controller.phase == "draining"
+            await leader.sync()
+            await follower.sync()
+            assert follower.mode_request()["answer"] == {"status": 202, "error": None}
+
+    asyncio.run(scenario())
+
+
 def test_a_put_mode_that_reaches_the_leader_mid_switch_is_refused_where_every_replica_sees_it(tmp_path):
     """The follower found no switch under way and answered 202; the leader started one before the request reached
     it. The leader does not run it later (the switch that won may be what was asked): /admin/state on every

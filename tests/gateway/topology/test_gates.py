@@ -375,6 +375,22 @@ def test_a_malformed_gate_reply_is_logged_counted_and_retried(gateway, faulty, c
     assert httpx.post(gw.url + "/v1/chat/completions", json=chat(max_tokens=2), timeout=30).status_code == 200
 
 
+def test_a_gate_moved_between_the_gateways_write_and_its_read_back_is_counted_and_restored(gateway, faulty, caplog):
+    caplog.set_level(logging.WARNING, logger="crossover.in_engine")
+    [(engine, faults, url)] = faulty(1)
+    gw = in_engine(gateway, [url], threshold=4)
+
+    def by_hand() -> None:
+        httpx.post(engine.url + GATE, json={"zero_steps_above_bs": 2}, timeout=10, trust_env=False)
+
+    faults.after_write = by_hand  # the gateway's write of 9 lands, then a hand moves it before the read-back
+    put(gw, "/admin/threshold", {"threshold": 9})  # its answer may name the gate not read back: not under test
+    wait_until(lambda: engine_gate(engine.url)["zero_steps_above_bs"] == 9, what="the gate restored")
+    assert faults.after_write is None  # the hand did move it
+    assert gw.metric("crossover_backend_gate_moved_total", backend=url) == 1
+    assert "moved by someone else: 9 -> 2" in caplog.text, caplog.text
+
+
 @pytest.mark.parametrize("engines", [2, 1])
 def test_an_engine_restarted_under_load_serves_nothing_ungated(gateway, faulty, sim, engines):
     backends = faulty(engines)
