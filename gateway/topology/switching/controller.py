@@ -420,7 +420,11 @@ class SwitchController:
         if served and (refused := self.replica.refused_again(self.mode)) is not None:
             self._begin(refused, OPERATOR)
         # Once this task has ended: until then a switch it would start is refused as one under way.
-        asyncio.get_running_loop().call_soon(self.after_adoption)
+        asyncio.get_running_loop().call_soon(self._adopted)
+
+    def _adopted(self) -> None:
+        if not self._closed:  # a switch begun now would outlive `stop`
+            self.after_adoption()
 
     def _step_back(self) -> None:
         """The lease is gone: a switch under way ends where it is (the new leader adopts what it left)."""
