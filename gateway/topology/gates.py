@@ -345,13 +345,8 @@ class GateSync:
                     # back, or a hand's, which the next round sees. Not this round's failure to report (a PUT
                     # that collected it answered 502 for a gate it had set).
                     return
-                before = self._seen.get(url)
-                gate = await self._read(backend)
-                if (
-                    before is not None
-                    and gate.generation > before.generation
-                    and gate.zero_steps_above_bs not in (wanted, self.wanted)
-                ):
+                before, gate = gate, await self._read(backend)
+                if gate.generation > before.generation and gate.zero_steps_above_bs not in (wanted, self.wanted):
                     # Written again between this write and its read-back, to neither gate this gateway wants.
                     self._moved_by_someone_else(url, wanted, gate)
                 self._known(backend, gate, written=True)

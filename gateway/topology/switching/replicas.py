@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from crossover.gateway.cluster import Control, Coordination, ModeAnswer, ModeRequest
 from crossover.gateway.engines import Fenced
@@ -207,9 +207,9 @@ class ModeRequests:
             self.operator_switches = control.operator_switches
             return
         self._joined = True
-        if control.mode_answer is not None and request is not None and control.mode_answer.id == request.id:
+        if request is not None and answers(control.mode_answer, request):
             self.answer = control.mode_answer  # answered by the replica that led before this one took the lease
-        if request is not None and not self._answered(request):
+        if request is not None and not answers(self.answer, request):
             self.request = request
             if not self.controller.adopting:
                 self.answer = self._run(request)
@@ -219,11 +219,8 @@ class ModeRequests:
     def adopted(self) -> None:
         """The leader found what serves: a request that waited for it runs now."""
         request = self.request
-        if self.coordination.leader and request is not None and not self._answered(request):
+        if self.coordination.leader and request is not None and not answers(self.answer, request):
             self.answer = self._run(request)
-
-    def _answered(self, request: ModeRequest) -> bool:
-        return self.answer is not None and self.answer.id == request.id
 
     def _run(self, request: ModeRequest) -> ModeAnswer:
         """A request carried from a follower, which found no switch under way when it took it: refused here only
@@ -250,5 +247,10 @@ class ModeRequests:
         request, answer = self.request, self.answer
         if request is None:
             return None
-        answered = answer.model_dump(exclude={"id"}) if answer is not None and answer.id == request.id else None
+        answered = answer.model_dump(exclude={"id"}) if answers(answer, request) else None
         return {**request.model_dump(), "answer": answered}
+
+
+def answers(answer: ModeAnswer | None, request: ModeRequest) -> TypeGuard[ModeAnswer]:
+    """`answer` is the one to `request`."""
+    return answer is not None and answer.id == request.id

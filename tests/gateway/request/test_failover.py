@@ -50,7 +50,7 @@ def test_a_backend_killed_mid_test(sim, gateway):
             # Queued behind `running` in the stand-in, nothing sent to its client yet - but it reached the
             # backend, which may have started it: it must not be sent anywhere else.
             queued = asyncio.create_task(client.post("/v1/chat/completions", json=chat(True, 16)))
-            while speculative_waiting() < 1:
+            while speculative_load() < 1:
                 await asyncio.sleep(0.02)
             speculative.kill()
             rest = b"".join([chunk async for chunk in chunks])
@@ -61,9 +61,6 @@ def test_a_backend_killed_mid_test(sim, gateway):
     def speculative_load(key: str = "num_waiting_reqs") -> int:
         loads = httpx.get(speculative.url + "/v1/loads", timeout=5, trust_env=False).json()["loads"]
         return loads[0][key]
-
-    def speculative_waiting() -> int:
-        return speculative_load()
 
     # The gateway's start-up probe generates a token on the stand-in's one slot (SGLang's /health does): once it
     # is done, the first stream holds the slot and the second queues behind that stream, not behind the probe.
