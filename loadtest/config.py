@@ -5,7 +5,11 @@ Kept free of imports so `crossover --help` does not pay for them.
 
 from __future__ import annotations
 
-DEFAULT_CONCURRENCY = (1, 2, 5, 10, 30, 70, 100, 250)  # the levels the Kimi-K2.5 deployment measured
+# The levels the Kimi-K2.5 deployment measured, and 50: between 30 and 70, the widest gap of that grid, is where
+# EAGLE-3's crossover sits on the shipped profiles at low acceptance, and the adaptive controller reads the curves
+# linearly between levels. Without 50, llama8b-h200 at acceptance 1.6 (the speculative curve falls off at 64) was
+# predicted to cross at 57.5 where it crosses past 63 (servers/sim/replay_adaptive.py's llama-diurnal-24h row).
+DEFAULT_CONCURRENCY = (1, 2, 5, 10, 30, 50, 70, 100, 250)
 DEFAULT_OUTPUT_LEN = 512
 DEFAULT_INPUT_LEN = 256
 DEFAULT_CONNECT_TIMEOUT_S = 10.0

@@ -54,8 +54,9 @@ from crossover.servers.sim.trace import TRACES_DIR, TracePhase, load_trace, shif
 # How long after the acceptance moves the controller decides on it: its look (ADAPTIVE_LOOK_S) at the gauge the
 # load scrape last read, and the engines' gauge itself, a mean over the last 40 decode batches (a few seconds).
 REACT_LAG_S = 5.0
-# `crossover bench`'s default levels (loadtest/config.py DEFAULT_CONCURRENCY: servers may not import loadtest).
-BENCH_LEVELS = (1, 2, 5, 10, 30, 70, 100, 250)
+# `crossover bench`'s default levels (loadtest/config.py DEFAULT_CONCURRENCY, which says why 50; servers may not
+# import loadtest, a test holds the two equal).
+BENCH_LEVELS = (1, 2, 5, 10, 30, 50, 70, 100, 250)
 
 
 class Stretch(NamedTuple):
