@@ -220,14 +220,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the speculative accept length is A from T seconds into the trace on (adaptive only)",
     )
     # The gateway's own [adaptive] settings (gateway/config.py AdaptiveSettings), for --mechanism adaptive.
-    for name, kind, field in (
+    adaptive_options = (
         ("--adaptive-window-s", positive_float, "window"),
         ("--adaptive-max-step", positive_int, "max_step"),
         ("--adaptive-min", non_negative_int, "min"),
         ("--adaptive-max", non_negative_int, "max"),
         ("--adaptive-deadband", non_negative_int, "deadband"),
-    ):
-        replay.add_argument(name, type=kind, help=f"the gateway's adaptive.{field}")
+        ("--adaptive-max-levels", non_negative_int, "max_levels"),
+        ("--adaptive-react", positive_float, "react"),
+    )
+    for name, kind, field in adaptive_options:
+        replay.add_argument(name, type=kind, dest=f"adaptive_{field}", help=f"the gateway's adaptive.{field}")
+    # replay_report.adaptive_overrides reads them by field and names the option in its errors.
+    replay.set_defaults(adaptive_options={field: name for name, _, field in adaptive_options})
     replay.add_argument("--input-len", type=positive_int, default=DEFAULT_INPUT_LEN, help="(default: %(default)s)")
     replay.add_argument("--output-len", type=positive_int, default=DEFAULT_OUTPUT_LEN, help="(default: %(default)s)")
     replay.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")

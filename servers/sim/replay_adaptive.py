@@ -100,6 +100,7 @@ class AdaptiveReplay:
 
     window_s: float
     limits: AdaptiveLimits
+    react: float  # an acceptance change this large is decided on REACT_LAG_S after it, not at the window's end
     bench_accept_length: float
     bench_levels: tuple[int, ...]
     initial_threshold: int
@@ -119,7 +120,9 @@ class AdaptiveReplay:
                 "min": self.limits.minimum,
                 "max": self.limits.maximum,
                 "deadband": self.limits.deadband,
+                "max_levels": self.limits.max_levels,
             },
+            "react": self.react,
             "bench_accept_length": self.bench_accept_length,
             "bench_levels": list(self.bench_levels),
             "initial_threshold": self.initial_threshold,
@@ -270,6 +273,7 @@ def replay_adaptive(setup: ReplaySetup, trace: list[TracePhase]) -> ReplayResult
     report = AdaptiveReplay(
         window_s=window_s,
         limits=limits,
+        react=setup.adaptive.react,
         bench_accept_length=table.accept_length,
         bench_levels=BENCH_LEVELS,
         initial_threshold=initial,

@@ -110,23 +110,17 @@ def run_command(args) -> int:
 
 def adaptive_overrides(adaptive: AdaptiveSettings, args) -> AdaptiveSettings:
     """`[adaptive]` with the --adaptive-* options that were given (checked as the gateway checks its file)."""
-    given = {
-        name: value
-        for name, value in (
-            ("window", args.adaptive_window_s),
-            ("max_step", args.adaptive_max_step),
-            ("min", args.adaptive_min),
-            ("max", args.adaptive_max),
-            ("deadband", args.adaptive_deadband),
-        )
-        if value is not None
-    }
+    options: dict[str, str] = args.adaptive_options  # field -> option (cli.py)
+    given = {field: value for field in options if (value := getattr(args, f"adaptive_{field}")) is not None}
     if not given:
         return adaptive
     try:
         return AdaptiveSettings.model_validate({**adaptive.model_dump(), **given})
     except ValidationError as exc:
-        problems = (f"--adaptive-{error['loc'][0] if error['loc'] else ''}: {error['msg']}" for error in exc.errors())
+        problems = (
+            f"{options.get(str(error['loc'][0]), '--adaptive') if error['loc'] else '--adaptive'}: {error['msg']}"
+            for error in exc.errors()
+        )
         raise ValueError("; ".join(problems)) from None
 
 

@@ -165,7 +165,8 @@ def test_the_json_carries_adaptive_beside_the_best_fixed_and_the_oracle():
     result: ReplayResult = replay(setup_for("k25-bursts", trace), trace, ADAPTIVE)
     body = result.as_json()["adaptive"]
     assert {"best_fixed_threshold", "best_fixed_output_tokens", "oracle_output_tokens", "moves", "settled"} <= set(body)
-    assert body["limits"] == {"max_step": 4, "min": 1, "max": 256, "deadband": 1}
+    assert body["limits"] == {"max_step": 4, "min": 1, "max": 256, "deadband": 1, "max_levels": 1}
+    assert body["react"] == 0.2
 
 
 def crossover_cli(*args: str) -> subprocess.CompletedProcess:
@@ -205,3 +206,21 @@ def test_the_table_of_every_shipped_trace_prints_adaptive_beside_best_fixed_and_
         assert row.adaptive_tokens >= row.best_fixed_tokens, row
         assert row.adaptive_tokens >= ORACLE_SHARE * row.oracle_tokens, row
         assert all(windows is not None and windows <= SETTLE_WINDOWS for windows in row.settled), row
+
+
+def test_every_adaptive_setting_has_its_option_and_a_bad_one_names_it():
+    argv = (
+        "sim", "replay", "--speculative", "llama8b-h200-eagle3", "--plain", "llama8b-h200-plain", "--trace",
+        "k25-bursts", "--mechanism", "adaptive", "--accept-drop", "600:1.6", "--json",
+    )  # fmt: skip
+    default, given = (
+        json.loads(crossover_cli(*argv, *extra).stdout)[0]["adaptive"]
+        for extra in ((), ("--adaptive-max-levels", "0", "--adaptive-react", "5", "--adaptive-max-step", "2"))
+    )
+    assert given["limits"]["max_levels"] == 0 and given["react"] == 5.0 and given["limits"]["max_step"] == 2
+    # Steps of 2 and no bench level at once: more moves than the default's to reach the same crossover.
+    assert len(given["moves"]) > len(default["moves"])
+    refused = crossover_cli(*argv, "--adaptive-min", "300")
+    assert refused.returncode != 0 and "--adaptive" in refused.stderr and "Traceback" not in refused.stderr
+    refused = crossover_cli(*argv, "--adaptive-max-levels", "65")
+    assert refused.returncode != 0 and "--adaptive-max-levels" in refused.stderr, refused.stderr
