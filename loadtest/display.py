@@ -224,11 +224,12 @@ def print_crossover(console: Console, crossover: Crossover, queueing: list[Queue
     if rec is None:
         return
     efficiency = crossover.spillover_worst_case_efficiency
-    switch = (
-        "none (too close to call: any threshold in the range serves about as well)"
-        if rec.switch is None
-        else f"{rec.switch} (speculative while total in-flight < {rec.switch})"
-    )
+    if rec.switch is None:
+        switch = "none (too close to call: any threshold in the range serves about as well)"
+    elif rec.switch == 0:
+        switch = "0 (never speculative: plain leads from one stream on)"
+    else:
+        switch = f"{rec.switch} (speculative while total in-flight < {rec.switch})"
     console.print(
         f"recommended threshold: switch = {switch}; "
         f"spillover = {rec.spillover} (speculative pool holds up to {rec.spillover}; predicted worst-case "

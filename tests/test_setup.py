@@ -11,6 +11,7 @@ from tests.gateway.wire.test_client_http_uvicorn import FLOOR_VENV
 from tests.real_sglang.conftest import SERVE_VENV
 from tests.real_vllm.conftest import VENV as VLLM_VENV
 from tests.servers.conftest import SGLANG_VENV
+from tests.servers.vllm_release_source import DIRECTORY as VLLM_034_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUP = ROOT / "tests" / "setup.sh"
@@ -57,4 +58,4 @@ def test_setup_installs_prometheus_with_promtool_systemd_analyze_and_redis():
 
 def test_setup_builds_every_venv_the_tests_look_for():
     built = {Path(directory).name for _, directory in setup_steps("build")}
-    assert built == {SGLANG_VENV.name, SERVE_VENV.name, FLOOR_VENV.name, VLLM_VENV.name}
+    assert built == {SGLANG_VENV.name, SERVE_VENV.name, FLOOR_VENV.name, VLLM_VENV.name, VLLM_034_FILES.name}

@@ -57,8 +57,25 @@ def check_body(body: Any) -> dict[str, Any]:
     return body
 
 
-def check_schedule(schedule: list, max_num_seqs: int, allowed: list[int]) -> list[list[int]]:
-    """The patch's `SpeculationGate._checked_schedule` and its lookup check (400 `rejected`)."""
+def dense_lookup(ranges: list[list[int]], max_num_seqs: int, num_steps: int) -> list[int]:
+    """vLLM's `build_dynamic_sd_schedule_lookup` on checked ranges (sorted, from 1, no overlap): the K of each batch
+    size (index 0 unused), a gap or the tail carrying the K of the range before it, each K at most `num_steps`."""
+    lookup = [0] * (max_num_seqs + 1)
+    for batch_size in range(1, max_num_seqs + 1):
+        k = next(k for start, _end, k in reversed(ranges) if start <= batch_size)
+        lookup[batch_size] = min(k, num_steps)
+    return lookup
+
+
+def widest_batches(lookup: list[int]) -> dict[int, int]:
+    """Each K of a lookup and the widest batch size that runs it: how far its query length's CUDA graphs reach when
+    the lookup is the start-up one."""
+    return {k: batch_size for batch_size, k in enumerate(lookup[1:], start=1)}
+
+
+def check_schedule(schedule: list, max_num_seqs: int, num_steps: int, widest: dict[int, int]) -> list[list[int]]:
+    """The patch's `SpeculationGate._checked_schedule` and its lookup checks (400 `rejected`): only the Ks of the
+    start-up schedule, each up to the widest batch it ran at there (`widest`)."""
     if not 0 < len(schedule) <= MAX_RUNTIME_SCHEDULE_ENTRIES:
         message = f"{SCHEDULE_FIELD} must be a list of 1 to {MAX_RUNTIME_SCHEDULE_ENTRIES} ranges"
         raise GateError(message, 400, "rejected")
@@ -72,11 +89,19 @@ def check_schedule(schedule: list, max_num_seqs: int, allowed: list[int]) -> lis
     ranges.sort()
     if ranges[0][0] != 1 or any(b[0] <= a[1] for a, b in itertools.pairwise(ranges)):
         raise GateError("ranges must start at 1 and not overlap", 400, "rejected")
-    used = {min(k, max(allowed)) for start, _end, k in ranges if start <= max_num_seqs}
-    if missing := sorted(used - set(allowed)):
+    lookup = dense_lookup(ranges, max_num_seqs, num_steps)
+    if missing := sorted(set(lookup[1:]) - set(widest)):
         raise GateError(
-            f"num_speculative_tokens {missing} is not in the start-up schedule (only {allowed}): its query length "
-            "has no CUDA graphs captured",
+            f"num_speculative_tokens {missing} is not in the start-up schedule (only {sorted(widest)}): its query "
+            "length has no CUDA graphs captured",
+            400,
+            "rejected",
+        )
+    if wider := sorted({k for batch_size, k in enumerate(lookup[1:], start=1) if batch_size > widest[k]}):
+        reach = ", ".join(f"K={k} up to {widest[k]}" for k in wider)
+        raise GateError(
+            f"num_speculative_tokens {wider} at batch sizes past the widest the start-up schedule uses them at "
+            f"({reach}): their query lengths have no CUDA graphs captured there",
             400,
             "rejected",
         )
@@ -93,7 +118,8 @@ class VLLMStandInGate(StandInGate):
         top = self.max_num_seqs
         self.startup_schedule = [[1, max(top - 1, 1), num_steps], [top, top, 0]] if top > 1 else [[1, 1, num_steps]]
         self.schedule = self.startup_schedule
-        self.allowed = sorted({0, num_steps})
+        self.widest = widest_batches(dense_lookup(self.startup_schedule, top, num_steps))
+        self.allowed = sorted(self.widest)
 
     def state(self) -> dict[str, Any]:
         return {
@@ -128,7 +154,7 @@ class VLLMStandInGate(StandInGate):
                 raise GateError(f"reset_schedule and {SCHEDULE_FIELD} exclude each other", 400, "rejected")
             schedule = self.startup_schedule
         elif SCHEDULE_FIELD in fields:
-            schedule = check_schedule(fields[SCHEDULE_FIELD], self.max_num_seqs, self.allowed)
+            schedule = check_schedule(fields[SCHEDULE_FIELD], self.max_num_seqs, self.num_steps, self.widest)
         if fields.get("dry_run"):
             return {**self.state(), GATE_FIELD: gate, SCHEDULE_FIELD: schedule}
         self.engine.set_gate(gate, 0)

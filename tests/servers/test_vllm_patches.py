@@ -79,13 +79,13 @@ def test_the_engine_is_the_one_the_interpreter_has(vllm_python, release):
 
 def test_another_release_is_refused_and_left_alone(tree):
     version = tree / "vllm" / "_version.py"
-    text = version.read_text().replace("'0.32.0'", "'0.34.0'")
+    text = version.read_text().replace("'0.32.0'", "'0.33.0'")
     version.unlink()
     version.write_text(text)
     before = touched(tree)
     result = run_patches("apply", "--vllm", str(tree))
     assert result.returncode == 2
-    assert "vLLM 0.34.0" in result.stderr and "for vLLM 0.32.0 only" in result.stderr
+    assert "vLLM 0.33.0" in result.stderr and "for vLLM 0.32.0 and 0.34.0 only" in result.stderr
     assert touched(tree) == before
 
 
@@ -154,6 +154,12 @@ BODIES = [
     {"num_speculative_tokens_per_batch_size": [[1, 64, 2]]},
     {"num_speculative_tokens_per_batch_size": [[2, 64, 0]]},
     {"num_speculative_tokens_per_batch_size": [[1, 8, 3], [8, 64, 0]]},
+    # K=3 past 511, the widest batch the stand-in's start-up schedule drafts 3 at (max_num_seqs 512): refused,
+    # directly, through the tail carrying it, or through a gap; a gap that stays inside it is not.
+    {"num_speculative_tokens_per_batch_size": [[1, 512, 3]]},
+    {"num_speculative_tokens_per_batch_size": [[1, 511, 3]]},
+    {"num_speculative_tokens_per_batch_size": [[1, 4, 0], [5, 500, 3]]},
+    {"num_speculative_tokens_per_batch_size": [[1, 4, 3], [10, 512, 0]]},
     {"num_speculative_tokens_per_batch_size": []},
     {"num_speculative_tokens_per_batch_size": [[1, 1, 0]] * 300},
     {"num_speculative_tokens_per_batch_size": "all"},

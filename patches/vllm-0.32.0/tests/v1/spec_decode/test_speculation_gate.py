@@ -155,16 +155,18 @@ class TestSpeculationGatePolicy(unittest.TestCase):
         self.assertIsNone(state["zero_spec_tokens_above_batch_size"])
 
     def test_a_gate_zeroes_every_batch_above_it_and_null_lifts_it(self):
-        gate = self.gate([[1, 1, 3], [2, 16, 0]])
-        lookup = gate.update({"num_speculative_tokens_per_batch_size": [[1, 16, 3]]})
-        self.assertEqual(lookup[1:], [3] * 16)
+        gate = self.gate([[1, 15, 3], [16, 16, 0]])
+        lookup = gate.update({"num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 16, 0]]})
+        self.assertEqual(lookup[1:], [3] + [0] * 15)
+        lookup = gate.update({"reset_schedule": True})
+        self.assertEqual(lookup[1:], [3] * 15 + [0])
         lookup = gate.update({"zero_spec_tokens_above_batch_size": 4})
         self.assertEqual(lookup[1:], [3] * 4 + [0] * 12)
         lookup = gate.update({"zero_spec_tokens_above_batch_size": 0})
         self.assertEqual(lookup[1:], [0] * 16)
         lookup = gate.update({"zero_spec_tokens_above_batch_size": None})
-        self.assertEqual(lookup[1:], [3] * 16)
-        self.assertEqual(gate.generation, 4)
+        self.assertEqual(lookup[1:], [3] * 15 + [0])
+        self.assertEqual(gate.generation, 5)
 
     def test_a_count_the_startup_schedule_never_used_is_refused(self):
         gate = self.gate()
@@ -173,6 +175,18 @@ class TestSpeculationGatePolicy(unittest.TestCase):
         self.assertEqual(refused.exception.reason, "rejected")
         self.assertIn("[2]", str(refused.exception))
         self.assertEqual(gate.generation, 0)
+
+    def test_a_count_past_its_widest_startup_batch_is_refused(self):
+        # SCHEDULE drafts K=3 up to 2 requests: query length 4 has graphs that far.
+        gate = self.gate()
+        for schedule in ([[1, 4, 3], [5, 16, 0]], [[1, 2, 3]], [[1, 1, 0], [2, 2, 3]]):
+            with self.assertRaises(SpeculationGateRefused) as refused:
+                gate.update({"num_speculative_tokens_per_batch_size": schedule})
+            self.assertEqual(refused.exception.reason, "rejected")
+            self.assertIn("K=3 up to 2", str(refused.exception))
+        self.assertEqual(gate.generation, 0)
+        lookup = gate.update({"num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 16, 0]]})
+        self.assertEqual(lookup[1:], [3] + [0] * 15)
 
     def test_a_gate_needs_k0_in_force_at_startup(self):
         gate = self.gate([[1, 16, 3]])
