@@ -92,11 +92,11 @@ def acceptance_from_metrics(text: str, previous: SpecReading | None = None) -> S
     return SpecReading(length, (drafts, accepted))
 
 
-# The run-time speculation gate of a server patched with patches/vllm-0.32.0 (`/speculation_gate`, a dev route:
+# The run-time speculation gate of a server patched with patches/vllm-<release> (`/speculation_gate`, a dev route:
 # VLLM_SERVER_DEV_MODE=1, its own admin key VLLM_SPECULATION_GATE_ADMIN_KEY). Batches of more than N scheduled
 # requests get zero speculative tokens; the server must start with a `num_speculative_tokens_per_batch_size` whose
 # ranges put K=0 and the draft length both in force.
-PATCH_NAME = "patches/vllm-0.32.0 (the run-time speculation gate)"
+PATCH_NAME = "patches/vllm-0.32.0 or patches/vllm-0.34.0 (the run-time speculation gate)"
 PATCH_HINT = (
     f"apply {PATCH_NAME} with `crossover patches apply --vllm` and start vLLM with VLLM_SERVER_DEV_MODE=1 and a "
     "num_speculative_tokens_per_batch_size"

@@ -20,6 +20,7 @@ from crossover.gateway.engines.vllm import (
     BUSY_STATUS,
     DEV_MODE_ENV,
     IS_SLEEPING_PATH,
+    PATCH_NAME,
     RUNNING,
     SLEEP,
     SPEC_ACCEPTED,
@@ -76,6 +77,8 @@ def source(root: Path, path: str, name: str) -> str:
 
 def test_the_gate_is_ported_to_every_release_a_profile_may_pin():
     assert patches.vllm_releases() == sorted(VLLM_GATE_RELEASES) == sorted(SUPPORTED_VLLM)
+    # What the gateway tells an operator whose vLLM server has no gate names every series.
+    assert all(f"patches/vllm-{release} " in PATCH_NAME for release in patches.vllm_releases())
 
 
 def test_the_series_is_chosen_by_version_applies_checks_and_reverts_byte_for_byte(tree):
