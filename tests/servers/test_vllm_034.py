@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 import difflib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,10 @@ def test_the_series_is_chosen_by_version_applies_checks_and_reverts_byte_for_byt
     assert run_patches("check", "--vllm", str(tree)).returncode == 0
     for path, text in touched(tree).items():
         compile(text, path, "exec")  # every patched file is Python
+    # and names nothing it does not define or import, and imports nothing it leaves unused (the release's files pass).
+    lint = [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "--select", "F401,F811,F821,F822,F823"]
+    linted = subprocess.run([*lint, *touched(tree)], cwd=tree, capture_output=True, text=True, timeout=120, check=False)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
     result = run_patches("revert", "--vllm", str(tree))
     assert result.returncode == 0, result.stderr
     assert touched(tree) == before
