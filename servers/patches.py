@@ -8,7 +8,7 @@ checked on and reverted from an installed SGLang or vLLM tree - the pinned relea
     crossover patches check  --vllm PATH       # the same for vLLM (patches/vllm-<version>/)
 
 The engine is the one named (`--sglang` / `--vllm`), else the one `--python` has installed (SGLang first); each
-engine's series is the folder of its pinned release (`RELEASES`); vLLM has one for each release it was ported to
+engine's series is the folder of its pinned release; vLLM has one for each release it was ported to
 (`patches/vllm-0.32.0/`, `patches/vllm-0.34.0/`), chosen by the tree's version.
 
 A release's folder holds a series (its `series` file names the order; without one, the `*.patch` files by name):
@@ -52,7 +52,6 @@ from pathlib import Path
 from typing import Literal
 
 from crossover.servers.sglang_check import SGLANG_VERSION
-from crossover.servers.vllm_check import VLLM_VERSION
 
 # patches/ sits beside servers/ in a checkout and in the editable install CI and users run.
 PATCHES_ROOT = Path(__file__).resolve().parents[1] / "patches"
@@ -73,18 +72,17 @@ _FIND_SCRIPT = (
 
 @dataclass(frozen=True)
 class Release:
-    """A patchable engine: its package, the name it goes by, the release the series is for, and a subpackage
-    that tells its tree from another (`sglang/srt`, `vllm/v1`)."""
+    """A patchable engine: its package, the name it goes by, and a subpackage that tells its tree from another
+    (`sglang/srt`, `vllm/v1`). Its series: `choose_series` (SGLang), `vllm_series` (vLLM)."""
 
     package: str
     title: str
-    version: str
     marker: str
 
 
 RELEASES = {
-    "sglang": Release("sglang", "SGLang", SGLANG_VERSION, "srt"),
-    "vllm": Release("vllm", "vLLM", VLLM_VERSION, "v1"),
+    "sglang": Release("sglang", "SGLang", "srt"),
+    "vllm": Release("vllm", "vLLM", "v1"),
 }
 TreeState = Literal["applied", "not applied", "partially applied", "conflict"]
 

@@ -63,7 +63,7 @@ def build(venv: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return build_command("tests.uvicorn_floor", f"uvicorn {floor()} (the floor)", build, argv)
+    return build_command("tests.uvicorn_floor", f"uvicorn {floor()} (the floor) venv", build, argv)
 
 
 if __name__ == "__main__":

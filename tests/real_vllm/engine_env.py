@@ -69,7 +69,7 @@ def build(venv: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return build_command("tests.real_vllm.engine_env", f"vLLM {VLLM_VERSION} CPU", build, argv)
+    return build_command("tests.real_vllm.engine_env", f"vLLM {VLLM_VERSION} CPU venv", build, argv)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from tests.venv_build import build_command
+
 VERSION = "0.34.0"
 DIRECTORY = Path(__file__).resolve().parents[2] / f".vllm-{VERSION}"
 MARKER = ".crossover-vllm-source"
@@ -47,14 +49,8 @@ def build(directory: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = argv if argv is not None else sys.argv[1:]
-    if len(args) != 2 or args[0] != "build":
-        print("usage: python -m tests.servers.vllm_release_source build DIR", file=sys.stderr)
-        return 2
-    took = build(Path(args[1]))
-    state = f"unpacked in {took:.0f} s" if took else "already unpacked"
-    print(f"vLLM {VERSION}'s files {state}: {args[1]}")
-    return 0
+    module = "tests.servers.vllm_release_source"
+    return build_command(module, f"vLLM {VERSION}'s files", build, argv, shown=lambda directory: directory)
 
 
 if __name__ == "__main__":
