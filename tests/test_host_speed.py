@@ -26,6 +26,14 @@ def test_a_budget_scales_with_the_measured_speed(monkeypatch):
     assert "1000 s" in budget.gave_up() and "0.25, then 0.10" in budget.gave_up()
 
 
+def test_a_faster_host_keeps_the_reference_hosts_wait(monkeypatch):
+    monkeypatch.setattr(host_speed, "machine_speed", lambda: 2.74)  # CI's host, measured: its start took > 66 s
+    budget = StartupBudget.measure(180.0, "a server")
+    assert budget.seconds == 180.0
+    monkeypatch.setattr(host_speed, "machine_speed", lambda: 0.5)  # a slower machine still extends it
+    assert budget.extend() == 180.0 and budget.seconds == 360.0
+
+
 def test_a_machine_too_slow_for_the_ceiling_is_told_so_before_anything_starts(monkeypatch):
     monkeypatch.setattr(host_speed, "machine_speed", lambda: 0.01)
     with pytest.raises(AssertionError, match="too slow now for a start to end in time") as raised:
