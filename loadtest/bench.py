@@ -26,7 +26,8 @@ from crossover.loadtest.models import Crossover, Level, LevelSchedule, Metadata,
 from crossover.loadtest.plan import BenchPlan, Target
 from crossover.loadtest.ratetable import pass_acceptance, read_metrics, write_rate_table
 from crossover.loadtest.runner import probe, run_sweep
-from crossover.loadtest.standin import read_pass, read_simulation
+from crossover.loadtest.standin import judge_shares, read_pass, read_simulation, schedule_share
+from crossover.loadtest.stats import Window, summarize_passes
 from crossover.loadtest.workload import Workload
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> Results:
 
     accepts: dict[str, list[float]] = {}  # the level's passes' acceptance, per target
 
-    async def pass_begins(target: Target, concurrency: int) -> Callable[[], Awaitable[None]] | None:
+    async def pass_begins(target: Target, concurrency: int) -> Callable[[Window], Awaitable[None]] | None:
         if gate is not None and target.name in GATES:
             await gate.set(GATES[target.name])
         simulation = simulations[target.name]
@@ -176,11 +177,15 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> Results:
         before = None if simulation is None else await server_info(target, headers)
         began = time.monotonic()
 
-        async def pass_ends() -> None:
+        async def pass_ends(window: Window) -> None:
             # Right after the pass; with the read right before it, the stand-in's speed over the whole pass.
             if simulation is not None:
                 info = await server_info(target, headers)
                 entry = read_pass(simulation, concurrency, info, before, time.monotonic() - began)
+                if entry.held_ratio is not None:
+                    below = {lv.concurrency: lv.output_throughput for lv in levels if lv.target == target.name}
+                    throughput = summarize_passes(target.name, concurrency, [window]).output_throughput
+                    entry.schedule_share = schedule_share(entry.held_ratio, concurrency, throughput, below)
                 this_pass[target.name] = entry
             accept = pass_acceptance(metrics_before, await read_metrics(metrics_client, target, headers))
             if accept is not None:
@@ -191,6 +196,7 @@ async def _collect(plan: BenchPlan, display: SweepDisplay) -> Results:
     async def pass_done(concurrency: int, index: int, may_rerun: bool) -> bool:
         entries = dict(this_pass)
         this_pass.clear()
+        judge_shares(entries)
         behind = {name: entry for name, entry in entries.items() if entry.lagging}
         rerun = bool(behind) and may_rerun
         for name, entry in entries.items():

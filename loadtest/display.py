@@ -116,7 +116,7 @@ class SweepDisplay:
     def simulated(self, name: str, simulation: Simulation) -> None:
         scale = "an unknown time scale" if simulation.time_scale is None else f"time scale {simulation.time_scale:g}"
         check = (
-            "its clock is read before and after every pass of every level"
+            "its clock and the requests its engine held are read before and after every pass of every level"
             if simulation.schedule is not None
             else "it reports no schedule, so whether it keeps up is unknown"
         )

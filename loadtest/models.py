@@ -68,6 +68,18 @@ class LevelSchedule(Schedule):
         "time_scale), from its clock read right before and right after the level; below 0.9 the level counts "
         "as lagging. Null when the stand-in does not report its clock.",
     )
+    held_ratio: float | None = Field(
+        None,
+        description="Requests the stand-in's engine held over the level (request-seconds, its own count) / "
+        "(the level's concurrency x the same wall seconds): below 1 by what the requests spent outside it. "
+        "Null when the stand-in does not report the count.",
+    )
+    schedule_share: float | None = Field(
+        None,
+        description="The share of its throughput at the level's concurrency the stand-in delivered, read from its "
+        "measured curve at the concurrency it held (held_ratio x concurrency); below 0.9 of the best share among "
+        "the pass's stand-ins (of 1 for a lone one) the pass counts as lagging. Null where held_ratio is.",
+    )
 
 
 class Simulation(_Model):

@@ -207,7 +207,7 @@ async def run_sweep(
     load: LoadSettings,
     on_level_start: Callable[[Target, int, int | None], ProgressHook | None] | None = None,
     on_level_done: Callable[[Level], Awaitable[None]] | None = None,
-    on_level_begin: Callable[[Target, int], Awaitable[Callable[[], Awaitable[None]] | None]] | None = None,
+    on_level_begin: Callable[[Target, int], Awaitable[Callable[[Window], Awaitable[None]] | None]] | None = None,
     on_pass_done: PassCheck | None = None,
 ) -> list[Level]:
     """Every target at every level, interleaved by level and alternating pass by pass; returns the `levels[]`
@@ -216,9 +216,9 @@ async def run_sweep(
     `on_level_start(target, C, requests)` - called once per pass, `requests` counting the pass's warm-up and
     measured requests, None for a timed window - may return a per-request hook (for a progress display).
     `on_level_begin(target, C)` is awaited right before a pass's first request of that target and may return a
-    coroutine function awaited right after its last (bench reads a stand-in's clock at both, so its lag check
-    covers the whole pass); `on_pass_done(C, pass_index, may_rerun)` after every target ran the pass: False
-    measures the pass again, if `may_rerun`.
+    coroutine function awaited with the pass's window right after its last (bench reads a stand-in's clock at
+    both, so its lag check covers the whole pass); `on_pass_done(C, pass_index, may_rerun)` after every target
+    ran the pass: False measures the pass again, if `may_rerun`.
     `on_level_done(level)` is awaited for each target once its level is summarized, before the next level.
     """
     levels: list[Level] = []
@@ -237,7 +237,7 @@ async def run_sweep(
                 ended = await on_level_begin(target, concurrency) if on_level_begin is not None else None
                 measured[target.name] = await measure(target, concurrency, workload, share, hook)
                 if ended is not None:
-                    await ended()
+                    await ended(measured[target.name])
             may_rerun = reruns < MAX_RERUNS_PER_LEVEL
             if on_pass_done is not None and not await on_pass_done(concurrency, kept, may_rerun) and may_rerun:
                 reruns += 1

@@ -14,6 +14,19 @@ still counts as lagging there. A pass where one did is measured again (runner.py
 pass, not the run); only a level that still lagged once its reruns were spent names no crossover for the pair.
 It records every pass in results.json (`metadata.targets[NAME].simulation`, reruns marked). Read
 tolerantly: a field that is absent or not of its type is unknown (null), never guessed; unknown is not lagging.
+
+A stand-in can also fall behind with its clock on time: when its HTTP side cannot keep up (starved of CPU, or
+relaying more streams than its one event loop can), requests wait outside its engine, the engine idles - which
+counts as on time - and it serves fewer requests than the bench keeps open. So each pass also reads the requests
+its engine held over wall time (`held_request_s`, `wall_s`): held over concurrency x wall seconds is the
+`held_ratio`, and the stand-in's measured curve turns it into the share of its schedule it delivered
+(`schedule_share`: its throughput at the concurrency it held over its throughput at the level's, interpolated
+as the crossover is). What a pair's verdict can be wrong by is one stand-in's share against the other's: the
+HTTP exchange's own cost is shared (measured on a quiet machine at time scale 20 with 32 output tokens: both
+held 0.84-0.93 at every level, shares within 2 % of each other), while a stand-in whose HTTP side lags alone
+held 0.38 (pinned beside a burner at the lowest priority). A pass where a stand-in's share is below
+LAGGING_SPEED_RATIO of the best share among the pass's stand-ins (of 1 where it is the only one) counts as
+lagging, as a slow clock does.
 """
 
 from __future__ import annotations
@@ -22,6 +35,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from crossover.loadtest.crossover import interpolate
 from crossover.loadtest.models import LevelSchedule, Schedule, Simulation, TargetInfo
 from crossover.servers.sim.schedule import LAGGING_SPEED_RATIO
 
@@ -58,17 +72,26 @@ def read_simulation(info: Any) -> Simulation | None:
     return Simulation(time_scale=time_scale, schedule=schedule)
 
 
-def _clock(info: Any) -> float | None:
+def _schedule_number(info: Any, key: str) -> float | None:
     schedule = info.get("schedule") if isinstance(info, dict) else None
-    return _number(schedule.get("clock_s")) if isinstance(schedule, dict) else None
+    return _number(schedule.get(key)) if isinstance(schedule, dict) else None
 
 
 def level_speed_ratio(before: Any, after: Any, wall_s: float, time_scale: float | None) -> float | None:
     """Profile seconds the stand-in advanced between two /server_info reads / (wall seconds x time scale)."""
-    start, end = _clock(before), _clock(after)
+    start, end = _schedule_number(before, "clock_s"), _schedule_number(after, "clock_s")
     if start is None or end is None or time_scale is None or wall_s <= 0:
         return None
     return (end - start) / (wall_s * time_scale)
+
+
+def held_ratio(before: Any, after: Any, concurrency: int) -> float | None:
+    """Request-seconds the stand-in's engine held between two /server_info reads / (concurrency x its wall
+    seconds between them)."""
+    spans = [_schedule_number(info, key) for info in (before, after) for key in ("held_request_s", "wall_s")]
+    if any(value is None for value in spans) or spans[3] <= spans[1]:
+        return None
+    return (spans[2] - spans[0]) / (concurrency * (spans[3] - spans[1]))
 
 
 def read_pass(
@@ -95,7 +118,31 @@ def read_pass(
         # has kept up for a whole window, so it would condemn passes it ran on time.
         entry.level_speed_ratio = round(ratio, 4)
         entry.lagging = ratio < LAGGING_SPEED_RATIO
+    held = held_ratio(before, info, concurrency)
+    if held is not None:
+        entry.held_ratio = round(held, 4)
     return entry
+
+
+def schedule_share(held: float, concurrency: int, throughput: float, below: Mapping[int, float]) -> float | None:
+    """The share of its throughput at `concurrency` a target delivered while holding `held` x that many
+    requests: its curve (the levels `below` it, and this pass's `throughput` at it) read at the concurrency it
+    held. None without a throughput to read."""
+    if throughput <= 0:
+        return None
+    curve = {c: value for c, value in below.items() if c < concurrency and value > 0}
+    curve[concurrency] = throughput
+    return round(min(1.0, interpolate(curve, min(1.0, held) * concurrency) / throughput), 4)
+
+
+def judge_shares(entries: Mapping[str, LevelSchedule]) -> None:
+    """Mark lagging each pass whose stand-in's `schedule_share` is below LAGGING_SPEED_RATIO of the best among
+    `entries` (one pass of a level, per stand-in), or of a full share where it is the only one that has one."""
+    shares = {name: entry.schedule_share for name, entry in entries.items() if entry.schedule_share is not None}
+    best = max(shares.values()) if len(shares) > 1 else 1.0
+    for name, share in shares.items():
+        if share < LAGGING_SPEED_RATIO * best:
+            entries[name].lagging = True
 
 
 def record_level(
@@ -112,6 +159,9 @@ def describe_lag(entry: Schedule) -> str:
     parts = []
     if isinstance(entry, LevelSchedule) and entry.level_speed_ratio is not None:
         parts.append(f"speed {entry.level_speed_ratio:.2f} x its time scale over the level")
+    if isinstance(entry, LevelSchedule) and entry.held_ratio is not None:
+        share = "" if entry.schedule_share is None else f", {entry.schedule_share:.2f} of its schedule delivered"
+        parts.append(f"its engine held {entry.held_ratio:.2f} of the {entry.concurrency} requests kept open{share}")
     if entry.lag_s is not None:
         parts.append(f"lag {entry.lag_s:.2f} s")
     if entry.speed_ratio is not None:

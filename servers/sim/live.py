@@ -91,6 +91,11 @@ class LiveEngine:
         self._anchor_limit = 0.0
         self._samples: deque[tuple[float, int]] = deque()
         self.schedule: ScheduleTracker | None = None  # made in start(), on the loop's clock
+        # Requests in the engine integrated over wall time (request-seconds), up to `_held_at` (the loop's clock):
+        # a reader compares it with the requests it kept open. A stand-in whose HTTP side lags keeps its clock
+        # (the engine idles, which counts as on time) while requests wait outside it, so only this shows the lag.
+        self._held_request_s = 0.0
+        self._held_at = 0.0
         self.released: set[str] = set()
         self.memory_stats = MemoryStats()
         # Requests that arrived while generation was paused: SGLang's tokenizer manager holds them before the
@@ -105,12 +110,14 @@ class LiveEngine:
         self._ready_at = loop.time() + self.startup_delay_s
         self._anchor(loop.time(), float("inf"))
         self._samples.append((time.monotonic(), 0))
+        self._held_at = loop.time()
         self.schedule = ScheduleTracker(self.time_scale, now=loop.time(), clock=self._clock)
         self._task = asyncio.create_task(self._run(), name="sim-step-loop")
         self._task.add_done_callback(self._crashed)
 
     def abort_all(self) -> None:
         """Shutting down: every request ends now (streams close with finish_reason "abort")."""
+        self._count_held()
         for seq in self.engine.pause("abort"):
             _wake(seq)
         held, self._held = self._held, []
@@ -161,6 +168,7 @@ class LiveEngine:
 
     def submit(self, seq: Sequence) -> Sequence:
         """Queue `seq` in the engine (QueueFull if its waiting queue is full), or hold it while paused."""
+        self._count_held()
         if self.engine.paused:
             seq.arrival = self.now()
             self._held.append(seq)
@@ -170,6 +178,7 @@ class LiveEngine:
         return seq
 
     def abort(self, seq: Sequence) -> None:
+        self._count_held()
         if seq.state is State.NEW and seq in self._held:
             self._held.remove(seq)
             self._end(seq, None)
@@ -283,13 +292,24 @@ class LiveEngine:
         """`/server_info` "schedule": whether this stand-in keeps up with its profile at its time scale."""
         assert self.schedule is not None, "start() first"
         clock = self.now()
+        self._count_held()
         # The engine's own clock and output count let a reader judge throughput in profile time, which no
-        # load on the machine can skew (tests/servers/sim/test_live.py does).
+        # load on the machine can skew (tests/servers/sim/test_live.py does); the requests it held over wall
+        # time, against those the reader kept open, whether the load reached it.
         return {
-            **self.schedule.report(asyncio.get_running_loop().time(), clock),
+            **self.schedule.report(self._held_at, clock),
             "clock_s": round(clock, 6),
             "generated_tokens": self.engine.generated_total,
+            "wall_s": round(self._held_at, 6),
+            "held_request_s": round(self._held_request_s, 6),
         }
+
+    def _count_held(self) -> None:
+        """Add the requests in the engine since the last count; called before anything changes their number."""
+        now = asyncio.get_running_loop().time()
+        engine = self.engine
+        self._held_request_s += (engine.num_running + engine.num_waiting + len(self._held)) * (now - self._held_at)
+        self._held_at = now
 
     def schedule_ratio(self) -> float:
         """`speed_ratio` of the schedule report (1.0 before start())."""
@@ -332,6 +352,7 @@ class LiveEngine:
             schedule.step_done(loop.time(), self._clock)
 
     def _deliver(self, step: Step) -> None:
+        self._count_held()
         touched, _ = self.engine.finish_step(step, self._clock)
         for seq in touched:
             _wake(seq)

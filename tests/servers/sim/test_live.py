@@ -96,6 +96,48 @@ def test_the_live_step_loop_reproduces_its_virtual_curve(profile_name):
         assert 1.0 - VIRTUAL_TOLERANCE <= ratio <= 1.0 + VIRTUAL_TOLERANCE, (concurrency, ratios)
 
 
+async def held_over(concurrency: int, away: bool) -> float:
+    """Closed-loop clients for WINDOW_S; the mean number of requests the engine held over it, from its report.
+    `away`: each client stays away after a request as long as that request took (outside the engine)."""
+    profile = load_profile("k25-plain")
+    live = LiveEngine(Engine(profile, random.Random(0)), time_scale=1.0, memory=profile.memory)
+    await live.start()
+    loop = asyncio.get_running_loop()
+
+    async def client() -> None:
+        while True:
+            began = loop.time()
+            await live.finished(live.submit(Sequence(INPUT_LEN, OUTPUT_LEN)))
+            if away:
+                await asyncio.sleep(loop.time() - began)
+
+    clients = [asyncio.create_task(client()) for _ in range(concurrency)]
+    try:
+        await asyncio.sleep(WARMUP_S)
+        before = live.schedule_report()
+        await asyncio.sleep(WINDOW_S)
+        after = live.schedule_report()
+    finally:
+        for task in clients:
+            task.cancel()
+        await asyncio.gather(*clients, return_exceptions=True)
+        await live.stop()
+    assert after["wall_s"] - before["wall_s"] == pytest.approx(WINDOW_S)
+    return (after["held_request_s"] - before["held_request_s"]) / WINDOW_S
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_the_engine_reports_the_requests_it_held_over_wall_time(concurrency):
+    # What a reader sets against the requests it kept open (loadtest/standin.py): all of them when the load
+    # reaches the engine at once, about half when each spends as long outside it as inside.
+    loop = VirtualTime.event_loop()
+    try:
+        assert loop.run_until_complete(held_over(concurrency, away=False)) == pytest.approx(concurrency, rel=0.01)
+        assert loop.run_until_complete(held_over(concurrency, away=True)) == pytest.approx(concurrency / 2, rel=0.1)
+    finally:
+        loop.close()
+
+
 # --- the benchmark: the same over HTTP, at a real time scale, on the wall's clock -------------------------
 
 TIME_SCALE = 4.0
