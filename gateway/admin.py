@@ -3,6 +3,7 @@
     curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8000/admin/threshold
     curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"threshold": 24}' http://127.0.0.1:8000/admin/threshold
     curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"priority_headroom": 32}' .../admin/threshold  # service_tier
+    curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"spillover_share": 0.5}' .../admin/threshold  # spillover
     curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"mode": "plain"}' http://127.0.0.1:8000/admin/mode
     curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"mode": "plain", "pin": true}' .../admin/mode  # until unpinned
     curl -X PUT -H "Authorization: Bearer $TOKEN" -d '{"enabled": true}' .../admin/adaptive  # after a threshold PUT
@@ -34,6 +35,8 @@ MAX_ADMIN_BODY_BYTES = 64 * 1024
 ADMIN_BODY_TIMEOUT_S = 10.0
 
 _Count = Annotated[int, Field(strict=True, ge=0, le=MAX_THRESHOLD)]
+# A number, not a string that reads as one; NaN and infinities are refused by the bounds and allow_inf_nan.
+_Share = Annotated[float, Field(strict=True, ge=0.0, le=1.0, allow_inf_nan=False)]
 _Body = TypeVar("_Body", bound=BaseModel)
 
 
@@ -48,12 +51,14 @@ class ThresholdUpdate(BaseModel):
     hysteresis: _Count = None  # type: ignore[assignment]
     policy: Policy = None  # type: ignore[assignment]
     priority_headroom: _Count = None  # type: ignore[assignment]
+    spillover_share: _Share = None  # type: ignore[assignment]
 
     @model_validator(mode="after")
     def _something(self) -> ThresholdUpdate:
         if not self.model_fields_set:
             raise PydanticCustomError(
-                "empty_update", "send at least one of threshold, hysteresis, policy, priority_headroom"
+                "empty_update",
+                "send at least one of threshold, hysteresis, policy, priority_headroom, spillover_share",
             )
         return self
 
@@ -136,7 +141,9 @@ def admin_routes(state: GatewayState) -> list[Route]:
         fields = set(update.model_fields_set)
         topology.check_threshold_update(fields)
         try:
-            state.routing.update(update.threshold, update.hysteresis, update.policy, update.priority_headroom)
+            state.routing.update(
+                update.threshold, update.hysteresis, update.policy, update.priority_headroom, update.spillover_share
+            )
         except ThresholdError as exc:
             raise InvalidRequest(str(exc), param=exc.field, code="invalid_value") from None
         except OSError as exc:

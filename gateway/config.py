@@ -56,6 +56,9 @@ DEFAULT_HYSTERESIS = 4
 # (SGLang's --max-running-requests, which depends on memory): set it to that; the default is twice the default
 # threshold, a cap a speculative server usually has room for.
 DEFAULT_PRIORITY_HEADROOM = 2 * DEFAULT_THRESHOLD
+# Spillover: the share of the requests in flight the speculative pool also takes above the threshold (its own
+# capacity at high load; gateway/policies/route.py). 0: the threshold alone, as before the share existed.
+DEFAULT_SPILLOVER_SHARE = 0.0
 # A crossover is a concurrency: anything beyond this is a typo, and it must stay an exact float for /metrics.
 MAX_THRESHOLD = 1_000_000
 # `crossover serve --workers N`: processes serving one port as one gateway.
@@ -509,6 +512,7 @@ class Settings(BaseSettings):
     threshold: int = Field(DEFAULT_THRESHOLD, ge=0, le=MAX_THRESHOLD)
     hysteresis: int = Field(DEFAULT_HYSTERESIS, ge=0, le=MAX_THRESHOLD)
     priority_headroom: int = Field(DEFAULT_PRIORITY_HEADROOM, ge=0, le=MAX_THRESHOLD)
+    spillover_share: float = Field(DEFAULT_SPILLOVER_SHARE, ge=0.0, le=1.0, allow_inf_nan=False)
     load_signal: LoadSignal = "local"
     topology: TopologyName = DEFAULT_TOPOLOGY
     admin_token: str = ""

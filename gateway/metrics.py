@@ -60,6 +60,7 @@ class RoutingView(Protocol):
 
     threshold: int
     hysteresis: int
+    spillover_share: float
     state_file_problem: str | None
 
 
@@ -256,6 +257,11 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily("crossover_routing_threshold", "Live routing threshold.", value=self.routing.threshold)
         yield GaugeMetricFamily(
             "crossover_routing_hysteresis", "Live hysteresis of the switch policy.", value=self.routing.hysteresis
+        )
+        yield GaugeMetricFamily(
+            "crossover_routing_spillover_share",
+            "Live share of the requests in flight the speculative pool takes above the threshold (spillover).",
+            value=self.routing.spillover_share,
         )
         yield GaugeMetricFamily(
             "crossover_state_file_problem",

@@ -33,7 +33,7 @@ from typing import Literal
 from crossover.gateway.cli import positive_float, positive_int
 from crossover.gateway.config import MAX_THRESHOLD, SettingsError, load_settings
 from crossover.loadtest.advise_live import MIN_REQUESTS, Live, LiveError, LiveLevel, compared, live_lines, read_live
-from crossover.loadtest.crossover import analyse, interpolate, no_data_levels, spillover_threshold
+from crossover.loadtest.crossover import analyse, interpolate, no_data_levels, spillover_held, spillover_threshold
 from crossover.loadtest.models import Results
 from crossover.loadtest.results import ResultsError, load_results
 from crossover.loadtest.saturation import find_queueing
@@ -510,13 +510,14 @@ def advise_results(
         switch.outcomes = [served(spec_name if c <= threshold else plain_name, c) for c in usable]
         switch.note = note
         options.append(switch)
-    spill, efficiency = spillover_threshold(s, p)
-    split = Option("partitioned", f"partitioned split, spillover at {spill} (both servers at once)")
-    split.outcomes = [
-        served(spec_name, c, interpolate(s, min(c, spill)) + interpolate(p, c - min(c, spill))) for c in usable
-    ]
+    spill = spillover_threshold(s, p)
+    share = f", share {spill.share:g}" if spill.share else ""
+    split = Option("partitioned", f"partitioned split, spillover at {spill.threshold}{share} (both servers at once)")
+    held = {c: spillover_held(c, spill.threshold, spill.share) for c in usable}
+    split.outcomes = [served(spec_name, c, interpolate(s, held[c]) + interpolate(p, c - held[c])) for c in usable]
     split.note = (
-        f"predicted worst case {100 * (efficiency or 0):.1f}% of the best split; needs both servers on disjoint GPUs"
+        f"predicted worst case {100 * (spill.efficiency or 0):.1f}% of the best split; needs both servers on "
+        "disjoint GPUs"
     )
     if deployment is None or deployment.topology != "partitioned":
         # Two servers at once against one: only a box that holds both (a partitioned profile) can choose it.
@@ -603,10 +604,12 @@ def gateway_config(option: Option, deployment: Deployment | None, *, threshold: 
             f"backends = [{_toml_str(spec_url)}]",
         ]
     elif option.key == "partitioned":
+        share = re.search(r", share ([0-9.]+)", option.title)  # as the option's title names it (the fit's)
         body = [
             'topology = "partitioned"',
             'policy = "spillover"',
             f"threshold = {threshold or 0}",
+            f"spillover_share = {share.group(1) if share else 0.0}",
             models,
             "[pools.speculative]",
             f"backends = [{_toml_str(spec_url)}]",

@@ -35,6 +35,8 @@ class Applied:
     new_threshold: int
     old_hysteresis: int | None
     new_hysteresis: int | None
+    old_share: float | None = None  # spillover's share, where it was sent
+    new_share: float | None = None
 
 
 def _check(response: httpx.Response, what: str) -> dict:
@@ -61,8 +63,14 @@ def policy_of(state: dict, recommended: dict[str, int | None]) -> PolicyName:
 
 
 def apply_threshold(
-    gateway_url: str, token: str, recommended: dict[str, int | None], timeout: float = DEFAULT_ADMIN_TIMEOUT_S
+    gateway_url: str,
+    token: str,
+    recommended: dict[str, int | None],
+    timeout: float = DEFAULT_ADMIN_TIMEOUT_S,
+    spillover_share: float | None = None,
 ) -> Applied:
+    """PUT the recommendation for the gateway's policy; spillover's share goes with its threshold (null: a
+    results file from before the share was fitted, which leaves the gateway's as it is)."""
     base = gateway_url.rstrip("/").removesuffix("/v1")
     url = base + "/admin/threshold"
     headers = {"Authorization": f"Bearer {token}"}
@@ -73,9 +81,12 @@ def apply_threshold(
             threshold = recommended[policy]
             assert threshold is not None  # policy_of refuses a missing value
             hysteresis = state.get("hysteresis")
-            change: dict[str, int] = {"threshold": threshold}
+            change: dict[str, float] = {"threshold": threshold}
             if hysteresis and hysteresis >= threshold:
                 change["hysteresis"] = max(threshold - 1, 0)
+            share = spillover_share if policy == "spillover" else None
+            if share is not None:
+                change["spillover_share"] = share
             new_state = _check(client.put(url, headers=headers, json=change), f"PUT {url}")
     except httpx.HTTPError as exc:
         raise ApplyError(f"cannot reach the gateway at {base}: {exc}") from None
@@ -87,4 +98,6 @@ def apply_threshold(
         new_threshold=threshold,
         old_hysteresis=hysteresis,
         new_hysteresis=new_state.get("hysteresis"),
+        old_share=None if share is None else state.get("spillover_share"),
+        new_share=share,
     )

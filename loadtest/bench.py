@@ -294,7 +294,7 @@ def apply_recommendation(console: Console, crossover: Crossover, url: str | None
         print(f"crossover bench: --apply: no recommendation to apply ({why})", file=sys.stderr)
         return 1
     try:
-        applied = apply_threshold(url, token or "", recommended.model_dump())
+        applied = apply_threshold(url, token or "", recommended.model_dump(), spillover_share=crossover.spillover_share)
     except ApplyError as exc:
         print(f"crossover bench: --apply: {exc}", file=sys.stderr)
         return 1
@@ -308,5 +308,6 @@ def apply_recommendation(console: Console, crossover: Crossover, url: str | None
             if applied.new_hysteresis != applied.old_hysteresis
             else ""
         )
+        + (f", spillover share {applied.old_share} -> {applied.new_share}" if applied.new_share is not None else "")
     )
     return 0

@@ -33,6 +33,16 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def spillover_text(threshold: int, share: float | None) -> str:
+    """`3 (speculative pool holds up to 3)`, or with a share `1, share 0.5 (... up to 1, or half the load ...)`."""
+    if not share:
+        return f"{threshold} (speculative pool holds up to {threshold})"
+    return (
+        f"{threshold}, share {share:g} (speculative pool holds up to {threshold}, or {share:.0%} of the requests in "
+        "flight where that is more)"
+    )
+
+
 class SweepDisplay:
     """Context manager around a sweep: `level_started` returns the per-request hook for `run_sweep`."""
 
@@ -230,8 +240,8 @@ def print_crossover(console: Console, crossover: Crossover, queueing: list[Queue
         switch = "0 (never speculative: plain leads from one stream on)"
     else:
         switch = f"{rec.switch} (speculative while total in-flight < {rec.switch})"
+    spillover = spillover_text(rec.spillover, crossover.spillover_share)
     console.print(
-        f"recommended threshold: switch = {switch}; "
-        f"spillover = {rec.spillover} (speculative pool holds up to {rec.spillover}; predicted worst-case "
-        f"{_fmt(None if efficiency is None else 100 * efficiency)}% of the best split)"
+        f"recommended threshold: switch = {switch}; spillover = {spillover}"
+        f" (predicted worst-case {_fmt(None if efficiency is None else 100 * efficiency)}% of the best split)"
     )

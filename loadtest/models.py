@@ -330,10 +330,18 @@ class Crossover(_Model):
         "(beyond the margin) to the first where plain is (at_or_below_lowest_level: from 1). Null unless status "
         "is crossed or at_or_below_lowest_level.",
     )
+    spillover_share: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="For the spillover policy, with its threshold: the share of the requests in flight the "
+        "speculative pool also takes above the threshold (the gateway's spillover_share); 0: the threshold alone. "
+        "Null where no threshold is recommended, and in files from before it was fitted.",
+    )
     spillover_worst_case_efficiency: float | None = Field(
         None,
         description="Lowest predicted routed/best-split throughput over the measured levels at the spillover "
-        "threshold.",
+        "threshold and share.",
     )
     evidence: list[Evidence]
     reason: str | None = Field(

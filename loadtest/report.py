@@ -113,7 +113,9 @@ def _compare(console: Console, labels: list[str], runs: list[Results]) -> None:
             f"{meta.input_len}/{meta.output_len}",
             "-" if c is None else f"{c:.2f}",
             "-" if rec is None or rec.switch is None else str(rec.switch),
-            "-" if rec is None else str(rec.spillover),
+            "-"
+            if rec is None
+            else f"{rec.spillover}" + (f", {cross.spillover_share:g}" if cross.spillover_share else ""),
             ", ".join(f"{name} {peak:,.0f}" for name, peak in peaks.items()),
         )
     console.print(table)

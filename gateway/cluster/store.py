@@ -47,6 +47,8 @@ class Control(BaseModel):
     policy: str
     # service_tier's room per speculative server (None: a member from before it was shared; each keeps its own).
     priority_headroom: int | None = None
+    # Spillover's share of the load for the speculative pool (None: a member from before it was shared).
+    spillover_share: float | None = None
     # A forced mode (in-engine: every gate; time-shared: the pin) and whether it is pinned.
     forced_mode: Mode | None = None
     pinned: bool = False

@@ -1,6 +1,8 @@
 """Routing policies: pure functions of the load, no I/O and no hidden state.
 
     spillover(speculative_load=10, threshold=32)              -> Decision("speculative", "below_threshold")
+    spillover(speculative_load=20, threshold=1, total_load=63, share=0.5)
+                                                              -> Decision("speculative", "below_share")
     switch(total_load=40, threshold=32, hysteresis=4, current="speculative")
                                                               -> Decision("plain", "above_threshold")
     for_tier(Decision("plain", "above_threshold"), "priority", speculative_load=40, priority_headroom=64,
@@ -23,6 +25,8 @@ PolicyName = Literal["switch", "spillover"]
 
 BELOW = "below_threshold"
 ABOVE = "above_threshold"
+# Spillover: the speculative pool is above the threshold but below its share of the load (`spillover`).
+BELOW_SHARE = "below_share"
 HYSTERESIS = "hysteresis"
 # A request's OpenAI `service_tier` moved it from the pool the load chose (`for_tier`).
 PRIORITY_TIER = "priority_tier"
@@ -50,15 +54,25 @@ class Decision:
 
 # The decisions, made once: one is asked for per request.
 _SPECULATIVE_BELOW = Decision(SPECULATIVE, BELOW)
+_SPECULATIVE_SHARE = Decision(SPECULATIVE, BELOW_SHARE)
 _PLAIN_ABOVE = Decision(PLAIN, ABOVE)
 _PLAIN_HYSTERESIS = Decision(PLAIN, HYSTERESIS)
 _SPECULATIVE_PRIORITY = Decision(SPECULATIVE, PRIORITY_TIER)
 _PLAIN_FLEX = Decision(PLAIN, FLEX_TIER)
 
 
-def spillover(speculative_load: int, threshold: int) -> Decision:
-    """Partitioned pools: the speculative pool takes requests while *its* load is below the threshold."""
-    return _SPECULATIVE_BELOW if speculative_load < threshold else _PLAIN_ABOVE
+def spillover(speculative_load: int, threshold: int, total_load: int = 0, share: float = 0.0) -> Decision:
+    """Partitioned pools: the speculative pool takes requests while *its* load is below the threshold, or below
+    `share` of every request in flight with this one (`total_load` + 1).
+
+    The share is the speculative servers' own capacity. With the threshold alone they hold T requests however
+    many arrive, and at high load a pair of servers on disjoint GPUs then leaves the speculative one nearly idle:
+    from real vLLM's curves (CPU, one core each) the best split at 64 streams puts 16 on the speculative server,
+    and the best T alone serves 64 at 85 % of that split (loadtest/crossover.py fits both).
+    """
+    if speculative_load < threshold:
+        return _SPECULATIVE_BELOW
+    return _SPECULATIVE_SHARE if speculative_load < share * (total_load + 1) else _PLAIN_ABOVE
 
 
 def switch(total_load: int, threshold: int, hysteresis: int, current: str) -> Decision:
@@ -107,10 +121,21 @@ class Loads(Protocol):
     def total_load(self) -> int: ...
 
 
-# A policy by name: (loads, threshold, hysteresis, the side the previous decision chose) -> the decision.
-RoutePolicy = Callable[[Loads, int, int, str], Decision]
+# A policy by name: (loads, threshold, hysteresis, spillover share, the side the previous decision chose) -> the
+# decision.
+RoutePolicy = Callable[[Loads, int, int, float, str], Decision]
+
+
+def _spillover(loads: Loads, threshold: int, hysteresis: int, share: float, current: str) -> Decision:
+    speculative = loads.pool_load(SPECULATIVE)
+    if speculative < threshold or not share:  # the total only where the share can need it
+        return spillover(speculative, threshold)
+    return spillover(speculative, threshold, loads.total_load(), share)
+
 
 POLICIES: dict[PolicyName, RoutePolicy] = {
-    "switch": lambda loads, threshold, hysteresis, current: switch(loads.total_load(), threshold, hysteresis, current),
-    "spillover": lambda loads, threshold, hysteresis, current: spillover(loads.pool_load(SPECULATIVE), threshold),
+    "switch": lambda loads, threshold, hysteresis, share, current: switch(
+        loads.total_load(), threshold, hysteresis, current
+    ),
+    "spillover": _spillover,
 }

@@ -105,6 +105,7 @@ class Topology(ABC):
             hysteresis=routing.hysteresis,
             policy=routing.policy,
             priority_headroom=routing.priority_headroom,
+            spillover_share=routing.spillover_share,
             adaptive_paused=routing.adaptive_paused,
             adaptive=routing.adaptive_shared,
         )
@@ -115,7 +116,13 @@ class Topology(ABC):
         if not self.coordination.leader:  # the leader's own is the one it shares
             self.routing.adaptive_shared = control.adaptive
         try:
-            self.routing.update(control.threshold, control.hysteresis, control.policy, control.priority_headroom)
+            self.routing.update(
+                control.threshold,
+                control.hysteresis,
+                control.policy,
+                control.priority_headroom,
+                control.spillover_share,
+            )
         except ThresholdError as exc:
             log.error("the cluster's control state does not apply here (%s): keeping the live one", exc)
         except OSError:

@@ -19,6 +19,7 @@ from pathlib import Path
 from crossover.gateway.backends import Pools
 from crossover.gateway.config import (
     DEFAULT_PRIORITY_HEADROOM,
+    DEFAULT_SPILLOVER_SHARE,
     MAX_THRESHOLD,
     PLAIN,
     SPECULATIVE,
@@ -46,6 +47,8 @@ class Routing:
     # (per speculative server, as [routing] priority_headroom and PUT /admin/threshold give it) times the servers.
     priority_headroom: int = DEFAULT_PRIORITY_HEADROOM
     speculative_servers: int = 1
+    # Spillover: the speculative pool also takes requests below this share of all in flight (route.py's spillover).
+    spillover_share: float = DEFAULT_SPILLOVER_SHARE
     # An operator's PUT /admin/threshold pinned the threshold: the adaptive controller holds until resumed.
     adaptive_paused: bool = False
     # The leader's adaptive decision and move as the cluster's state carries them (Control.adaptive).
@@ -60,6 +63,7 @@ class Routing:
             state_file=settings.state_file,
             priority_headroom=settings.priority_headroom,
             speculative_servers=len(settings.pools.speculative.backends),
+            spillover_share=settings.spillover_share,
         )
         if routing.state_file is not None and routing.state_file.exists():
             try:
@@ -72,7 +76,7 @@ class Routing:
     def decide(self, pools: Pools, tier: str | None = None) -> Decision:
         """The policy's decision for the load, then the request's service tier's (`for_tier`). The side the switch
         policy keeps is the load's: a tiered request moves itself, not the requests after it."""
-        decision = POLICIES[self.policy](pools, self.threshold, self.hysteresis, self.side)
+        decision = POLICIES[self.policy](pools, self.threshold, self.hysteresis, self.spillover_share, self.side)
         self.side = decision.pool
         if tier is None:
             return decision
@@ -85,10 +89,11 @@ class Routing:
         hysteresis: int | None = None,
         policy: str | None = None,
         priority_headroom: int | None = None,
+        spillover_share: float | None = None,
     ) -> None:
         """Apply a live change (all or nothing) and save it; raise ThresholdError naming the field at fault, or
         OSError if the change applies but cannot be saved."""
-        self._apply(threshold, hysteresis, policy, priority_headroom)
+        self._apply(threshold, hysteresis, policy, priority_headroom, spillover_share)
         if self.state_file is not None:
             try:
                 self._persist(self.state_file)
@@ -99,7 +104,12 @@ class Routing:
             self.state_file_problem = None
 
     def _apply(
-        self, threshold: int | None, hysteresis: int | None, policy: str | None, priority_headroom: int | None = None
+        self,
+        threshold: int | None,
+        hysteresis: int | None,
+        policy: str | None,
+        priority_headroom: int | None = None,
+        spillover_share: float | None = None,
     ) -> None:
         new_threshold = self.threshold if threshold is None else threshold
         # A new threshold alone keeps the band, narrowed if it no longer fits under the threshold.
@@ -113,8 +123,11 @@ class Routing:
             raise ThresholdError(
                 "priority_headroom", f"priority_headroom must be between 0 and {MAX_THRESHOLD}, got {headroom}"
             )
+        share = self.spillover_share if spillover_share is None else spillover_share
+        if not 0.0 <= share <= 1.0:  # also NaN
+            raise ThresholdError("spillover_share", f"spillover_share must be between 0 and 1, got {share}")
         self.threshold, self.hysteresis, self.policy = new_threshold, new_hysteresis, new_policy
-        self.priority_headroom = headroom
+        self.priority_headroom, self.spillover_share = headroom, share
 
     def state(self) -> dict:
         view = {
@@ -123,6 +136,7 @@ class Routing:
             "policy": self.policy,
             "side": self.side,
             "priority_headroom": self.priority_headroom,
+            "spillover_share": self.spillover_share,
         }
         if self.state_file is not None:
             view["state_file"] = {"path": str(self.state_file), "problem": self.state_file_problem}
@@ -131,7 +145,9 @@ class Routing:
     def _persist(self, path: Path) -> None:
         # Write-then-rename so a crash never leaves a half-written file for the next start to trip on.
         saved = {"threshold": self.threshold, "hysteresis": self.hysteresis, "policy": self.policy}
-        payload = json.dumps({**saved, "priority_headroom": self.priority_headroom})
+        payload = json.dumps(
+            {**saved, "priority_headroom": self.priority_headroom, "spillover_share": self.spillover_share}
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         with os.fdopen(fd, "w") as file:
@@ -147,7 +163,10 @@ class Routing:
             headroom = saved.get("priority_headroom")  # absent from files saved before it was live
             if headroom is not None and (not isinstance(headroom, int) or isinstance(headroom, bool)):
                 raise TypeError("priority_headroom is not an integer")
+            share = saved.get("spillover_share")  # absent from files saved before it existed
+            if share is not None and (not isinstance(share, int | float) or isinstance(share, bool)):
+                raise TypeError("spillover_share is not a number")
             # Read, not written.
-            self._apply(saved.get("threshold"), saved.get("hysteresis"), saved.get("policy"), headroom)
+            self._apply(saved.get("threshold"), saved.get("hysteresis"), saved.get("policy"), headroom, share)
         except (OSError, ValueError, AttributeError, TypeError) as exc:
             raise ValueError(f"state_file {path} cannot be restored: {exc}") from exc

@@ -52,6 +52,7 @@ def test_reading_and_changing_the_threshold(sims, gateway):
             "policy": "switch",
             "side": "speculative",
             "priority_headroom": 64,
+            "spillover_share": 0.0,
             "load_signal": "local",
             "loads": {"speculative": 0, "plain": 0},
         }

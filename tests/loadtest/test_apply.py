@@ -34,6 +34,18 @@ def test_apply_sends_the_recommendation_for_the_gateways_policy(serve, backend, 
     assert state(url)["hysteresis"] == 2
 
 
+def test_spillovers_share_goes_with_its_threshold_and_only_to_a_spillover_gateway(serve, backend):
+    url = gateway(serve, backend, policy="spillover", threshold=32, spillover_share=0.1)
+    applied = apply_threshold(url, TOKEN, RECOMMENDED, spillover_share=0.5)
+    assert (applied.old_share, applied.new_share) == (0.1, 0.5)
+    assert (state(url)["threshold"], state(url)["spillover_share"]) == (3, 0.5)
+    apply_threshold(url, TOKEN, RECOMMENDED)  # a results file from before the share was fitted: left as it is
+    assert state(url)["spillover_share"] == 0.5
+    switching = gateway(serve, backend, policy="switch", threshold=32)
+    applied = apply_threshold(switching, TOKEN, RECOMMENDED, spillover_share=0.5)
+    assert applied.new_share is None and state(switching)["spillover_share"] == 0.0
+
+
 def test_apply_narrows_a_hysteresis_band_the_new_threshold_cannot_hold(serve, backend):
     url = gateway(serve, backend, policy="switch", threshold=32, hysteresis=10)
     applied = apply_threshold(url, TOKEN, RECOMMENDED)

@@ -349,7 +349,7 @@ def vllm_gateway(gateway, real_vllm):  # noqa: F811  (the fixture imported above
         # A probe waits for an engine busy on its one core (the bench's C=64): not a failure worth ejecting.
         settings.setdefault("health", {"interval": 0.5, "timeout": real_vllm.bound(PROBE_TOKENS)})
         servers = real_vllm.servers
-        pools = {mode: {"backends": [servers[mode].url], "engine": "vllm"} for mode in MODES}
-        return gateway([], [], pools=pools, **settings)
+        settings.setdefault("pools", {mode: {"backends": [servers[mode].url], "engine": "vllm"} for mode in MODES})
+        return gateway([], [], **settings)
 
     return start

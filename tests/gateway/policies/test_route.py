@@ -1,6 +1,15 @@
 """Routing policies are pure functions: plain numbers in, a decision out."""
 
-from crossover.gateway.policies.route import ABOVE, BELOW, HYSTERESIS, Decision, least_loaded, spillover, switch
+from crossover.gateway.policies.route import (
+    ABOVE,
+    BELOW,
+    BELOW_SHARE,
+    HYSTERESIS,
+    Decision,
+    least_loaded,
+    spillover,
+    switch,
+)
 
 
 def test_spillover_fills_the_speculative_pool_up_to_the_threshold():
@@ -17,6 +26,24 @@ def test_spillover_fills_the_speculative_pool_up_to_the_threshold():
 
 def test_spillover_threshold_zero_sends_everything_to_plain():
     assert spillover(0, 0) == Decision("plain", ABOVE)
+
+
+def test_spillover_with_a_share_keeps_the_speculative_pool_at_its_share_of_a_high_load():
+    # A closed loop of C clients, each new request seeing the others in flight: the speculative pool settles at
+    # max(threshold, ceil(share x C)) of them.
+    def settled(clients: int, threshold: int, share: float) -> int:
+        speculative = 0
+        for arrived in range(clients):
+            speculative += spillover(speculative, threshold, arrived, share).pool == "speculative"
+        return speculative
+
+    assert [settled(c, 1, 0.5) for c in (1, 2, 4, 16, 64)] == [1, 1, 2, 8, 32]
+    assert [settled(c, 3, 0.0) for c in (1, 4, 64)] == [1, 3, 3]  # no share: the threshold alone, as before
+    assert [settled(c, 0, 0.25) for c in (1, 3, 64)] == [1, 1, 16]
+    assert settled(64, 0, 1.0) == 64  # all of it: the plain pool only as fallback
+    assert spillover(20, 1, total_load=63, share=0.5) == Decision("speculative", BELOW_SHARE)
+    assert spillover(32, 1, total_load=63, share=0.5) == Decision("plain", ABOVE)
+    assert spillover(0, 1, total_load=63, share=0.5) == Decision("speculative", BELOW)  # the threshold says first
 
 
 def test_switch_goes_plain_at_the_threshold_and_comes_back_below_the_band():

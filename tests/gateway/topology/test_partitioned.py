@@ -132,7 +132,7 @@ def test_the_priority_headroom_moves_live_through_the_admin_api_and_shows_in_the
     assert httpx.get(gw.url + "/admin/threshold", headers=admin).json()["priority_headroom"] == 0
 
 
-def test_the_priority_headroom_is_part_of_what_every_replica_shares():
+def test_the_priority_headroom_and_the_spillover_share_are_part_of_what_every_replica_shares():
     from crossover.gateway.cluster.store import Control
     from crossover.gateway.config import Settings
     from crossover.gateway.topology.routing import Routing
@@ -146,3 +146,7 @@ def test_the_priority_headroom_is_part_of_what_every_replica_shares():
     assert routing.state()["priority_headroom"] == 5
     routing.update(ours.threshold, ours.hysteresis, ours.policy, ours.priority_headroom)  # a member from before
     assert routing.priority_headroom == 5
+    shared = ours.model_copy(update={"spillover_share": 0.5})
+    assert shared.changes(ours) == {"spillover_share": 0.5}
+    routing.update(shared.threshold, shared.hysteresis, shared.policy, None, shared.spillover_share)
+    assert routing.state()["spillover_share"] == 0.5

@@ -63,10 +63,31 @@ def test_live_changes_survive_a_restart_through_the_state_file(tmp_path):
     state_file = tmp_path / "state" / "routing.json"
     settings = Settings(threshold=8, state_file=state_file, pools=POOLS)
     Routing.from_settings(settings).update(threshold=20, hysteresis=3)
-    saved = {"threshold": 20, "hysteresis": 3, "policy": "spillover", "priority_headroom": 64}
+    saved = {"threshold": 20, "hysteresis": 3, "policy": "spillover", "priority_headroom": 64, "spillover_share": 0.0}
     assert json.loads(state_file.read_text()) == saved
     restarted = Routing.from_settings(settings)
     assert (restarted.threshold, restarted.hysteresis) == (20, 3)
+    restarted.update(spillover_share=0.25)
+    assert Routing.from_settings(settings).spillover_share == 0.25
+
+
+def test_the_spillover_share_is_validated_and_routes_by_the_total_load(tmp_path):
+    settings = Settings(policy="spillover", threshold=1, spillover_share=0.5, pools=POOLS)
+    routing, pools = Routing.from_settings(settings), Pools.from_settings(settings)
+    pools.speculative[0].inflight, pools.plain[0].inflight = 3, 4  # 3 < half of 8 with the new one
+    assert routing.decide(pools).pool == "speculative"
+    pools.plain[0].inflight = 2
+    assert routing.decide(pools).pool == "plain"
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ThresholdError, match="spillover_share"):
+            routing.update(spillover_share=bad)
+    assert routing.spillover_share == 0.5
+    with pytest.raises(ValueError, match="spillover_share"):
+        Settings(spillover_share=2, pools=POOLS)
+    state_file = tmp_path / "routing.json"
+    state_file.write_text('{"threshold": 4, "hysteresis": 0, "spillover_share": "half"}')
+    restored = Routing.from_settings(Settings(threshold=9, state_file=state_file, pools=POOLS))
+    assert restored.threshold == 9 and "spillover_share is not a number" in restored.state_file_problem
 
 
 @pytest.mark.parametrize("saved", ['{"threshold": "many"}', '{"threshold": 1' + "0" * 400 + "}", "[]", "{"])
@@ -216,6 +237,32 @@ def test_spillover_under_held_load_and_a_live_threshold_change(sims, gateway):
     assert gw.metric("crossover_route_decisions_total", pool="speculative", reason="below_threshold") == 4
     assert gw.metric("crossover_route_decisions_total", pool="plain", reason="above_threshold") == 4
     assert gw.metric("crossover_routing_threshold") == 0
+
+
+def test_spillover_with_a_share_under_held_load_and_a_live_change(sims, gateway):
+    speculative, plain = sims
+    gw = gateway(
+        [speculative.url], [plain.url], policy="spillover", threshold=1, spillover_share=0.5, admin_token="t0ken"
+    )
+
+    async def scenario():
+        async with (
+            httpx.AsyncClient(base_url=gw.url, timeout=20, trust_env=False) as client,
+            hold(client, gw.url, 6) as pools,
+        ):
+            # The threshold's one, then each request to the pool that keeps the speculative one at half.
+            assert pools == ["speculative", "plain", "speculative", "plain", "speculative", "plain"]
+            changed = await client.put("/admin/threshold", json={"spillover_share": 0.0}, headers=ADMIN)
+            assert changed.status_code == 200 and changed.json()["spillover_share"] == 0.0
+            assert await route_of_next(client) == "plain"  # the threshold alone: 3 held are past it
+            bad = await client.put("/admin/threshold", json={"spillover_share": "0.5"}, headers=ADMIN)
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "spillover_share"
+            await client.put("/admin/threshold", json={"spillover_share": 1.0}, headers=ADMIN)
+            assert await route_of_next(client) == "speculative"  # all of the load may be speculative
+
+    asyncio.run(scenario())
+    assert gw.metric("crossover_route_decisions_total", pool="speculative", reason="below_share") == 3
+    assert gw.metric("crossover_routing_spillover_share") == 1.0
 
 
 def test_switch_under_held_load_holds_its_side_in_the_hysteresis_band(sims, gateway):
