@@ -34,13 +34,13 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 
 def spillover_text(threshold: int, share: float | None) -> str:
-    """`3 (speculative pool holds up to 3)`, or with a share `1, share 0.5 (... up to 1, or half the load ...)`."""
+    """`3 (speculative pool holds up to 3)`, or with a share `1, share 0.5 (... up to 1, or 50% of ...)`."""
     if not share:
         return f"{threshold} (speculative pool holds up to {threshold})"
-    return (
-        f"{threshold}, share {share:g} (speculative pool holds up to {threshold}, or {share:.0%} of the requests in "
-        "flight where that is more)"
-    )
+    held = f"{share:.0%} of the requests in flight, rounded up"
+    if not threshold:
+        return f"0, share {share:g} (speculative pool holds {held})"
+    return f"{threshold}, share {share:g} (speculative pool holds up to {threshold}, or {held} where that is more)"
 
 
 class SweepDisplay:

@@ -223,3 +223,14 @@ def test_the_printed_switch_threshold_says_never_when_it_is_zero(plain, said, ca
     print_crossover(make_console(), section, [])
     printed = capsys.readouterr().out
     assert said in printed and "in-flight < 0" not in printed
+
+
+def test_the_printed_spillover_says_the_share_it_fitted(capsys):
+    from crossover.loadtest.display import make_console, print_crossover
+
+    section = analyse(levels_of(VLLM_SPEC, VLLM_PLAIN), "speculative", "plain")
+    fit = spillover_threshold(VLLM_SPEC, VLLM_PLAIN)
+    assert (section.recommended_threshold.spillover, section.spillover_share) == (fit.threshold, fit.share)
+    print_crossover(make_console(), section, [])
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"spillover = 0, share {fit.share:g} (speculative pool holds {fit.share:.0%} of the requests" in printed
