@@ -20,6 +20,7 @@ DOCUMENTED = {
     "crossover_requests": "counter",
     "crossover_routing_threshold": "gauge",
     "crossover_routing_hysteresis": "gauge",
+    "crossover_routing_spillover_share": "gauge",
     "crossover_route_decisions": "counter",
     "crossover_requests_by_tier": "counter",
     "crossover_time_to_first_token_seconds": "histogram",
