@@ -78,7 +78,8 @@ class LevelSchedule(Schedule):
         None,
         description="The share of its throughput at the level's concurrency the stand-in delivered, read from its "
         "measured curve at the concurrency it held (held_ratio x concurrency); below 0.9 of the best share among "
-        "the pass's stand-ins (of 1 for a lone one) the pass counts as lagging. Null where held_ratio is.",
+        "the pass's stand-ins the pass counts as lagging (a lone stand-in is not judged by it). Null where "
+        "held_ratio is.",
     )
 
 
