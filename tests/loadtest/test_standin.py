@@ -232,20 +232,22 @@ def holding(share: float) -> Callable[[int], dict]:
 
 
 def test_a_stand_in_whose_clock_keeps_time_while_the_load_waits_outside_it_is_re_run_then_refused(serve, tmp_path):
-    # Both clocks keep time; the plain stand-in's engine holds half what the speculative one's does.
+    # Both clocks keep time; the plain stand-in's engine holds half a request where the speculative one's holds one.
+    # At one stream the share is the held ratio itself (the scripted servers' curves above it are noise).
     speculative = serve(ScriptedBackend(holding(1.0))).url
     plain = serve(ScriptedBackend(holding(0.5))).url
-    assert bench(tmp_path / "run", speculative, plain, "--passes", "1") == 1
+    assert bench(tmp_path / "run", speculative, plain, "--passes", "1", "--concurrency", "1") == 1
     run = load_results(tmp_path / "run")
     levels = run.metadata.targets["plain"].simulation.levels
     print(levels)
     assert all(lv.level_speed_ratio >= 0.9 for lv in levels)  # its clock kept time...
-    assert all(lv.lagging and lv.schedule_share < 0.9 for lv in levels)  # ...the load did not reach its engine
-    assert [lv.rerun for lv in levels if lv.concurrency == 1] == [True] * MAX_RERUNS_PER_LEVEL + [False]
-    assert levels[0].held_ratio == pytest.approx(0.5, abs=0.05)
+    assert all(lv.lagging and lv.schedule_share == pytest.approx(0.5, abs=0.05) for lv in levels)  # ...its load not
+    assert [lv.rerun for lv in levels] == [True] * MAX_RERUNS_PER_LEVEL + [False]
+    speculative_levels = run.metadata.targets["speculative"].simulation.levels
+    assert not any(lv.lagging for lv in speculative_levels)  # the best share is no lag
     assert run.crossover.status == "refused"
-    assert "fell behind its schedule at C = 1, 2, 4" in run.crossover.reason
-    assert "its engine held 0." in run.crossover.reason and "requests kept open" in run.crossover.reason
+    assert "plain (a stand-in at time scale 100) fell behind its schedule at C = 1" in run.crossover.reason
+    assert "its engine held 0.5" in run.crossover.reason and "requests kept open" in run.crossover.reason
 
 
 def test_the_real_stand_in_at_an_absurd_time_scale_is_refused(sim, tmp_path, capsys):
