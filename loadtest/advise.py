@@ -123,6 +123,7 @@ class Option:
     why: str = ""
     note: str = ""
     improved: int = 0  # traces (levels) where it is better than today
+    spillover_share: float = 0.0  # partitioned: the share fitted with its threshold (its config carries it)
 
     def gains(self, today: Option) -> list[float]:
         """Token change against today, per trace, in percent."""
@@ -512,7 +513,11 @@ def advise_results(
         options.append(switch)
     spill = spillover_threshold(s, p)
     share = f", share {spill.share:g}" if spill.share else ""
-    split = Option("partitioned", f"partitioned split, spillover at {spill.threshold}{share} (both servers at once)")
+    split = Option(
+        "partitioned",
+        f"partitioned split, spillover at {spill.threshold}{share} (both servers at once)",
+        spillover_share=spill.share,
+    )
     held = {c: spillover_held(c, spill.threshold, spill.share) for c in usable}
     split.outcomes = [served(spec_name, c, interpolate(s, held[c]) + interpolate(p, c - held[c])) for c in usable]
     split.note = (
@@ -604,12 +609,11 @@ def gateway_config(option: Option, deployment: Deployment | None, *, threshold: 
             f"backends = [{_toml_str(spec_url)}]",
         ]
     elif option.key == "partitioned":
-        share = re.search(r", share ([0-9.]+)", option.title)  # as the option's title names it (the fit's)
         body = [
             'topology = "partitioned"',
             'policy = "spillover"',
             f"threshold = {threshold or 0}",
-            f"spillover_share = {share.group(1) if share else 0.0}",
+            f"spillover_share = {option.spillover_share:g}",
             models,
             "[pools.speculative]",
             f"backends = [{_toml_str(spec_url)}]",

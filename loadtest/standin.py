@@ -23,7 +23,7 @@ its engine held over wall time (`held_request_s`, `wall_s`): held over concurren
 (`schedule_share`: its throughput at the concurrency it held over its throughput at the level's, interpolated
 as the crossover is). What a pair's verdict can be wrong by is one stand-in's share against the other's: the
 HTTP exchange's own cost is shared (measured on a quiet machine at time scale 20 with 32 output tokens: both
-held 0.84-0.93 at every level, shares within 2 % of each other), while a stand-in whose HTTP side lags alone
+held 0.82-0.93 at every level, shares within 4 % of each other), while a stand-in whose HTTP side lags alone
 held 0.38 (pinned beside a burner at the lowest priority). A pass where a stand-in's share is below
 LAGGING_SPEED_RATIO of the best share among the pass's stand-ins counts as lagging, as a slow clock does. A
 stand-in alone, or beside a real server or a gateway, has no share to be held to - the exchange's own cost is
@@ -89,10 +89,12 @@ def level_speed_ratio(before: Any, after: Any, wall_s: float, time_scale: float 
 def held_ratio(before: Any, after: Any, concurrency: int) -> float | None:
     """Request-seconds the stand-in's engine held between two /server_info reads / (concurrency x its wall
     seconds between them)."""
-    spans = [_schedule_number(info, key) for info in (before, after) for key in ("held_request_s", "wall_s")]
-    if any(value is None for value in spans) or spans[3] <= spans[1]:
+    held_then, wall_then, held_now, wall_now = (
+        _schedule_number(info, key) for info in (before, after) for key in ("held_request_s", "wall_s")
+    )
+    if held_then is None or wall_then is None or held_now is None or wall_now is None or wall_now <= wall_then:
         return None
-    return (spans[2] - spans[0]) / (concurrency * (spans[3] - spans[1]))
+    return (held_now - held_then) / (concurrency * (wall_now - wall_then))
 
 
 def read_pass(

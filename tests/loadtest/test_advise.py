@@ -14,7 +14,7 @@ import pytest
 
 from crossover.gateway.cli import main
 from crossover.gateway.config import MAX_THRESHOLD, load_settings
-from crossover.loadtest.advise import advise_results, step_cost_lines
+from crossover.loadtest.advise import Option, advise_results, gateway_config, step_cost_lines
 from crossover.loadtest.models import Level
 from crossover.loadtest.results import load_results
 from crossover.servers.profile import load_profile as load_deployment
@@ -97,6 +97,19 @@ def test_k25_what_it_writes_loads_with_the_gateways_and_the_profiles_own_loaders
         s.model_dump() for s in before.servers if s.role == "plain"
     ]
     assert tomllib.loads(text)["topology"] == "time-shared"
+
+
+def test_a_partitioned_config_carries_the_threshold_and_the_share_fitted_with_it(tmp_path):
+    option = Option("partitioned", "partitioned split, spillover at 0, share 0.35", spillover_share=0.35)
+    written = tmp_path / "gateway.toml"
+    written.write_text(gateway_config(option, None, threshold=0))
+    settings = load_settings(written)
+    assert (settings.topology, settings.policy, settings.threshold, settings.spillover_share) == (
+        "partitioned",
+        "spillover",
+        0,
+        0.35,
+    )
 
 
 def test_the_step_cost_ratio_of_the_reference_figures():
